@@ -1,0 +1,31 @@
+"""pinstorm boards: find, pin, cache and share data sets on storage boards.
+
+A Python take on R's `pins`: register boards (a local folder, S3, Google Cloud Storage, Kaggle, or
+any web server holding a `data.txt` index), pin data sets as versioned folders in the pins 1.x
+layout, and get them back through a local cache that makes loads fast and works offline.
+"""
+
+from .api import pin, pin_find, pin_get, pin_info, pin_remove, pin_versions
+from .board import Board
+from .cache import Cache, StaleCacheWarning
+from .errors import (BoardError, BoardNotRegistered, CredentialsError, DownloadError, IntegrityError,
+                     InvalidPinName, MalformedMetadata, PinNotFound, ReadOnlyBoard, UnsafeArchive,
+                     VersionNotFound)
+from .registry import board_deregister, board_get, board_list, board_register
+from .serve import serve_board
+
+
+def pin_get_many(names, board=None, parallel=None, extract=None, errors="raise"):
+    """Fetch many pins concurrently (see `boards.parallel.pin_get_many`)."""
+    from .parallel import pin_get_many as _many
+
+    return _many(names, board=board, parallel=parallel, extract=extract, errors=errors)
+
+
+__all__ = [
+    "Board", "BoardError", "BoardNotRegistered", "Cache", "CredentialsError", "DownloadError",
+    "IntegrityError", "InvalidPinName", "MalformedMetadata", "PinNotFound", "ReadOnlyBoard",
+    "StaleCacheWarning", "UnsafeArchive", "VersionNotFound", "board_deregister", "board_get",
+    "board_list", "board_register", "pin", "pin_find", "pin_get", "pin_get_many", "pin_info",
+    "pin_remove", "pin_versions", "serve_board",
+]

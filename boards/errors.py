@@ -1,0 +1,62 @@
+"""Exceptions raised by pinstorm's boards.
+
+Every error a user can cause or meet derives from :class:`BoardError`, so scripts can catch one class,
+and each message names the pin, board, file or URL involved.
+"""
+
+from __future__ import annotations
+
+
+class BoardError(Exception):
+    """Base class of every boards error."""
+
+
+class InvalidPinName(BoardError, ValueError):
+    """A pin name that is unsafe as a folder name on common filesystems."""
+
+
+class BoardNotRegistered(BoardError, KeyError):
+    """A board name that was never registered (or was deregistered)."""
+
+    def __str__(self) -> str:  # KeyError quotes its argument; keep the message readable
+        return str(self.args[0]) if self.args else "board not registered"
+
+
+class PinNotFound(BoardError, KeyError):
+    """No pin of that name on the board."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "pin not found"
+
+
+class VersionNotFound(PinNotFound):
+    """The pin exists, but not the version asked for (or the prefix is ambiguous)."""
+
+
+class MalformedMetadata(BoardError, ValueError):
+    """A data.txt (pin metadata or board index) that cannot be parsed or lacks required fields."""
+
+
+class UnsafeArchive(BoardError, ValueError):
+    """An archive whose members would land outside the extraction folder."""
+
+
+class IntegrityError(BoardError):
+    """Downloaded bytes whose size or hash differs from what the pin's metadata promises."""
+
+
+class ReadOnlyBoard(BoardError, PermissionError):
+    """A write (pin, remove) on a board that can only be read."""
+
+
+class DownloadError(BoardError, OSError):
+    """A transfer failed: an HTTP status, a refused connection or a truncated body."""
+
+    def __init__(self, message: str, *, url: str | None = None, status: int | None = None):
+        super().__init__(message)
+        self.url = url
+        self.status = status
+
+
+class CredentialsError(BoardError):
+    """Credentials for a cloud board are missing or rejected."""

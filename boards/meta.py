@@ -1,0 +1,167 @@
+"""The pins 1.x metadata of one pin version (its `data.txt`), version names and file hashes.
+
+Kept byte-compatible with pins-python and R pins 1.x so users keep their boards: a version folder
+holds the files plus a YAML `data.txt` with `api_version: 1`, `file`, `file_size`, `pin_hash`, `type`,
+`title`, `description`, `created` and `user`. A `data.txt` without `api_version` is a legacy (v0) pin
+whose `path` lists the files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import re
+from pathlib import Path
+from typing import Any, Iterable
+
+import xxhash
+import yaml
+
+from .errors import MalformedMetadata
+
+API_VERSION = 1
+TIME_FORMAT = "%Y%m%dT%H%M%SZ"
+VERSION_RE = re.compile(r"^(\d{8}T\d{6}Z)-([0-9a-f]{5})$")
+# Types whose files pinstorm can load into Python objects; everything else comes back as paths.
+TABLE_TYPES = {"csv", "parquet", "arrow", "feather", "table"}
+
+
+def hash_file(path: str | Path, chunk: int = 1 << 20) -> str:
+    """xxhash64 of a file's bytes, as pins-python computes `pin_hash` for a one-file pin."""
+    h = xxhash.xxh64()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def hash_files(paths: Iterable[str | Path]) -> str:
+    """The `pin_hash` of a pin: the file's own hash for one file, a hash of the hashes for several."""
+    hashes = [hash_file(p) for p in paths]
+    if len(hashes) == 1:
+        return hashes[0]
+    return xxhash.xxh64("".join(hashes).encode()).hexdigest()
+
+
+def utc_now() -> _dt.datetime:
+    return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0)
+
+
+def format_created(when: _dt.datetime) -> str:
+    return when.astimezone(_dt.timezone.utc).strftime(TIME_FORMAT)
+
+
+def version_name(created: str, pin_hash: str) -> str:
+    """`YYYYmmddTHHMMSSZ-<first 5 hex of the hash>`, the pins 1.x version folder name."""
+    return f"{created}-{pin_hash[:5]}"
+
+
+def parse_version(version: str) -> tuple[str, str] | None:
+    """(created, hash prefix) of a pins 1.x version name, or None for other folder names."""
+    m = VERSION_RE.match(version)
+    return (m.group(1), m.group(2)) if m else None
+
+
+@dataclasses.dataclass
+class PinMeta:
+    """One version's metadata. `file` and `file_size` are always lists here (YAML may hold scalars)."""
+
+    file: list[str]
+    file_size: list[int]
+    pin_hash: str
+    type: str
+    title: str | None = None
+    description: str | None = None
+    created: str | None = None
+    user: dict = dataclasses.field(default_factory=dict)
+    api_version: int = API_VERSION
+    name: str | None = None  # not stored: filled in when read from a board
+    version: str | None = None  # not stored: filled in when read from a board
+    extra: dict = dataclasses.field(default_factory=dict)  # unknown fields, kept on round trips
+
+    @classmethod
+    def from_files(cls, files: list[Path], *, type: str, title: str | None, description: str | None,
+                   user: dict | None = None, created: _dt.datetime | None = None) -> "PinMeta":
+        return cls(
+            file=[Path(f).name for f in files],
+            file_size=[Path(f).stat().st_size for f in files],
+            pin_hash=hash_files(files),
+            type=type,
+            title=title,
+            description=description,
+            created=format_created(created or utc_now()),
+            user=dict(user or {}),
+        )
+
+    @property
+    def version_name(self) -> str:
+        return version_name(self.created or format_created(utc_now()), self.pin_hash)
+
+    def to_dict(self) -> dict[str, Any]:
+        single = len(self.file) == 1
+        out: dict[str, Any] = {
+            "api_version": self.api_version,
+            "created": self.created,
+            "description": self.description,
+            "file": self.file[0] if single else list(self.file),
+            "file_size": self.file_size[0] if single else list(self.file_size),
+            "pin_hash": self.pin_hash,
+            "title": self.title,
+            "type": self.type,
+            "user": dict(self.user),
+        }
+        out.update(self.extra)
+        return out
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=True, allow_unicode=True)
+
+    @classmethod
+    def from_yaml(cls, text: str | bytes, *, source: str = "data.txt") -> "PinMeta":
+        """Parse a version's data.txt (pins 1.x, or legacy v0 with `path`), never evaluating tags."""
+        try:
+            raw = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise MalformedMetadata(f"{source}: not valid YAML ({e})") from e
+        if not isinstance(raw, dict):
+            raise MalformedMetadata(f"{source}: expected a mapping of fields, got {type(raw).__name__}")
+        return cls.from_dict(raw, source=source)
+
+    @classmethod
+    def from_dict(cls, raw: dict, *, source: str = "data.txt") -> "PinMeta":
+        raw = dict(raw)
+        if "api_version" not in raw:  # legacy v0 pin: `path` names the files
+            files = raw.pop("path", None)
+            if files is None:
+                raise MalformedMetadata(f"{source}: a legacy data.txt must list its files under 'path'")
+            files = [files] if isinstance(files, str) else list(files)
+            return cls(file=[str(f) for f in files], file_size=[], pin_hash="", api_version=0,
+                       type=str(raw.pop("type", "files")), title=raw.pop("title", None),
+                       description=raw.pop("description", None), created=raw.pop("created", None),
+                       user=raw.pop("user", None) or {}, extra=raw)
+        missing = [k for k in ("file", "type") if raw.get(k) in (None, "", [])]
+        if missing:
+            raise MalformedMetadata(f"{source}: missing required field(s) {', '.join(missing)}")
+        files = raw.pop("file")
+        files = [files] if isinstance(files, str) else [str(f) for f in files]
+        sizes = raw.pop("file_size", None)
+        sizes = [] if sizes is None else [sizes] if isinstance(sizes, int) else [int(s) for s in sizes]
+        if sizes and len(sizes) != len(files):
+            raise MalformedMetadata(f"{source}: {len(files)} files but {len(sizes)} file sizes")
+        for f in files:
+            p = Path(f)
+            if p.is_absolute() or ".." in p.parts:
+                raise MalformedMetadata(f"{source}: file name {f!r} points outside the version folder")
+        created = raw.pop("created", None)
+        return cls(
+            file=files,
+            file_size=sizes,
+            pin_hash=str(raw.pop("pin_hash", "") or ""),
+            type=str(raw.pop("type")),
+            title=raw.pop("title", None),
+            description=raw.pop("description", None),
+            created=str(created) if created is not None else None,
+            user=raw.pop("user", None) or {},
+            api_version=int(raw.pop("api_version")),
+            extra=raw,
+        )

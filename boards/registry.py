@@ -1,0 +1,190 @@
+"""Which boards exist: `board_register`, `board_deregister`, `board_list`, `board_get`.
+
+A board named "local" always exists. Registrations made in Python last for the process unless
+`persist=True`; the CLI persists them in a YAML file (`$PINSTORM_CONFIG`, else `boards.yaml` in
+the user config folder) so later commands and processes see them. Secrets are never written there:
+options named like a password, secret or key stay in the process.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+import threading
+import uuid
+import warnings
+from pathlib import Path
+from typing import Any
+
+import platformdirs
+import yaml
+
+from .board import Board
+from .errors import BoardError, BoardNotRegistered
+
+ENV_CONFIG = "PINSTORM_CONFIG"
+ENV_LOCAL_BOARD = "PINSTORM_BOARD"
+DEFAULT_BOARD = "local"
+
+# kind -> "module:factory"; factories take (name, **options) and return a Board.
+KINDS = {
+    "local": "boards.fs_board:local_board",
+    "folder": "boards.fs_board:local_board",
+    "datatxt": "boards.datatxt_board:DatatxtBoard",
+    "s3": "boards.cloud:s3_board",
+    "gcs": "boards.cloud:gcs_board",
+    "gcloud": "boards.cloud:gcs_board",
+    "kaggle": "boards.kaggle_board:KaggleBoard",
+}
+_SECRET = re.compile(r"secret|password|passwd|^key$|_key$|credentials?$", re.I)
+
+_lock = threading.RLock()
+_boards: dict[str, Board] = {}
+_specs: dict[str, dict] = {}
+_loaded_from: str | None = None
+
+
+def default_local_path() -> Path:
+    return Path(os.environ.get(ENV_LOCAL_BOARD) or Path(platformdirs.user_data_dir("pinstorm")) / "local")
+
+
+def config_path() -> Path:
+    return Path(os.environ.get(ENV_CONFIG) or Path(platformdirs.user_config_dir("pinstorm")) / "boards.yaml")
+
+
+def _read_config() -> dict[str, dict]:
+    path = config_path()
+    if not path.is_file():
+        return {}
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise BoardError(f"board config {path} is not valid YAML ({e}); fix or delete it") from e
+    boards = data.get("boards", {}) if isinstance(data, dict) else None
+    if not isinstance(boards, dict):
+        raise BoardError(f"board config {path} must be a mapping with a 'boards' mapping")
+    return boards
+
+
+def _write_config(boards: dict[str, dict]) -> None:
+    path = config_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+    tmp.write_text(yaml.safe_dump({"boards": boards}, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def _ensure_loaded() -> None:
+    """Load persisted registrations once per config file (tests and users may switch files)."""
+    global _loaded_from
+    key = str(config_path())
+    if _loaded_from == key:
+        return
+    with _lock:
+        if _loaded_from == key:
+            return
+        for name in [n for n, s in _specs.items() if s.get("_persisted")]:
+            _boards.pop(name, None)
+            _specs.pop(name, None)
+        for name, spec in _read_config().items():
+            _specs[name] = {**spec, "_persisted": True}
+        _loaded_from = key
+
+
+def _make(kind: str, name: str, options: dict) -> Board:
+    if kind.startswith(("http://", "https://")):
+        options = {**options, "url": kind}
+        kind = "datatxt"
+    if kind not in KINDS:
+        raise BoardError(f"unknown board kind {kind!r}; use one of {', '.join(sorted(KINDS))} or an http(s) URL")
+    module, factory = KINDS[kind].split(":")
+    return getattr(importlib.import_module(module), factory)(name=name, **options)
+
+
+def _default_name(kind: str) -> str:
+    if kind.startswith(("http://", "https://")):
+        slug = re.sub(r"[^A-Za-z0-9]+", "-", kind.split("://", 1)[1]).strip("-")
+        return slug.removesuffix("-data-txt") or "datatxt"
+    return "gcs" if kind == "gcloud" else kind
+
+
+def board_register(board: str = "local", name: str | None = None, *, persist: bool = False,
+                   **options: Any) -> Board:
+    """Register a board and return it.
+
+    `board` is a kind ("local", "datatxt", "s3", "gcs"/"gcloud", "kaggle") or an http(s) URL of a
+    data.txt board. Options go to the board: `path=`, `url=`, `cache=`, `versions=`, `bucket=`, ...
+    """
+    name = name or _default_name(board)
+    with _lock:
+        _ensure_loaded()
+        instance = _make(board, name, dict(options))
+        _boards[name] = instance
+        _specs[name] = {"kind": board, **options}
+        if persist:
+            kept = {k: v for k, v in options.items() if not _SECRET.search(k)}
+            if len(kept) != len(options):
+                warnings.warn(f"board {name!r}: secret options {sorted(set(options) - set(kept))} "
+                              "were not saved to the config file; pass them again or use the "
+                              "storage library's own credential chain", stacklevel=2)
+            config = _read_config()
+            config[name] = {"kind": board, **{k: (str(v) if isinstance(v, Path) else v) for k, v in kept.items()}}
+            _write_config(config)
+            _specs[name]["_persisted"] = True
+        return instance
+
+
+def board_deregister(name: str, *, persist: bool | None = None) -> None:
+    """Forget a board (its data stays where it is). Removes it from the config file too."""
+    with _lock:
+        _ensure_loaded()
+        if name not in _specs and name not in _boards:
+            raise BoardNotRegistered(f"board {name!r} is not registered (registered: {', '.join(board_names())})")
+        _boards.pop(name, None)
+        spec = _specs.pop(name, {})
+        if persist or (persist is None and spec.get("_persisted")):
+            config = _read_config()
+            if config.pop(name, None) is not None:
+                _write_config(config)
+
+
+def board_names() -> list[str]:
+    with _lock:
+        _ensure_loaded()
+        names = set(_specs) | set(_boards) | {DEFAULT_BOARD}
+    return [DEFAULT_BOARD] + sorted(names - {DEFAULT_BOARD})
+
+
+def board_get(name: str | Board | None = None) -> Board:
+    """The Board registered under `name` (the default "local" board for None)."""
+    if isinstance(name, Board):
+        return name
+    name = name or DEFAULT_BOARD
+    with _lock:
+        _ensure_loaded()
+        if name in _boards:
+            return _boards[name]
+        if name in _specs:
+            spec = {k: v for k, v in _specs[name].items() if k != "_persisted"}
+            _boards[name] = _make(spec.pop("kind"), name, spec)
+            return _boards[name]
+        if name == DEFAULT_BOARD:
+            _boards[name] = _make("local", name, {})
+            return _boards[name]
+    raise BoardNotRegistered(f"board {name!r} is not registered; register it with board_register() or "
+                             f"`pinstorm board register` (registered: {', '.join(board_names())})")
+
+
+def board_list() -> list[str]:
+    """Names of the registered boards, "local" first."""
+    return board_names()
+
+
+def board_specs() -> dict[str, dict]:
+    """name -> {kind, options...} of every registered board (secrets included only in-process)."""
+    with _lock:
+        _ensure_loaded()
+        out = {DEFAULT_BOARD: {"kind": "local"}}
+        out.update({n: {k: v for k, v in s.items() if k != "_persisted"} for n, s in _specs.items()})
+        return out
