@@ -114,11 +114,13 @@ class FsBoard(Board):
 
     # ---- primitives -----------------------------------------------------------------------
     def list_entries(self) -> list[dict]:
+        """The index, reconciled with the folders really there (other tools may not keep the index)."""
         self._fresh()
-        entries = self.read_index()
-        if entries is None:  # a board written by other tools may have no index: derive it
-            entries = [e for n in self._pin_names() if (e := self._index_entry(n)) is not None]
-        return entries
+        indexed = {e["name"]: e for e in (self.read_index() or [])}
+        names = self._pin_names()
+        entries = [indexed[n] for n in names if n in indexed]
+        entries += [e for n in names if n not in indexed and (e := self._index_entry(n)) is not None]
+        return sorted(entries, key=lambda e: e["name"])
 
     def list_versions(self, name: str) -> list[str]:
         folder = self._path(name)

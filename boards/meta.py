@@ -99,12 +99,16 @@ class PinMeta:
 
     def to_dict(self) -> dict[str, Any]:
         single = len(self.file) == 1
+        if self.api_version == 0:  # legacy pins keep their legacy shape (no sizes, no hash)
+            legacy = {"path": self.file[0] if single else list(self.file), "type": self.type,
+                      "description": self.description, "title": self.title, "user": dict(self.user)}
+            return {**legacy, **self.extra}
         out: dict[str, Any] = {
             "api_version": self.api_version,
             "created": self.created,
             "description": self.description,
             "file": self.file[0] if single else list(self.file),
-            "file_size": self.file_size[0] if single else list(self.file_size),
+            "file_size": (self.file_size[0] if single else list(self.file_size)) if self.file_size else None,
             "pin_hash": self.pin_hash,
             "title": self.title,
             "type": self.type,

@@ -1,0 +1,200 @@
+"""The `pinstorm` command group and its board and pin commands.
+
+`pipeline/cli.py` and `training/cli.py` add their commands to this same group, so one console script
+carries the whole command line while each layer's commands stay beside the code they call.
+Registrations made here persist in the user config file.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+
+import click
+import pandas as pd
+
+from . import api, registry
+from .board import _default_name as default_pin_name
+from .errors import BoardError
+
+
+class PinstormGroup(click.Group):
+    """Turns pinstorm's own errors into one clear line and exit code 1, not a traceback."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except (BoardError, FileNotFoundError, ValueError) as e:
+            raise click.ClickException(f"{type(e).__name__}: {e}") from e
+
+
+@click.group(cls=PinstormGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="pinstorm")
+def cli() -> None:
+    """pinstorm: pin, cache and share image data sets, stream them into TensorFlow, train at scale."""
+
+
+def _show(df: pd.DataFrame) -> None:
+    if df.empty:
+        click.echo("(none)")
+    else:
+        with pd.option_context("display.max_rows", 500, "display.max_colwidth", 80, "display.width", 200):
+            click.echo(df.to_string(index=False))
+
+
+def _parse_options(pairs: tuple[str, ...]) -> dict:
+    out = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise click.BadParameter(f"{pair!r} is not KEY=VALUE", param_hint="--option")
+        key, value = pair.split("=", 1)
+        out[key.replace("-", "_")] = {"true": True, "false": False}.get(value.lower(), value)
+    return out
+
+
+@cli.group()
+def board() -> None:
+    """Register, list and remove boards (saved in the user config file)."""
+
+
+@board.command("register")
+@click.argument("kind")
+@click.option("--name", help="Name to register under (default: the kind, or a slug of the URL).")
+@click.option("--path", help="Folder of a local board, or prefix inside a bucket.")
+@click.option("--url", help="URL of a datatxt board.")
+@click.option("--bucket", help="Bucket of an s3 / gcs board.")
+@click.option("--endpoint-url", help="Endpoint of an S3/GCS-compatible server or Kaggle mirror.")
+@click.option("--cache", help="Cache folder for this board.")
+@click.option("--no-versions", is_flag=True, help="Keep only the latest version of each pin.")
+@click.option("--option", "-o", "options", multiple=True, metavar="KEY=VALUE", help="Any other board option.")
+def board_register_cmd(kind, name, path, url, bucket, endpoint_url, cache, no_versions, options):
+    """Register a board: KIND is local, datatxt, s3, gcs, kaggle, or an http(s) URL."""
+    opts = {k: v for k, v in dict(path=path, url=url, bucket=bucket, endpoint_url=endpoint_url,
+                                  cache=cache).items() if v is not None}
+    if no_versions:
+        opts["versions"] = False
+    opts.update(_parse_options(options))
+    b = registry.board_register(kind, name=name, persist=True, **opts)
+    click.echo(f"registered board {b.name!r} ({b.kind}: {b.describe()})")
+
+
+@board.command("list")
+def board_list_cmd():
+    """List registered boards."""
+    rows = []
+    for name, spec in registry.board_specs().items():
+        where = spec.get("url") or spec.get("path") or spec.get("bucket") or ""
+        if name == registry.DEFAULT_BOARD and not where:
+            where = str(registry.default_local_path())
+        rows.append({"name": name, "kind": spec.get("kind"), "where": where})
+    _show(pd.DataFrame(rows))
+
+
+@board.command("remove")
+@click.argument("name")
+def board_remove_cmd(name):
+    """Deregister a board (its data stays where it is)."""
+    registry.board_deregister(name, persist=True)
+    click.echo(f"removed board {name!r}")
+
+
+@board.command("serve")
+@click.argument("path", type=click.Path(exists=True, file_okay=False))
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8000, show_default=True, type=int)
+def board_serve_cmd(path, host, port):
+    """Serve a board folder over HTTP (Range-aware) as a read-only datatxt board."""
+    from .serve import serve_board
+
+    with serve_board(path, host=host, port=port) as url:
+        click.echo(f"serving {path} at {url}  (register with: pinstorm board register {url} --name NAME)")
+        try:
+            import threading
+
+            threading.Event().wait()
+        except KeyboardInterrupt:
+            pass
+
+
+def board_option(f):
+    return click.option("--board", "-b", default=None, help="Board name (default: local; reads search all).")(f)
+
+
+@cli.command("pin")
+@click.argument("paths", nargs=-1, required=True, type=click.Path())
+@click.option("--name", "-n", help="Pin name (default: the file or folder name).")
+@board_option
+@click.option("--zip", "zip_", is_flag=True, help="Store the files as one zip archive.")
+@click.option("--description", "-d", help="Description, searched by `find`.")
+def pin_cmd(paths, name, board, zip_, description):
+    """Pin files, folders or an http(s) URL as a new version."""
+    target = paths[0] if len(paths) == 1 else list(paths)
+    if name is None and len(paths) > 1:
+        raise click.UsageError("give --name when pinning several paths")
+    b = registry.board_get(board)
+    pin_name = name or default_pin_name(target)
+    result = b.pin(target, name=pin_name, zip=zip_, description=description)
+    version = b.pin_versions(pin_name)["version"].iloc[-1]
+    count = f", {len(result)} file(s)" if isinstance(result, list) else ""
+    click.echo(f"pinned {pin_name!r} to board {b.name!r} as version {version}{count}")
+
+
+@cli.command("get")
+@click.argument("name")
+@board_option
+@click.option("--version", "-v", help="Version or unique prefix (default: latest).")
+@click.option("--extract/--no-extract", default=None, help="Unpack archives (default: the board's choice).")
+@click.option("--offline", is_flag=True, help="Use only the local cache; no network.")
+def get_cmd(name, board, version, extract, offline):
+    """Fetch a pin into the cache and print the local paths of its files."""
+    paths = api.pin_get(name, board=board, version=version, extract=extract, files=not extract,
+                        download=not offline)
+    if not isinstance(paths, list):
+        paths = api.pin_get(name, board=board, version=version, files=True, download=not offline)
+    for p in paths:
+        click.echo(p)
+
+
+@cli.command("find")
+@click.argument("text", default="")
+@board_option
+@click.option("--extended", is_flag=True, help="Show every index field.")
+def find_cmd(text, board, extended):
+    """Search pins by name, title and description (every board by default)."""
+    _show(api.pin_find(text, board=board, extended=extended))
+
+
+@cli.command("info")
+@click.argument("name")
+@board_option
+@click.option("--version", "-v")
+def info_cmd(name, board, version):
+    """Show a pin's metadata (latest version by default)."""
+    click.echo(json.dumps(api.pin_info(name, board=board, version=version), indent=2, default=str))
+
+
+@cli.command("versions")
+@click.argument("name")
+@board_option
+def versions_cmd(name, board):
+    """List a pin's versions, oldest first."""
+    _show(api.pin_versions(name, board=board))
+
+
+@cli.command("remove")
+@click.argument("name")
+@board_option
+@click.option("--version", "-v", help="Remove only this version.")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+def remove_cmd(name, board, version, yes):
+    """Remove a pin (all versions) or one version."""
+    what = f"version {version} of pin {name!r}" if version else f"pin {name!r} and all its versions"
+    if not yes and sys.stdin.isatty():
+        click.confirm(f"Remove {what} from board {board or registry.DEFAULT_BOARD!r}?", abort=True)
+    api.pin_remove(name, board=board, version=version)
+    click.echo(f"removed {what}")
+
+
+def main() -> None:
+    cli(prog_name="pinstorm")

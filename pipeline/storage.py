@@ -1,0 +1,73 @@
+"""Where a dataset lives: an fsspec filesystem and path for any URL, or a pin on a board.
+
+Local paths, ``file://``, ``s3://``, ``gs://`` and every other fsspec protocol go through fsspec;
+``board://<board>/<pin>`` names a folder pin on a registered board (see `boards`).
+Petastorm wants a URL with a scheme, so local paths are handed to it as ``file://`` URLs.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from urllib.parse import urlparse
+
+BOARD_SCHEME = "board://"
+
+
+@dataclass(frozen=True)
+class Location:
+    fs: object            # an fsspec filesystem
+    path: str             # the dataset folder on `fs`, no trailing slash
+    url: str              # a URL petastorm understands (file://... for local folders)
+    storage_options: dict
+
+    def join(self, name: str) -> str:
+        return f"{self.path}/{name}"
+
+    @property
+    def is_local(self) -> bool:
+        return self.url.startswith("file://")
+
+
+def is_board_url(url) -> bool:
+    return isinstance(url, str) and url.startswith(BOARD_SCHEME)
+
+
+def parse_board_url(url: str) -> tuple[str, str]:
+    """``board://<board>/<pin>`` -> (board, pin)."""
+    rest = url[len(BOARD_SCHEME):].strip("/")
+    board, _, pin = rest.partition("/")
+    if not board or not pin or "/" in pin:
+        raise ValueError(f"expected board://<board-name>/<pin-name>, got {url!r}")
+    return board, pin
+
+
+def resolve(url, storage_options: dict | None = None) -> Location:
+    """An fsspec filesystem and path for a local path or URL (not a board URL)."""
+    import fsspec
+
+    if is_board_url(url):
+        raise ValueError(f"{url}: a board URL must be fetched or pinned, not opened as a path")
+    url = os.fspath(url)
+    options = dict(storage_options or {})
+    scheme = urlparse(url).scheme
+    if scheme in ("", "file") or (len(scheme) == 1 and os.name == "nt"):
+        local = url[len("file://"):] if url.startswith("file://") else url
+        path = os.path.abspath(os.path.expanduser(local)).rstrip("/") or "/"
+        return Location(fsspec.filesystem("file"), path, "file://" + path, options)
+    fs, path = fsspec.core.url_to_fs(url, **options)
+    return Location(fs, path.rstrip("/"), url.rstrip("/"), options)
+
+
+def locate(url, storage_options: dict | None = None) -> Location:
+    """Like `resolve`, but a ``board://<board>/<pin>`` URL is fetched (cached) and its local folder used."""
+    if not is_board_url(url):
+        return resolve(url, storage_options)
+    import boards
+
+    board, pin = parse_board_url(url)
+    files = boards.pin_get(pin, board=board)
+    if not isinstance(files, (list, tuple)) or not files:
+        raise ValueError(f"{url}: the pin is not a folder of files (got {type(files).__name__})")
+    folder = os.path.commonpath([os.path.dirname(os.fspath(f)) for f in files])
+    return resolve(folder)

@@ -1,0 +1,183 @@
+"""A fault-injecting HTTP proxy: forwards to a real server, except where a rule says to fail.
+
+Put it between a client and moto, the GCS emulator, the Kaggle server or a static file server to
+see what the client does with a 500, a 403, a 404 or a truncated body, without changing the server.
+Rules match by HTTP method and a regular expression on the path (with query); a rule may fire a
+limited number of times. A truncated body is sent the hard way: the full Content-Length header, half
+the bytes, then the connection is closed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import re
+import socket
+import threading
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Iterator
+from urllib.parse import urlsplit
+
+_HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer", "upgrade"}
+
+
+@dataclass
+class Rule:
+    pattern: re.Pattern
+    method: str | None
+    action: str  # "status" or "truncate"
+    status: int = 500
+    body: bytes = b""
+    content_type: str = "text/plain"
+    times: int | None = None  # None: forever
+
+    def matches(self, method: str, path: str) -> bool:
+        return (self.method is None or self.method == method) and bool(self.pattern.search(path)) \
+            and (self.times is None or self.times > 0)
+
+
+class FaultProxy:
+    """Forward to `upstream` (`http://host:port`); `endpoint` is the proxy's own base URL."""
+
+    def __init__(self, upstream: str, host: str = "127.0.0.1", port: int = 0):
+        parts = urlsplit(upstream)
+        self.upstream_host, self.upstream_port = parts.hostname, parts.port or 80
+        self.rules: list[Rule] = []
+        self.log: list[tuple[str, str, int]] = []  # (method, path, status sent)
+        self._lock = threading.Lock()
+        proxy = self
+
+        class Handler(_ProxyHandler):
+            owner = proxy
+
+        self._httpd = ThreadingHTTPServer((host, port), Handler)
+        self._httpd.daemon_threads = True
+        self.endpoint = f"http://{host}:{self._httpd.server_address[1]}"
+        self._thread: threading.Thread | None = None
+
+    # -- rules ------------------------------------------------------------------------------
+    def fail(self, pattern: str, status: int, *, method: str | None = None, body: bytes | str = b"",
+             content_type: str = "text/plain", times: int | None = None) -> Rule:
+        """Answer requests matching `pattern` with `status` (and `body`) instead of forwarding."""
+        rule = Rule(re.compile(pattern), method, "status", status,
+                    body.encode() if isinstance(body, str) else body, content_type, times)
+        with self._lock:
+            self.rules.append(rule)
+        return rule
+
+    def truncate(self, pattern: str, *, method: str | None = "GET", times: int | None = None) -> Rule:
+        """Forward, but cut matching response bodies in half and close the connection."""
+        rule = Rule(re.compile(pattern), method, "truncate", times=times)
+        with self._lock:
+            self.rules.append(rule)
+        return rule
+
+    def clear(self) -> None:
+        with self._lock:
+            self.rules.clear()
+            self.log.clear()
+
+    def _match(self, method: str, path: str) -> Rule | None:
+        with self._lock:
+            for rule in self.rules:
+                if rule.matches(method, path):
+                    if rule.times is not None:
+                        rule.times -= 1
+                    return rule
+        return None
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def start(self) -> "FaultProxy":
+        self._thread = threading.Thread(target=self._httpd.serve_forever, name="fault-proxy", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        with contextlib.suppress(Exception):
+            self._httpd.shutdown()
+            self._httpd.server_close()
+
+    def __enter__(self) -> "FaultProxy":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+class _ProxyHandler(BaseHTTPRequestHandler):
+    owner: FaultProxy
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args) -> None:
+        pass
+
+    def _read_body(self) -> bytes:
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            chunks = []
+            while True:
+                size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                        pass
+                    return b"".join(chunks)
+                chunks.append(self.rfile.read(size))
+                self.rfile.readline()
+        length = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(length) if length else b""
+
+    def _handle(self) -> None:
+        body = self._read_body()
+        rule = self.owner._match(self.command, self.path)
+        if rule is not None and rule.action == "status":
+            self.send_response(rule.status)
+            self.send_header("Content-Type", rule.content_type)
+            self.send_header("Content-Length", str(len(rule.body)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(rule.body)
+            self.owner.log.append((self.command, self.path, rule.status))
+            return
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
+        if body or self.command in {"POST", "PUT", "PATCH"}:
+            headers["Content-Length"] = str(len(body))
+        conn = http.client.HTTPConnection(self.owner.upstream_host, self.owner.upstream_port, timeout=60)
+        try:
+            conn.request(self.command, self.path, body=body or None, headers=headers)
+            resp = conn.getresponse()
+            payload = resp.read()
+        except OSError as e:
+            self.send_error(502, f"upstream unreachable: {e}")
+            return
+        finally:
+            conn.close()
+        self.send_response(resp.status, resp.reason)
+        for k, v in resp.getheaders():
+            if k.lower() not in _HOP_BY_HOP and k.lower() != "content-length":
+                self.send_header(k, v)
+        if self.command == "HEAD":
+            self.send_header("Content-Length", resp.getheader("Content-Length") or "0")
+            self.end_headers()
+            self.owner.log.append((self.command, self.path, resp.status))
+            return
+        self.send_header("Content-Length", str(len(payload)))
+        if rule is not None and rule.action == "truncate" and len(payload) > 1:
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.write(payload[: len(payload) // 2])
+            self.wfile.flush()
+            self.close_connection = True
+            with contextlib.suppress(OSError):
+                self.connection.shutdown(socket.SHUT_RDWR)
+            self.owner.log.append((self.command, self.path, -resp.status))
+            return
+        self.end_headers()
+        self.wfile.write(payload)
+        self.owner.log.append((self.command, self.path, resp.status))
+
+    do_GET = do_POST = do_PUT = do_DELETE = do_HEAD = do_PATCH = _handle
+
+
+def serve(upstream: str) -> Iterator[FaultProxy]:
+    with FaultProxy(upstream) as proxy:
+        yield proxy

@@ -1,0 +1,49 @@
+"""An S3 server on 127.0.0.1: moto's `ThreadedMotoServer` on a free port.
+
+moto keeps buckets in memory per process and accepts any access key; `S3Server.storage_options`
+gives what an s3 board (or s3fs) needs to reach it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+from moto.server import ThreadedMotoServer
+
+KEY = "testing-key"
+SECRET = "testing-secret"
+
+
+class S3Server:
+    """moto in server mode; `endpoint` is `http://127.0.0.1:PORT`."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0):
+        self._server = ThreadedMotoServer(ip_address=host, port=port, verbose=False)
+        self.endpoint: str | None = None
+
+    def start(self) -> "S3Server":
+        self._server.start()
+        host, port = self._server.get_host_and_port()
+        self.endpoint = f"http://{host}:{port}"
+        return self
+
+    def stop(self) -> None:
+        with contextlib.suppress(Exception):
+            self._server.stop()
+
+    def __enter__(self) -> "S3Server":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def storage_options(self, endpoint: str | None = None) -> dict:
+        """Options for `board_register("s3", ...)` / `s3fs.S3FileSystem` pointing here (or at a proxy)."""
+        return {"endpoint_url": endpoint or self.endpoint, "key": KEY, "secret": SECRET}
+
+
+def serve() -> Iterator[S3Server]:
+    """Generator for a pytest fixture: a started server, stopped afterwards."""
+    with S3Server() as server:
+        yield server

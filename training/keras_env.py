@@ -1,0 +1,28 @@
+"""Select tf-keras (Keras 2) before TensorFlow loads.
+
+Keras 3 breaks under MultiWorkerMirroredStrategy (keras-team/keras#20585) and in some
+2-device MirroredStrategy fits (keras#21069); tf-keras works for every strategy, so pinstorm
+uses it everywhere. ``tf.keras`` reads ``TF_USE_LEGACY_KERAS`` the first time it is touched,
+so this module must be imported before anything imports TensorFlow; every training module
+that imports TensorFlow imports this one first, and the modules themselves use ``tf_keras``
+directly, which is Keras 2 whatever the variable says.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+os.environ["TF_USE_LEGACY_KERAS"] = "1"
+
+
+def tensorflow_loaded() -> bool:
+    """Whether TensorFlow was imported before pinstorm could choose the Keras version."""
+    return "tensorflow" in sys.modules
+
+
+def keras():
+    """The tf-keras module (imported lazily so importing pinstorm stays fast)."""
+    import tf_keras
+
+    return tf_keras
