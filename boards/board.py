@@ -24,6 +24,7 @@ from .errors import (BoardError, DownloadError, InvalidPinName, PinNotFound, Rea
                      VersionNotFound)
 from .meta import PinMeta, parse_version
 from .names import check_pin_name
+from .progress import progress_bar
 
 FIND_COLUMNS = ["name", "description", "type", "board"]
 EXTRACTED = "_extracted"
@@ -223,8 +224,13 @@ class Board:
             return self._cached_meta(name, v, folder), folder
         meta = self.read_meta(name, v)
         meta.version = v
-        folder = self.cache.fetch_version(self.name, name, meta,
-                                          lambda f, dest: self.download_file(name, v, f, dest))
+        sizes = dict(zip(meta.file, meta.file_size)) if meta.file_size else {}
+        with progress_bar(f"{self.name}/{name}", sum(sizes.values()) or None) as advance:
+            def download(f: str, dest: Path) -> None:
+                self.download_file(name, v, f, dest)
+                advance(sizes.get(f, 0))
+
+            folder = self.cache.fetch_version(self.name, name, meta, download)
         return meta, folder
 
     def _cached_meta(self, name: str, version: str, folder: Path) -> PinMeta:

@@ -9,6 +9,7 @@ Immutable version files are transferred through fsspec's HTTP filesystem.
 from __future__ import annotations
 
 import posixpath
+import time
 from pathlib import Path
 from urllib.parse import urljoin
 
@@ -29,8 +30,12 @@ class DatatxtBoard(Board):
     read_only = True
 
     def __init__(self, name: str, url: str, *, cache: str | Path | Cache | None = None, versions: bool = True,
-                 headers: dict | None = None):
+                 headers: dict | None = None, index_max_age: float = 0):
+        """`index_max_age`: seconds to trust the index without asking the server (beyond the
+        server's own Cache-Control max-age); raise it when many `pin_get` calls hit one board."""
         super().__init__(name, cache=cache, versions=versions)
+        self.index_max_age = float(index_max_age)
+        self._checked_at = float("-inf")
         if not url.startswith(("http://", "https://")):
             raise DownloadError(f"datatxt board {name!r}: url must be http(s)://..., got {url!r}", url=url)
         url = url.rstrip("/")
@@ -49,11 +54,14 @@ class DatatxtBoard(Board):
 
     # ---- index ----------------------------------------------------------------------------
     def list_entries(self) -> list[dict]:
+        if self._parsed is not None and time.monotonic() - self._checked_at < self.index_max_age:
+            return self._parsed[1]
         local = self.cache.fetch_url(f"{self.url}/data.txt", self.cache.url_path(self.name, f"{self.url}/data.txt"),
                                      session=self.session)
         mtime = local.stat().st_mtime_ns
         if self._parsed is None or self._parsed[0] != mtime:
             self._parsed = (mtime, board_index.parse_index(local.read_bytes(), source=f"{self.url}/data.txt"))
+        self._checked_at = time.monotonic()
         return self._parsed[1]
 
     def _entry(self, name: str) -> dict:

@@ -26,11 +26,30 @@ def progress_enabled() -> bool:
 def progress_bar(description: str, total: float | None, *, unit: str = "bytes") -> Iterator[Callable[[float], None]]:
     """Yield `advance(n)`; a rich bar on a terminal (shown after half a second), a no-op elsewhere.
 
-    `advance` is thread-safe, so parallel downloads can share one bar.
+    `advance` is thread-safe, so parallel downloads can share one bar. While a bar is shown, nested
+    requests (one pin inside a parallel fetch) get a no-op: the outer bar already tells the story.
     """
-    if not progress_enabled():
+    global _active
+    with _active_lock:
+        nested = _active
+        _active = _active or progress_enabled()
+    if nested or not progress_enabled():
         yield lambda n: None
         return
+    try:
+        with _bar(description, total, unit) as advance:
+            yield advance
+    finally:
+        with _active_lock:
+            _active = False
+
+
+_active = False
+_active_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _bar(description: str, total: float | None, unit: str) -> Iterator[Callable[[float], None]]:
     columns = [TextColumn("{task.description}"), BarColumn()]
     columns += ([DownloadColumn(), TransferSpeedColumn()] if unit == "bytes" else [MofNCompleteColumn()])
     columns.append(TimeRemainingColumn())

@@ -48,6 +48,13 @@ def shard_row_groups(info: dict, shard) -> list[int]:
     return [g for g in range(groups) if g % count == index]
 
 
+def _quiet_petastorm() -> None:
+    """petastorm 0.13 on pyarrow 14 warns on every row group about pyarrow's legacy dataset API, and
+    asks for make_reader because the dataset carries a Unischema; neither is news to us."""
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"petastorm(\.|$)")
+    warnings.filterwarnings("ignore", message="Please use make_reader", module=r"petastorm(\.|$)")
+
+
 def _epoch_seed(base: int, epoch: int) -> int:
     return (base * 1_000_003 + epoch * 7919 + 17) % (2**31 - 1)
 
@@ -88,17 +95,15 @@ class _EpochSource:
         from petastorm import make_batch_reader
 
         sharded = self.shard is not None and self.shard[1] > 1
-        with warnings.catch_warnings():
-            # petastorm 0.13 on pyarrow 14 warns about the legacy dataset API, and asks for make_reader
-            # because the dataset carries a Unischema; the bytes are what we want here.
-            warnings.simplefilter("ignore")
-            reader = make_batch_reader(
-                self.location.url, schema_fields=["image", "label"], num_epochs=1,
-                # the thread pool returns row groups in completion order; keep order reproducible
-                reader_pool_type="thread" if self.workers > 1 else "dummy", workers_count=self.workers,
-                shuffle_row_groups=self.shuffle, seed=seed,
-                cur_shard=self.shard[0] if sharded else None, shard_count=self.shard[1] if sharded else None,
-                storage_options=self.location.storage_options or None)
+        _quiet_petastorm()
+        reader = make_batch_reader(
+            self.location.url, schema_fields=["image", "label"], num_epochs=1,
+            # one worker reads in the generator's thread ("dummy" pool): stored order is kept, and the
+            # thread pool's occasional empty epochs (NOTES.md) cannot happen; tf.data prefetches.
+            reader_pool_type="thread" if self.workers > 1 else "dummy", workers_count=self.workers,
+            shuffle_row_groups=self.shuffle, seed=seed,
+            cur_shard=self.shard[0] if sharded else None, shard_count=self.shard[1] if sharded else None,
+            storage_options=self.location.storage_options or None)
         try:
             for batch in reader:
                 yield np.asarray(batch.image, dtype=object), np.asarray(batch.label, dtype=np.int32)

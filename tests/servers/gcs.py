@@ -27,7 +27,8 @@ class GcsServer:
     """gcp-storage-emulator in memory; `endpoint` is `http://127.0.0.1:PORT`."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, default_bucket: str | None = None):
-        logging.getLogger("gcp_storage_emulator").setLevel(logging.WARNING)
+        for logger in ("gcp_storage_emulator", "api.object", "api.bucket"):  # "Resource not found" on every 404
+            logging.getLogger(logger).setLevel(logging.CRITICAL)
         self._host = host
         self._server = create_server(host, port, in_memory=True, default_bucket=default_bucket)
         self.endpoint: str | None = None

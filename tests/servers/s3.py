@@ -7,6 +7,8 @@ gives what an s3 board (or s3fs) needs to reach it.
 from __future__ import annotations
 
 import contextlib
+import json
+import logging
 from typing import Iterator
 
 from moto.server import ThreadedMotoServer
@@ -19,6 +21,7 @@ class S3Server:
     """moto in server mode; `endpoint` is `http://127.0.0.1:PORT`."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0):
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one log line per request otherwise
         self._server = ThreadedMotoServer(ip_address=host, port=port, verbose=False)
         self.endpoint: str | None = None
 
@@ -41,6 +44,15 @@ class S3Server:
     def storage_options(self, endpoint: str | None = None) -> dict:
         """Options for `board_register("s3", ...)` / `s3fs.S3FileSystem` pointing here (or at a proxy)."""
         return {"endpoint_url": endpoint or self.endpoint, "key": KEY, "secret": SECRET}
+
+
+def make_public(fs, bucket: str, prefix: str = "") -> None:
+    """Let anyone read `bucket/prefix*` without signing (how a board is shared as a plain URL)."""
+    resource = f"arn:aws:s3:::{bucket}/{prefix.strip('/') + '/' if prefix.strip('/') else ''}*"
+    policy = {"Version": "2012-10-17", "Statement": [
+        {"Sid": "PublicRead", "Effect": "Allow", "Principal": "*", "Action": ["s3:GetObject"],
+         "Resource": [resource]}]}
+    fs.call_s3("put_bucket_policy", Bucket=bucket, Policy=json.dumps(policy))
 
 
 def serve() -> Iterator[S3Server]:

@@ -1,0 +1,21 @@
+"""pinstorm's data path: ImageNet layout -> per-category pins -> Parquet in petastorm's format -> tf.data.
+
+Importing this package does not import TensorFlow (only `make_dataset` does, when called), nor
+petastorm, nor boards.
+"""
+
+from .convert import ConvertResult, DatasetExistsError, convert
+from .images import UndecodableImage, check_image
+from .info import dataset_info
+from .layout import Layout, LayoutError, scan
+from .metadata import IncompleteDatasetError
+from .reader import IncompleteEpochError, make_dataset
+from .repartition import imagenet_partition, repartition
+from .samples import digits_quirks, imagenet_size_jpegs, make_digits_tree, make_imagenet_size_tree
+
+__all__ = [
+    "scan", "repartition", "imagenet_partition", "convert", "make_dataset", "dataset_info", "make_digits_tree",
+    "Layout", "LayoutError", "ConvertResult", "DatasetExistsError", "IncompleteDatasetError",
+    "IncompleteEpochError", "UndecodableImage", "check_image", "digits_quirks", "imagenet_size_jpegs",
+    "make_imagenet_size_tree",
+]

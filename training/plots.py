@@ -1,0 +1,54 @@
+"""Training-curve plots (PNG) from the metrics CSV a fit writes.
+
+The CSV, not Keras's History, is the source: a run resumed from a backup appends to it, so the
+plot shows the whole run. Uses matplotlib's Agg backend (no display needed).
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from pathlib import Path
+
+
+def read_metrics_csv(path) -> dict[str, list[float]]:
+    """Columns of a Keras CSVLogger file as float lists (``epoch`` included)."""
+    with open(path, newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    columns: dict[str, list[float]] = {}
+    for row in rows:
+        for key, value in row.items():
+            try:
+                columns.setdefault(key, []).append(float(value))
+            except (TypeError, ValueError):
+                continue
+    return columns
+
+
+def plot_curves(metrics: dict[str, list[float]], png_path, title: str = "training") -> Path:
+    """Loss and accuracy per epoch (train and validation) into ``png_path``, written atomically."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    epochs = [int(e) + 1 for e in metrics.get("epoch", range(len(metrics.get("loss", []))))]
+    panels = [name for name in ("loss", "accuracy") if name in metrics]
+    figure, axes = plt.subplots(1, max(1, len(panels)), figsize=(5 * max(1, len(panels)), 3.6), squeeze=False)
+    for axis, name in zip(axes[0], panels):
+        axis.plot(epochs, metrics[name], marker="o", label=f"train {name}")
+        if f"val_{name}" in metrics:
+            axis.plot(epochs, metrics[f"val_{name}"], marker="s", label=f"validation {name}")
+        axis.set_xlabel("epoch")
+        axis.set_ylabel(name)
+        axis.grid(alpha=0.3)
+        axis.legend()
+    figure.suptitle(title)
+    figure.tight_layout()
+    png_path = Path(png_path)
+    png_path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = png_path.with_name(f".{png_path.name}.tmp")
+    figure.savefig(temporary, dpi=100, format="png")
+    plt.close(figure)
+    os.replace(temporary, png_path)
+    return png_path
