@@ -19,8 +19,8 @@ from typing import Any, Iterable
 import pandas as pd
 
 from . import archive
-from .cache import Cache, StaleCacheWarning
-from .errors import (BoardError, DownloadError, InvalidPinName, PinNotFound, ReadOnlyBoard,
+from .cache import Cache, StaleCacheWarning, verify
+from .errors import (BoardError, DownloadError, IntegrityError, InvalidPinName, PinNotFound, ReadOnlyBoard,
                      VersionNotFound)
 from .meta import PinMeta, parse_version
 from .names import check_pin_name
@@ -190,10 +190,13 @@ class Board:
             return None
         return versions[-1] if versions else None
 
-    def fetch(self, name: str, version: str | None = None, *, download: bool = True) -> tuple[PinMeta, Path]:
+    def fetch(self, name: str, version: str | None = None, *, download: bool = True,
+              trust_cache: bool = True) -> tuple[PinMeta, Path]:
         """(metadata, local folder holding the files) of a version, from the cache when possible.
 
         With `download=False` nothing touches the network: the newest cached version is used.
+        With `trust_cache=False` cached files are verified against their data.txt and re-downloaded
+        if they were damaged.
         When the board cannot be reached, the newest cached version is served with a warning.
         """
         cached = self.cache.cached_versions(self.name, name)
@@ -221,7 +224,14 @@ class Board:
             return meta, local
         folder = self.cache.version_dir(self.name, name, v)
         if folder.is_dir():
-            return self._cached_meta(name, v, folder), folder
+            meta = self._cached_meta(name, v, folder)
+            if trust_cache:
+                return meta, folder
+            try:  # cache=False: check the cached bytes again before serving them
+                verify(meta, folder, source=str(folder))
+                return meta, folder
+            except IntegrityError:
+                shutil.rmtree(folder, ignore_errors=True)
         meta = self.read_meta(name, v)
         meta.version = v
         sizes = dict(zip(meta.file, meta.file_size)) if meta.file_size else {}
@@ -244,10 +254,11 @@ class Board:
 
         `extract=True` unpacks archives (zip, tar, tar.gz, gz) and returns the extracted files;
         `extract=None` unpacks only pins that pinstorm zipped itself. `files=True` always returns
-        paths. `version` takes a full version or a unique prefix.
+        paths. `version` takes a full version or a unique prefix. `cache=False` re-verifies cached
+        files (and re-downloads damaged ones) instead of trusting them.
         """
         name = self.check_name(name)
-        meta, folder = self.fetch(name, version, download=download)
+        meta, folder = self.fetch(name, version, download=download, trust_cache=cache)
         paths = [folder / f for f in meta.file]
         if not files and len(paths) == 1:
             loaded = _load(meta.type, paths[0])

@@ -140,14 +140,14 @@ class DatatxtBoard(Board):
         meta.name, meta.version = entry["name"], LEGACY
         return meta
 
-    def fetch(self, name: str, version: str | None = None, *, download: bool = True):
+    def fetch(self, name: str, version: str | None = None, *, download: bool = True, trust_cache: bool = True):
         entry = None
         if download:
             entry = self._entry(name)
         elif self.cache.cached_versions(self.name, name) == [LEGACY]:
             entry = {"path": "", "name": name}
         if entry is None or self._is_versioned(entry):
-            return super().fetch(name, version, download=download)
+            return super().fetch(name, version, download=download, trust_cache=trust_cache)
         folder = self.cache.version_dir(self.name, name, LEGACY)
         if not download:
             return self._cached_meta(name, LEGACY, folder), folder

@@ -153,3 +153,25 @@ def test_archive_escaping_the_folder_is_refused(http_board, tmp_path):
         web.pin_get("evil", extract=True)
     assert not (tmp_path / "outside.txt").exists()
     assert not list((tmp_path / "cache").rglob("outside.txt"))
+
+
+def test_damaged_cache_is_repaired_with_cache_false(http_board):
+    board, folder, url = http_board
+    board.pin({"v": 1}, "obj")
+    web = boards.board_register(url, name="web")
+    path = web.pin_get("obj", files=True)[0]
+    with open(path, "w") as f:
+        f.write('{"v": 666}')  # the same size, different bytes: only the hash can tell
+    assert web.pin_get("obj") == {"v": 666}  # trusted by default: no network work
+    assert web.pin_get("obj", cache=False) == {"v": 1}
+
+
+def test_pin_a_url_downloads_through_the_cache(http_board, tmp_path):
+    board, folder, url = http_board
+    (folder / "notes.csv").write_text("a,b\n1,2\n")
+    got = boards.pin(f"{url}/notes.csv", "notes", type="csv")
+    assert got.shape == (1, 2)
+    assert boards.pin_info("notes")["source_url"] == f"{url}/notes.csv"
+    with pytest.raises(DownloadError, match=r"HTTP 404 .*nothing.csv"):
+        boards.pin(f"{url}/nothing.csv", "nothing")
+    assert boards.pin_find("nothing").empty
