@@ -56,11 +56,6 @@ class BucketBoard(FsBoard):
         where = f"{self.kind}://{self.root}"
         return f"{where} at {self.endpoint}" if self.endpoint else where
 
-    def __getstate__(self) -> dict:
-        # fsspec filesystems pickle as their constructor arguments, so a board travels to a
-        # spawned worker process and reconnects there (no event loop or session crosses over)
-        return dict(self.__dict__)
-
     # ---- error translation ----------------------------------------------------------------
     def _scrub(self, text: str) -> str:
         for s in self._secrets:
@@ -143,8 +138,9 @@ class BucketBoard(FsBoard):
 
 
 def _first_line(e: Exception) -> str:
-    text = str(e).strip() or type(e).__name__
-    return text.splitlines()[0][:300]
+    """The library's message on one line, short (gcsfs puts the server's reason on a second line)."""
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text[:300]
 
 
 def _status_of(e: BaseException) -> int | None:

@@ -221,6 +221,9 @@ class KaggleBoard(Board):
                         if name and self._competition(name) else "")
                 return CredentialsError(f"kaggle board {self.name!r}: HTTP {status} from {url} while trying to "
                                         f"{action}: Kaggle refused the credentials{hint}: {detail}")
+            if status == 404 and "/v1/" not in str(url):  # the file behind Kaggle's redirect is gone
+                return DownloadError(f"kaggle board {self.name!r}: HTTP 404 from {url} while trying to {action} "
+                                     "(the file Kaggle redirected to is missing)", url=url, status=404)
             if status == 404:
                 what = (f"competition {self._competition(name)!r}" if name and self._competition(name)
                         else f"dataset {name!r}" if name else "resource")

@@ -194,7 +194,8 @@ def _write_part(location, plan, part, pool, advance) -> dict:
         return [pool.submit(_load, row) for row in plan.rows[start:stop]]
 
     pending = submit(groups[0]) if groups else []
-    with location.fs.open(tmp, "wb") as handle:
+    # A native file for local folders: pyarrow then writes without Python file objects (or the GIL).
+    with (pa.OSFile(tmp, "wb") if location.is_local else location.fs.open(tmp, "wb")) as handle:
         writer = pq.ParquetWriter(handle, ARROW_SCHEMA, compression={"image": "NONE", "label": "SNAPPY",
                                   "wnid": "SNAPPY", "filename": "SNAPPY", "height": "SNAPPY", "width": "SNAPPY"},
                                   use_dictionary=["wnid"], write_statistics=["label", "height", "width"])
@@ -331,13 +332,17 @@ def convert(source, output_url, *, partitions: int = 1, row_group_size_mb: float
     items, classes, names, source_description = _source_items(source, classes, split)
     plan = _plan(items, classes, partitions, row_group_size_mb, min_row_groups, seed)
     if is_board_url(output_url):
-        return _convert_to_board(plan, classes, names, split, output_url, parallel=parallel,
-                                 overwrite=overwrite, progress=progress, on_part=on_part,
-                                 description=description or source_description, started=started, seed=seed)
-    location = resolve(output_url, storage_options)
-    return _convert(plan, classes, names, split, location, parallel=parallel, overwrite=overwrite,
-                    progress=progress, on_part=on_part, source=description or source_description,
-                    started=started, seed=seed)
+        result = _convert_to_board(plan, classes, names, split, output_url, parallel=parallel,
+                                   overwrite=overwrite, progress=progress, on_part=on_part,
+                                   description=description or source_description, started=started, seed=seed)
+    else:
+        result = _convert(plan, classes, names, split, resolve(output_url, storage_options), parallel=parallel,
+                          overwrite=overwrite, progress=progress, on_part=on_part,
+                          source=description or source_description, started=started, seed=seed)
+    if result.skipped and result.images_read:
+        log.warning("%s: skipped %d undecodable file(s), listed in %s", result.url, len(result.skipped),
+                    result.report_url)
+    return result
 
 
 def _convert(plan, classes, names, split, location, *, parallel, overwrite, progress, on_part, source,
@@ -383,9 +388,6 @@ def _convert(plan, classes, names, split, location, *, parallel, overwrite, prog
     _write_json(location, REPORT, {"rows": rows, "skipped": skipped, "reencoded": reencoded})
     write_common_metadata(location, info, {n: f["row_groups"] for n, f in files.items()})
     location.fs.rm(location.join(PROGRESS))
-    if skipped:
-        log.warning("%s: skipped %d undecodable file(s), listed in %s", location.url, len(skipped),
-                    location.join(REPORT))
     images_read = sum(plan.bounds[g][1] - plan.bounds[g][0] for p in todo for g in plan.part_groups(p))
     return ConvertResult(location.url, rows, info["row_groups"], plan.partitions, info["bytes"], classes,
                          skipped, reencoded, time.monotonic() - started, images_read, len(done),
@@ -394,14 +396,18 @@ def _convert(plan, classes, names, split, location, *, parallel, overwrite, prog
 
 def _convert_to_board(plan, classes, names, split, url, *, parallel, overwrite, progress, on_part,
                       description, started, seed) -> ConvertResult:
-    """Convert into a stable local folder (so an interrupted run resumes), then pin it unzipped."""
+    """Convert into a stable local folder (so an interrupted run resumes), then pin it unzipped.
+
+    The dataset sits in a subfolder of the pin (``<pin>/part-*.parquet``): the pin's own version
+    folder also holds its ``data.txt``, which petastorm would take for a Parquet file.
+    """
     import boards
 
     board, pin = parse_board_url(url)
     staging = Path(tempfile.gettempdir()) / f"pinstorm-convert-{board}-{pin}"
-    result = _convert(plan, classes, names, split, resolve(staging), parallel=parallel, overwrite=overwrite,
+    result = _convert(plan, classes, names, split, resolve(staging / pin), parallel=parallel, overwrite=overwrite,
                       progress=progress, on_part=on_part, source=description, started=started, seed=seed)
-    info = read_info(resolve(staging))
+    info = read_info(resolve(staging / pin))
     boards.pin(str(staging), name=pin, board=board, zip=False,
                description=f"pinstorm dataset: {info['rows']} images of {info['num_classes']} classes "
                            f"({split}) from {description}",

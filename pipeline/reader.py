@@ -20,11 +20,12 @@ import warnings
 import numpy as np
 
 from .metadata import read_info
-from .storage import locate
+from .storage import locate, petastorm_filesystem
 
 log = logging.getLogger(__name__)
 
 ENGINES = ("petastorm", "pyarrow")
+_AHEAD = 512   # encoded rows queued ahead of the decoders (~55 MB of ImageNet JPEGs)
 
 
 class IncompleteEpochError(RuntimeError):
@@ -100,10 +101,10 @@ class _EpochSource:
             self.location.url, schema_fields=["image", "label"], num_epochs=1,
             # one worker reads in the generator's thread ("dummy" pool): stored order is kept, and the
             # thread pool's occasional empty epochs (NOTES.md) cannot happen; tf.data prefetches.
-            reader_pool_type="thread" if self.workers > 1 else "dummy", workers_count=self.workers,
+            reader_pool_type="dummy" if self.workers == 0 else "thread", workers_count=max(1, self.workers),
             shuffle_row_groups=self.shuffle, seed=seed,
             cur_shard=self.shard[0] if sharded else None, shard_count=self.shard[1] if sharded else None,
-            storage_options=self.location.storage_options or None)
+            filesystem=petastorm_filesystem(self.location))
         try:
             for batch in reader:
                 yield np.asarray(batch.image, dtype=object), np.asarray(batch.label, dtype=np.int32)
@@ -179,7 +180,7 @@ def make_dataset(url, *, batch_size: int, image_size=(224, 224), training: bool 
                  num_epochs: int | None = 1, shuffle: bool = True, seed: int | None = None,
                  parallel: int | None = None, drop_remainder: bool = False, shuffle_buffer: int | None = None,
                  crop_area=(0.25, 1.0), flip: bool = True, eval_crop: float = 0.875, engine: str = "petastorm",
-                 reader_workers: int = 1, retries: int = 2, storage_options: dict | None = None):
+                 reader_workers: int = 0, retries: int = 2, storage_options: dict | None = None, ahead=None):
     """A ``tf.data.Dataset`` of ``(images, labels)`` batches from a converted dataset.
 
     images: float32 ``[B, H, W, 3]`` with values in [0, 1]; labels: int32 ``[B]`` class indexes
@@ -246,6 +247,9 @@ def make_dataset(url, *, batch_size: int, image_size=(224, 224), training: bool 
 
     epochs = tf.data.Dataset.range(num_epochs) if num_epochs is not None else tf.data.Dataset.range(2**62)
     dataset = epochs.flat_map(epoch_dataset)
+    # Keep encoded rows queued across epoch boundaries: a new epoch starts a new reader and refills its
+    # shuffle buffer, and the decoders should not wait for that.
+    dataset = dataset.prefetch(_AHEAD if ahead is None else ahead) if (ahead is None or ahead > 0) else dataset
     fn = _preprocess_fns(tf, image_size, training, crop_area, flip, eval_crop)
     deterministic = seed is not None or not shuffle
     dataset = dataset.map(fn, num_parallel_calls=parallel or tf.data.AUTOTUNE, deterministic=deterministic)

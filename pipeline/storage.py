@@ -70,4 +70,37 @@ def locate(url, storage_options: dict | None = None) -> Location:
     if not isinstance(files, (list, tuple)) or not files:
         raise ValueError(f"{url}: the pin is not a folder of files (got {type(files).__name__})")
     folder = os.path.commonpath([os.path.dirname(os.fspath(f)) for f in files])
+    if not os.path.isfile(os.path.join(folder, "_common_metadata")):
+        raise ValueError(f"{url}: the pin holds no pinstorm dataset (no _common_metadata in {folder})")
     return resolve(folder)
+
+
+def petastorm_filesystem(location: Location):
+    """The filesystem to hand petastorm for `location`: None for local folders (petastorm's own),
+    else the fsspec filesystem behind pyarrow's legacy API.
+
+    petastorm 0.13.1 passes a bare fsspec filesystem to ``pq.ParquetDataset(validate_schema=...)``;
+    pyarrow 14 then picks its new dataset API, which rejects that keyword, so petastorm cannot read
+    s3:// or gs:// at all on its own. A legacy ``pyarrow.filesystem`` object keeps the legacy API.
+    """
+    if location.is_local:
+        return None
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        from pyarrow.filesystem import DaskFileSystem
+
+        class FsspecLegacyFileSystem(DaskFileSystem):
+            """pyarrow's legacy filesystem API over any fsspec filesystem."""
+
+            def isdir(self, path):
+                return self.fs.isdir(str(path))
+
+            def isfile(self, path):
+                return self.fs.isfile(str(path))
+
+            def walk(self, path):
+                return self.fs.walk(str(path))
+
+        return FsspecLegacyFileSystem(location.fs)

@@ -226,6 +226,19 @@ def _first_line(error: BaseException) -> str:
 
 # --------------------------------------------------------------------------- entry point
 
+def choose_kind(kind: str, device_count: int, tf_config: dict | None) -> str:
+    """What ``kind="auto"`` means here: several workers in TF_CONFIG -> multi-worker, several
+    devices -> mirrored, else one device. Other kinds are returned as they are."""
+    kind = _normalise(kind)
+    if kind not in KINDS:
+        raise StrategyError(f"unknown strategy kind {kind!r}; use one of {KINDS}")
+    if kind != "auto":
+        return kind
+    if multiworker.cluster_size(tf_config) > 1:
+        return "multiworker"
+    return "mirrored" if device_count > 1 else "one-device"
+
+
 def make_strategy(
     kind: str = "auto",
     devices=None,
@@ -253,11 +266,9 @@ def make_strategy(
     if fallback not in FALLBACKS:
         raise StrategyError(f"fallback must be 'one-device' or None, got {fallback!r}")
     config = multiworker.read_tf_config()
-    if kind == "auto":
-        if multiworker.cluster_size(config) > 1:
-            kind = "multiworker"
-        else:
-            kind = "mirrored" if len(_resolve_devices(devices)) > 1 else "one-device"
+    if kind == "auto" and multiworker.cluster_size(config) <= 1:
+        kind = choose_kind(kind, len(_resolve_devices(devices)), config)
+    kind = choose_kind(kind, 1, config)
     if kind == "multiworker":
         if config is None:
             raise StrategyError("kind='multiworker' needs TF_CONFIG naming the cluster (see training.multiworker)")

@@ -137,8 +137,9 @@ def _dataset_input(dataset: tf.data.Dataset, *, global_batch, image_size, traini
     return _Input(dataset, rows, num_classes)
 
 
-def _parquet_train_input(strategy, url: str, info: dict, *, global_batch, image_size, epochs, parallel, seed):
-    """One ``make_dataset`` per worker over its shard, batched per replica, enough epochs of it."""
+def _parquet_train_input(strategy, url: str, info: dict, *, global_batch, image_size, parallel, seed,
+                         input_options):
+    """One endless ``make_dataset`` per worker over its own shard, batched per replica."""
     import pipeline
 
     rows = int(info["rows"])
@@ -151,29 +152,30 @@ def _parquet_train_input(strategy, url: str, info: dict, *, global_batch, image_
         shard = None
         if context.num_input_pipelines > 1:
             shard = (context.input_pipeline_id, context.num_input_pipelines)
-        # one spare epoch: shards differ by a row group at most, and every worker must run `steps` steps.
+        # endless: shards may differ by a row group, and every worker must run the same number of steps.
+        options = dict(shuffle=True, seed=seed, parallel=parallel)
+        options.update(input_options)
         return pipeline.make_dataset(
             url, batch_size=context.get_per_replica_batch_size(global_batch), image_size=(image_size, image_size),
-            training=True, shard=shard, num_epochs=epochs + 1, shuffle=True, seed=seed, parallel=parallel,
-            drop_remainder=True,
-        )
+            training=True, shard=shard, num_epochs=None, drop_remainder=True, **options)
 
     dataset = strategy.distribute_datasets_from_function(dataset_fn)
     return _Input(dataset, rows, int(info["num_classes"]), list(info.get("classes") or []), steps)
 
 
-def _parquet_eval_input(url: str, info: dict, *, global_batch, image_size, parallel) -> _Input:
+def _parquet_eval_input(url: str, info: dict, *, global_batch, image_size, parallel, input_options) -> _Input:
     """Every validation row once per evaluation (Keras splits each global batch across replicas)."""
     import pipeline
 
+    options = {k: v for k, v in input_options.items() if k in ("eval_crop", "engine", "reader_workers")}
     dataset = pipeline.make_dataset(url, batch_size=global_batch, image_size=(image_size, image_size),
-                                    training=False, num_epochs=1, shuffle=False, parallel=parallel)
+                                    training=False, num_epochs=1, shuffle=False, parallel=parallel, **options)
     return _Input(_with_data_sharding(dataset), int(info["rows"]), int(info["num_classes"]),
                   list(info.get("classes") or []))
 
 
-def _resolve_input(data, *, role, strategy, global_batch, image_size, epochs, parallel, seed, num_classes,
-                   cache_dir, classes) -> _Input:
+def _resolve_input(data, *, role, strategy, global_batch, image_size, parallel, seed, num_classes,
+                   cache_dir, classes, input_options) -> _Input:
     training = role == "train"
     if isinstance(data, tf.data.Dataset):
         return _dataset_input(data, global_batch=global_batch, image_size=image_size, training=training,
@@ -188,8 +190,9 @@ def _resolve_input(data, *, role, strategy, global_batch, image_size, epochs, pa
         info = pipeline.dataset_info(url)
         if training:
             return _parquet_train_input(strategy, url, info, global_batch=global_batch, image_size=image_size,
-                                        epochs=epochs, parallel=parallel, seed=seed)
-        return _parquet_eval_input(url, info, global_batch=global_batch, image_size=image_size, parallel=parallel)
+                                        parallel=parallel, seed=seed, input_options=input_options)
+        return _parquet_eval_input(url, info, global_batch=global_batch, image_size=image_size, parallel=parallel,
+                                   input_options=input_options)
     raise TrainingError(f"{role} data must be a Parquet dataset URL, a data map or a tf.data.Dataset, "
                         f"not {type(data).__name__}")
 
@@ -250,6 +253,7 @@ def train(
     mixed_precision: str | bool = "auto",
     seed: int | None = 0,
     callbacks: list | None = None,
+    input_options: dict | None = None,
     verbose: int | str = 2,
 ) -> TrainResult:
     """Fit ``model_name`` on ``data``; return the history and the final validation metrics.
@@ -259,7 +263,9 @@ def train(
     every epoch there and resume from it when a backup exists (deleted after a finished run).
     ``output_dir`` (default ``runs/<model>-<UTC time>``) receives ``metrics.csv``,
     ``curves.png``, ``tensorboard/`` and ``final.weights.h5``. ``mixed_precision="auto"`` uses
-    mixed_float16 when every replica is a GPU.
+    mixed_float16 when every replica is a GPU. ``input_options`` go to ``pipeline.make_dataset``
+    for Parquet inputs (e.g. ``{"flip": False, "crop_area": (0.8, 1.0)}`` for digits, which a
+    mirror image would turn into other digits).
     """
     if data is None:
         raise TrainingError("train() needs data: a Parquet URL, a data map or a tf.data.Dataset")
@@ -278,8 +284,8 @@ def train(
 
     replicas = strategy.num_replicas_in_sync
     global_batch = batch_size * replicas
-    common = dict(strategy=strategy, global_batch=global_batch, image_size=image_size, epochs=epochs,
-                  parallel=parallel, seed=seed, cache_dir=cache_dir)
+    common = dict(strategy=strategy, global_batch=global_batch, image_size=image_size, parallel=parallel,
+                  seed=seed, cache_dir=cache_dir, input_options=dict(input_options or {}))
     train_input = _resolve_input(data, role="train", num_classes=num_classes, classes=None, **common)
     num_classes = num_classes or train_input.num_classes
     if not num_classes:

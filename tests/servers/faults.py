@@ -14,6 +14,7 @@ import http.client
 import re
 import socket
 import threading
+import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Iterator
@@ -26,15 +27,21 @@ _HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encodin
 class Rule:
     pattern: re.Pattern
     method: str | None
-    action: str  # "status" or "truncate"
+    action: str  # "status", "truncate" or "delay"
     status: int = 500
     body: bytes = b""
     content_type: str = "text/plain"
     times: int | None = None  # None: forever
+    seconds: float = 0.0
 
     def matches(self, method: str, path: str) -> bool:
         return (self.method is None or self.method == method) and bool(self.pattern.search(path)) \
             and (self.times is None or self.times > 0)
+
+
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 128  # parallel clients open many connections at once
+    daemon_threads = True
 
 
 class FaultProxy:
@@ -45,14 +52,16 @@ class FaultProxy:
         self.upstream_host, self.upstream_port = parts.hostname, parts.port or 80
         self.rules: list[Rule] = []
         self.log: list[tuple[str, str, int]] = []  # (method, path, status sent)
+        self.connections: set = set()  # open client sockets, closed by stop() (keep-alive outlives shutdown)
+        self.inflight = 0  # requests being answered right now
+        self.max_inflight = 0  # the most answered at once since the last clear()
         self._lock = threading.Lock()
         proxy = self
 
         class Handler(_ProxyHandler):
             owner = proxy
 
-        self._httpd = ThreadingHTTPServer((host, port), Handler)
-        self._httpd.daemon_threads = True
+        self._httpd = _Server((host, port), Handler)
         self.endpoint = f"http://{host}:{self._httpd.server_address[1]}"
         self._thread: threading.Thread | None = None
 
@@ -73,10 +82,18 @@ class FaultProxy:
             self.rules.append(rule)
         return rule
 
+    def delay(self, pattern: str, seconds: float, *, method: str | None = None, times: int | None = None) -> Rule:
+        """Forward matching requests after `seconds` (a slow link, to see requests overlap)."""
+        rule = Rule(re.compile(pattern), method, "delay", times=times, seconds=seconds)
+        with self._lock:
+            self.rules.append(rule)
+        return rule
+
     def clear(self) -> None:
         with self._lock:
             self.rules.clear()
             self.log.clear()
+            self.max_inflight = self.inflight
 
     def _match(self, method: str, path: str) -> Rule | None:
         with self._lock:
@@ -94,9 +111,15 @@ class FaultProxy:
         return self
 
     def stop(self) -> None:
+        """Stop listening and drop open connections: from now on, connections are refused."""
         with contextlib.suppress(Exception):
             self._httpd.shutdown()
             self._httpd.server_close()
+        with self._lock:
+            open_sockets = list(self.connections)
+        for sock in open_sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
 
     def __enter__(self) -> "FaultProxy":
         return self.start()
@@ -108,9 +131,21 @@ class FaultProxy:
 class _ProxyHandler(BaseHTTPRequestHandler):
     owner: FaultProxy
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # headers and body are separate writes: avoid a 40 ms stall each
 
     def log_message(self, format: str, *args) -> None:
         pass
+
+    def setup(self) -> None:
+        super().setup()
+        with self.owner._lock:
+            self.owner.connections.add(self.connection)
+
+    def finish(self) -> None:
+        with self.owner._lock:
+            self.owner.connections.discard(self.connection)
+        with contextlib.suppress(OSError):
+            super().finish()
 
     def _read_body(self) -> bytes:
         if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
@@ -127,8 +162,21 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         return self.rfile.read(length) if length else b""
 
     def _handle(self) -> None:
+        owner = self.owner
+        with owner._lock:
+            owner.inflight += 1
+            owner.max_inflight = max(owner.max_inflight, owner.inflight)
+        try:
+            self._answer()
+        finally:
+            with owner._lock:
+                owner.inflight -= 1
+
+    def _answer(self) -> None:
         body = self._read_body()
         rule = self.owner._match(self.command, self.path)
+        if rule is not None and rule.action == "delay":
+            time.sleep(rule.seconds)
         if rule is not None and rule.action == "status":
             self.send_response(rule.status)
             self.send_header("Content-Type", rule.content_type)

@@ -1,0 +1,145 @@
+"""`pin_get_many`: fetch and extract many pins at once, with one progress bar.
+
+Fetching a partition of an image data set means hundreds of small pins; one at a time, each pays its
+round trips (listing, data.txt, files) in turn. Threads overlap them and are the default: transfers
+and zlib release the GIL, and threads share the board's connections and event loop, which is what
+s3fs and gcsfs need (a forked child that inherits their event loop hangs). Processes are available
+for boards whose work is CPU-bound in Python; they are started with `forkserver` (or `spawn`), never
+plain `fork`, and receive the board by pickling, so each builds its own connections.
+
+A failing pin never stops the others: every failure is collected and reported at the end.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import multiprocessing
+import os
+from typing import Any, Iterable
+
+from .board import Board
+from .errors import BoardError
+from .progress import progress_bar
+from .registry import board_get
+
+DEFAULT_THREADS = 16
+_ERROR_MODES = ("raise", "return")
+
+
+class PinFetchError(BoardError):
+    """Some pins of a `pin_get_many` call failed; `.results` holds the others, `.errors` the failures."""
+
+    def __init__(self, message: str, results: dict[str, Any] | None = None,
+                 errors: dict[str, BaseException] | None = None):
+        super().__init__(message)
+        self.results = results or {}
+        self.errors = errors or {}
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.results, self.errors))
+
+
+def _plan(parallel: Any, n: int) -> tuple[str, int]:
+    """(pool kind, workers) from the `parallel` argument."""
+    if parallel is None or parallel is True:
+        return "threads", max(1, min(DEFAULT_THREADS, n))
+    if parallel is False:
+        return "threads", 1
+    if isinstance(parallel, int):
+        if parallel < 0:
+            raise ValueError(f"parallel must be >= 0, got {parallel}")
+        return "threads", max(1, min(parallel, n))
+    if isinstance(parallel, str):
+        kind, _, count = parallel.partition(":")
+        if kind not in ("threads", "processes"):
+            raise ValueError(f"parallel must be None, a number of threads, 'threads', 'processes' or "
+                             f"'processes:N', got {parallel!r}")
+        default = DEFAULT_THREADS if kind == "threads" else (os.cpu_count() or 1)
+        try:
+            workers = int(count) if count else default
+        except ValueError:
+            raise ValueError(f"parallel={parallel!r}: the worker count after ':' must be a number") from None
+        return kind, max(1, min(workers, n))
+    raise TypeError(f"parallel must be None, an int or a str, got {type(parallel).__name__}")
+
+
+# -- process workers: the board arrives once per process, by pickling ------------------------
+_worker_board: Board | None = None
+
+
+def _init_worker(board: Board) -> None:
+    global _worker_board
+    _worker_board = board
+
+
+def _fetch_in_worker(name: str, extract: bool | None) -> Any:
+    assert _worker_board is not None
+    return _worker_board.pin_get(name, extract=extract)
+
+
+def _process_context():
+    methods = multiprocessing.get_all_start_methods()
+    return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+
+
+def pin_get_many(names: Iterable[str], board: str | Board | None = None, parallel: Any = None,
+                 extract: bool | None = None, errors: str = "raise") -> dict[str, Any]:
+    """Fetch (and extract) many pins of one board concurrently; returns {name: what pin_get returns}.
+
+    `parallel`: None (threads, up to 16), an int (that many threads; 1 = one at a time),
+    "threads", "processes", or "processes:N". `errors="raise"` raises `PinFetchError` at the end
+    when any pin failed (it carries `.results` and `.errors`); `errors="return"` puts the exception
+    objects in the returned dict instead.
+    """
+    if isinstance(names, str):
+        raise TypeError("pin_get_many takes a list of pin names; for one pin use pin_get")
+    if errors not in _ERROR_MODES:
+        raise ValueError(f"errors must be one of {_ERROR_MODES}, got {errors!r}")
+    names = list(dict.fromkeys(names))  # once each, in the order given
+    target = board_get(board)
+    results: dict[str, Any] = {}
+    failures: dict[str, BaseException] = {}
+    if not names:
+        return results
+    kind, workers = _plan(parallel, len(names))
+    with progress_bar(f"pins from {target.name}", len(names), unit="pins") as advance:
+        def settle(name: str, outcome) -> None:
+            try:
+                results[name] = outcome()
+            except Exception as e:  # noqa: BLE001 - reported at the end with the pin's name
+                failures[name] = e
+            advance(1)
+
+        rest = names
+        if kind == "threads":
+            # The first pin goes alone: it does the board's one-time work (sign-in, session, the
+            # data.txt index) that would otherwise have every thread queue for the same lock at once.
+            settle(names[0], lambda: target.pin_get(names[0], extract=extract))
+            rest = names[1:]
+        if kind == "threads" and workers == 1:
+            for name in rest:
+                settle(name, lambda name=name: target.pin_get(name, extract=extract))
+        elif rest:
+            if kind == "threads":
+                pool = cf.ThreadPoolExecutor(workers, thread_name_prefix="pin-get")
+                futures = {pool.submit(target.pin_get, n, extract=extract): n for n in rest}
+            else:
+                pool = cf.ProcessPoolExecutor(workers, mp_context=_process_context(),
+                                              initializer=_init_worker, initargs=(target,))
+                futures = {pool.submit(_fetch_in_worker, n, extract): n for n in rest}
+            try:
+                for future in cf.as_completed(futures):
+                    settle(futures[future], future.result)
+            except BaseException:  # Ctrl-C: drop what has not started
+                pool.shutdown(wait=False, cancel_futures=True)
+                raise
+            pool.shutdown(wait=True)
+    ordered = {n: results[n] for n in names if n in results}
+    if failures and errors == "raise":
+        lines = [f"  {n}: {type(e).__name__}: {e}" for n, e in failures.items()]
+        raise PinFetchError(f"{len(failures)} of {len(names)} pins failed on board {target.name!r} "
+                            f"({len(ordered)} fetched):\n" + "\n".join(lines),
+                            results=ordered, errors=failures)
+    if failures:
+        return {n: results[n] if n in results else failures[n] for n in names}
+    return ordered

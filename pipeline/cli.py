@@ -1,0 +1,131 @@
+"""`pinstorm repartition`, `pinstorm convert` and `pinstorm inspect`, added to the boards command group."""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+
+import click
+
+from boards.cli import cli
+
+from .convert import DatasetExistsError
+from .layout import LayoutError
+from .metadata import IncompleteDatasetError
+from .storage import is_board_url, parse_board_url
+
+
+def _clear_errors(f):
+    """Our own errors become one clear line and exit code 1, as the boards commands do."""
+
+    @functools.wraps(f)
+    def wrapper(*args, **kwargs):
+        try:
+            return f(*args, **kwargs)
+        except (LayoutError, DatasetExistsError, IncompleteDatasetError) as e:
+            raise click.ClickException(f"{type(e).__name__}: {e}") from e
+
+    return wrapper
+
+
+def _partition(value: str) -> tuple[int, int]:
+    try:
+        index, count = (int(v) for v in value.split("/"))
+    except ValueError:
+        raise click.BadParameter(f"expected I/N such as 0/4, got {value!r}", param_hint="--partition") from None
+    return index, count
+
+
+@cli.command()
+@click.argument("root", type=click.Path(exists=True, file_okay=False))
+@click.option("--board", "-b", required=True, help="Registered board to pin the categories to.")
+@click.option("--zip/--no-zip", "zip_", default=True, show_default=True, help="One zip per category.")
+@click.option("--parallel", type=int, default=None, help="Categories pinned at once (default 4).")
+@click.option("--split", type=click.Choice(["train", "val"]), default="train", show_default=True)
+@_clear_errors
+def repartition(root, board, zip_, parallel, split):
+    """Pin each category of the image tree ROOT as its own pin, plus a `categories` table."""
+    from .repartition import repartition as run
+
+    categories = run(root, board, zip=zip_, parallel=parallel, split=split)
+    click.echo(f"pinned {len(categories)} categories ({int(categories['images'].sum())} images) and "
+               f"'categories' to board {board}")
+
+
+@cli.command()
+@click.argument("source")
+@click.argument("output")
+@click.option("--partitions", "-p", type=int, default=1, show_default=True, help="Part files (balanced shards).")
+@click.option("--split", type=click.Choice(["train", "val"]), default="train", show_default=True,
+              help="Which split of an ILSVRC tree to write.")
+@click.option("--partition", "slice_", default=None, metavar="I/N",
+              help="With SOURCE board://<board>: convert categories slice I of N (0-based).")
+@click.option("--classes-from", default=None, metavar="DATASET",
+              help="Label by the class list of an existing dataset (so train and val agree).")
+@click.option("--row-group-size-mb", type=float, default=32, show_default=True)
+@click.option("--min-row-groups", type=int, default=16, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the row shuffle.")
+@click.option("--parallel", type=int, default=None, help="Threads reading and checking images.")
+@click.option("--overwrite", is_flag=True, help="Replace a finished dataset built from other inputs.")
+@_clear_errors
+def convert(source, output, partitions, split, slice_, classes_from, row_group_size_mb, min_row_groups, seed,
+            parallel, overwrite):
+    """Convert SOURCE (an image folder or board://<board>) to a Parquet dataset at OUTPUT.
+
+    OUTPUT: a folder, any fsspec URL (s3://, gs://, ...), or board://<board>/<pin>.
+    """
+    from .convert import convert as run
+    from .info import dataset_info
+    from .repartition import imagenet_partition
+
+    if is_board_url(source):
+        board = source[len("board://"):].strip("/")
+        if "/" in board:
+            board, _ = parse_board_url(source)
+        index, count = _partition(slice_) if slice_ else (0, 1)
+        source_obj = imagenet_partition(index, count, board)
+    else:
+        if slice_:
+            raise click.BadParameter("--partition needs a board:// SOURCE", param_hint="--partition")
+        source_obj = source
+    classes = dataset_info(classes_from)["classes"] if classes_from else None
+    result = run(source_obj, output, partitions=partitions, split=split, classes=classes, seed=seed,
+                 row_group_size_mb=row_group_size_mb, min_row_groups=min_row_groups, parallel=parallel,
+                 overwrite=overwrite)
+    click.echo(f"{result.url}: {result.rows} rows, {len(result.classes)} classes, {result.row_groups} row groups "
+               f"in {result.partitions} part(s), {result.bytes / 2**20:.1f} MB"
+               + (f", {result.images_per_second:.0f} images/s" if result.images_read else " (already complete)"))
+    if result.parts_reused:
+        click.echo(f"resumed: kept {result.parts_reused} part(s) from an interrupted run")
+    click.echo(f"re-encoded {len(result.reencoded)} (CMYK/grayscale/non-JPEG), skipped {len(result.skipped)} "
+               f"undecodable; report: {result.report_url}")
+    for entry in result.skipped[:20]:
+        click.echo(f"  skipped {entry['path']}: {entry['reason']}")
+    if len(result.skipped) > 20:
+        click.echo(f"  ... and {len(result.skipped) - 20} more in the report")
+
+
+@cli.command()
+@click.argument("dataset")
+@click.option("--sheet", type=click.Path(dir_okay=False), default=None,
+              help="Contact sheet PNG (default: ./<dataset name>-contact-sheet.png).")
+@click.option("--no-sheet", is_flag=True, help="Only print the summary.")
+@click.option("--samples", type=int, default=36, show_default=True, help="Images on the contact sheet.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@_clear_errors
+def inspect(dataset, sheet, no_sheet, samples, as_json):
+    """Rows, classes, row groups, sizes of DATASET, and a contact sheet of sample images with labels."""
+    import json
+
+    from .inspect import format_summary, inspect_dataset
+
+    if not no_sheet and sheet is None:
+        stem = parse_board_url(dataset)[1] if is_board_url(dataset) else Path(dataset.rstrip("/")).name
+        sheet = os.path.join(os.getcwd(), f"{stem or 'dataset'}-contact-sheet.png")
+    summary = inspect_dataset(dataset, sheet=None if no_sheet else sheet, samples=samples)
+    if as_json:
+        summary.pop("row_group_rows", None)
+        click.echo(json.dumps(summary, indent=1))
+    else:
+        click.echo(format_summary(summary))

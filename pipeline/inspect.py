@@ -1,0 +1,107 @@
+"""What a converted dataset holds, and a contact sheet to look at some of it.
+
+The summary reads only the small columns (label, height, width), never the image bytes; the
+contact sheet decodes a few dozen rows from a couple of row groups (row groups mix classes, so a
+couple are already a varied sample).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+
+from .images import decode_rgb
+from .metadata import read_info
+from .storage import locate
+
+
+def inspect_dataset(url, *, sheet=None, samples: int = 36, seed: int = 0,
+                    storage_options: dict | None = None) -> dict:
+    """Summarise the dataset at `url`; also write a PNG contact sheet to `sheet` when given.
+
+    Returns `dataset_info` plus ``image_kb_mean``, ``height``/``width`` (min, median, max),
+    ``rows_per_row_group`` (min, max), ``rows_per_class`` (min, max) and ``sheet`` (path or None).
+    """
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    location = locate(url, storage_options)
+    info = read_info(location)
+    info["url"] = location.url
+    heights, widths = [], []
+    for name in sorted(info["files"]):
+        with location.fs.open(location.join(name), "rb") as handle:
+            table = pq.read_table(handle, columns=["height", "width"])
+        heights.append(table.column("height").to_numpy())
+        widths.append(table.column("width").to_numpy())
+    heights, widths = np.concatenate(heights), np.concatenate(widths)
+    summary = dict(info)
+    summary["image_kb_mean"] = round(info["bytes"] / max(1, info["rows"]) / 1024, 1)
+    summary["height"] = [int(heights.min()), int(np.median(heights)), int(heights.max())]
+    summary["width"] = [int(widths.min()), int(np.median(widths)), int(widths.max())]
+    summary["rows_per_row_group"] = [min(info["row_group_rows"]), max(info["row_group_rows"])]
+    summary["rows_per_class"] = [min(info["class_rows"]), max(info["class_rows"])]
+    summary["sheet"] = None
+    if sheet is not None:
+        summary["sheet"] = str(contact_sheet(location, info, sheet, samples=samples, seed=seed))
+    return summary
+
+
+def contact_sheet(location, info: dict, path, *, samples: int = 36, seed: int = 0):
+    """Write a grid of `samples` random rows (image, label, wnid, name) to the PNG `path`."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+    import pyarrow.parquet as pq
+
+    rng = random.Random(seed)
+    groups = [(name, rg) for name in sorted(info["files"]) for rg in range(info["files"][name]["row_groups"])]
+    rng.shuffle(groups)
+    rows = []
+    for name, rg in groups:
+        with location.fs.open(location.join(name), "rb") as handle:
+            table = pq.ParquetFile(handle).read_row_group(rg, columns=["image", "label", "wnid", "filename"])
+        rows += table.to_pylist()
+        if len(rows) >= samples:
+            break
+    rows = rng.sample(rows, min(samples, len(rows)))
+    cols = max(1, math.ceil(math.sqrt(len(rows))))
+    lines = math.ceil(len(rows) / cols)
+    fig, axes = plt.subplots(lines, cols, figsize=(cols * 1.9, lines * 2.1), squeeze=False)
+    for ax in axes.flat:
+        ax.axis("off")
+    for ax, row in zip(axes.flat, rows):
+        ax.imshow(decode_rgb(row["image"]))
+        name = info["names"].get(row["wnid"], row["wnid"]).split(",")[0][:22]
+        ax.set_title(f"{row['label']}: {row['wnid']}\n{name}", fontsize=7)
+    fig.suptitle(f"{info['rows']} images, {info['num_classes']} classes ({info.get('split', '')})", fontsize=9)
+    fig.tight_layout()
+    path = os.fspath(path)
+    tmp = f"{path}.tmp.png"
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    os.replace(tmp, path)
+    return path
+
+
+def format_summary(summary: dict) -> str:
+    """The summary as a few readable lines (what `pinstorm inspect` prints)."""
+    mb = summary["bytes"] / 2**20
+    lines = [
+        f"dataset     {summary['url']}",
+        f"rows        {summary['rows']} ({summary.get('split', '?')}), {summary['skipped']} skipped and "
+        f"{summary['reencoded']} re-encoded at conversion",
+        f"classes     {summary['num_classes']} ({', '.join(summary['classes'][:5])}"
+        f"{', ...' if summary['num_classes'] > 5 else ''}); rows per class {summary['rows_per_class'][0]}"
+        f"-{summary['rows_per_class'][1]}",
+        f"row groups  {summary['row_groups']} in {summary['partitions']} part file(s), "
+        f"{summary['rows_per_row_group'][0]}-{summary['rows_per_row_group'][1]} rows each",
+        f"size        {mb:.1f} MB, {summary['image_kb_mean']} KB per image",
+        f"images      height {summary['height'][0]}/{summary['height'][1]}/{summary['height'][2]}, "
+        f"width {summary['width'][0]}/{summary['width'][1]}/{summary['width'][2]} (min/median/max)",
+    ]
+    if summary.get("sheet"):
+        lines.append(f"sheet       {summary['sheet']}")
+    return "\n".join(lines)

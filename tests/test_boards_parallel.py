@@ -1,0 +1,139 @@
+"""pin_get_many: many pins at once, over real boards (a local folder, HTTP, moto's S3)."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import pytest
+
+import boards
+from boards import parallel
+from boards.errors import IntegrityError, PinNotFound
+from boards.parallel import PinFetchError, pin_get_many
+from servers import faults, s3
+
+
+def _pin_partition(board, tmp_path: Path, n: int, files: int = 3) -> dict[str, dict[str, bytes]]:
+    """n zipped pins of small files; returns {pin: {file name: bytes}}."""
+    expected = {}
+    for i in range(n):
+        name = f"n{i:08d}"
+        folder = tmp_path / "src" / name
+        folder.mkdir(parents=True)
+        content = {f"{name}_{j}.JPEG": bytes([i, j]) * (500 + 37 * j) for j in range(files)}
+        for fname, data in content.items():
+            (folder / fname).write_bytes(data)
+        board.pin(folder, name, zip=True, description=f"category {i}")
+        expected[name] = content
+    return expected
+
+
+def _check(result: dict, expected: dict) -> None:
+    assert list(result) == list(expected)
+    for name, paths in result.items():
+        assert {Path(p).name: Path(p).read_bytes() for p in paths} == expected[name]
+
+
+def test_many_pins_come_back_extracted_in_the_order_asked(tmp_path):
+    local = boards.board_get("local")
+    expected = _pin_partition(local, tmp_path, 12)
+    names = list(reversed(expected))
+    result = pin_get_many(names)  # board=None: the default local board
+    _check(result, {n: expected[n] for n in names})
+    assert boards.pin_get(names[:3]) == {n: result[n] for n in names[:3]}  # the API accepts a list too
+    assert pin_get_many(names[:2] + names[:2], parallel=1) == {n: result[n] for n in names[:2]}
+    assert pin_get_many([]) == {}
+
+
+def test_a_failing_pin_does_not_stop_the_others_and_all_failures_are_reported(http_board, tmp_path):
+    source, folder, url = http_board
+    expected = _pin_partition(source, tmp_path, 5)
+    corrupt = next(iter(expected))  # damage one pin on the server: its size no longer matches data.txt
+    stored = next((folder / corrupt).glob("*/*.zip"))
+    stored.write_bytes(stored.read_bytes()[:100])
+    remote = boards.board_register("datatxt", name="remote", url=url, cache=tmp_path / "cache")
+    names = list(expected) + ["n-missing"]
+
+    with pytest.raises(PinFetchError) as failed:
+        pin_get_many(names, board="remote", parallel=3)
+    err = failed.value
+    assert set(err.errors) == {corrupt, "n-missing"}
+    assert isinstance(err.errors[corrupt], IntegrityError) and isinstance(err.errors["n-missing"], PinNotFound)
+    assert f"{corrupt}: IntegrityError" in str(err) and "n-missing: PinNotFound" in str(err)
+    _check(err.results, {n: expected[n] for n in names if n in expected and n != corrupt})
+    assert not list((tmp_path / "cache" / "remote" / corrupt).glob("*/*.zip"))  # nothing half-stored
+
+    returned = pin_get_many(names, board=remote, errors="return")
+    assert list(returned) == names
+    assert isinstance(returned[corrupt], IntegrityError) and isinstance(returned["n-missing"], PinNotFound)
+    assert returned[names[1]] == err.results[names[1]]
+
+
+def test_threads_overlap_transfers_and_parallel_1_does_not(http_board, tmp_path):
+    source, _, url = http_board
+    names = list(_pin_partition(source, tmp_path, 6, files=1))
+    with faults.FaultProxy(url) as slow_link:
+        slow_link.delay(r"\.zip$", 0.15, method="GET")
+        one_by_one = boards.board_register("datatxt", name="seq", url=slow_link.endpoint, cache=tmp_path / "c1")
+        pin_get_many(names, board=one_by_one, parallel=1)
+        assert slow_link.max_inflight == 1
+        slow_link.clear()
+        slow_link.delay(r"\.zip$", 0.15, method="GET")
+        threaded = boards.board_register("datatxt", name="par", url=slow_link.endpoint, cache=tmp_path / "c2")
+        pin_get_many(names, board=threaded, parallel=4)
+        assert slow_link.max_inflight >= 2
+        assert sum(1 for m, p, _ in slow_link.log if p.endswith(".zip")) == len(names)
+
+
+@pytest.mark.timeout(180)
+def test_processes_fetch_from_s3_after_the_parent_used_it(tmp_path):
+    """s3fs keeps an event loop thread; a forked child inheriting it hangs. Workers must not fork it."""
+    with s3.S3Server() as server:
+        board = boards.board_register("s3", name="bucket", bucket="partition", create_bucket=True,
+                                      cache=tmp_path / "parent-cache", **server.storage_options())
+        expected = _pin_partition(board, tmp_path, 4)
+        threaded = pin_get_many(list(expected), board="bucket", parallel="threads:2")  # the loop is live now
+        _check(threaded, expected)
+        fresh = boards.board_register("s3", name="bucket2", bucket="partition", cache=tmp_path / "child-cache",
+                                      **server.storage_options())
+        fresh.pin_find()  # this filesystem instance has run requests in the parent too
+        in_processes = pin_get_many(list(expected) + ["absent"], board=fresh, parallel="processes:2",
+                                    errors="return")
+        assert isinstance(in_processes.pop("absent"), PinNotFound)
+        _check(in_processes, expected)
+        assert all(str(tmp_path / "child-cache") in p for paths in in_processes.values() for p in paths)
+
+
+def test_one_progress_bar_counts_every_pin(monkeypatch, tmp_path):
+    bars = []
+
+    @contextlib.contextmanager
+    def recording_bar(description, total, unit="bytes"):
+        bar = {"description": description, "total": total, "unit": unit, "advanced": 0}
+        bars.append(bar)
+
+        def advance(n):
+            bar["advanced"] += n
+
+        yield advance
+
+    monkeypatch.setattr(parallel, "progress_bar", recording_bar)
+    local = boards.board_get("local")
+    names = list(_pin_partition(local, tmp_path, 5, files=1)) + ["nope"]
+    pin_get_many(names, errors="return", parallel=3)
+    assert bars == [{"description": "pins from local", "total": 6, "unit": "pins", "advanced": 6}]
+
+
+def test_arguments_are_checked():
+    with pytest.raises(TypeError, match="list of pin names"):
+        pin_get_many("one-name")
+    with pytest.raises(ValueError, match="errors must be"):
+        pin_get_many(["a"], errors="ignore")
+    for bad in ("fast", "processes:many", -2):
+        with pytest.raises(ValueError, match="parallel"):
+            pin_get_many(["a"], parallel=bad)
+    assert parallel._plan(None, 100) == ("threads", parallel.DEFAULT_THREADS)
+    assert parallel._plan(None, 3) == ("threads", 3)
+    assert parallel._plan("processes:2", 10) == ("processes", 2)
+    assert parallel._plan(1, 10) == ("threads", 1)

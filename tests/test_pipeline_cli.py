@@ -1,0 +1,62 @@
+"""`pinstorm repartition | convert | inspect` through click, as a user types them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import boards
+import pipeline.cli  # noqa: F401  (adds the commands to the group)
+from boards.cli import cli
+from pipeline import dataset_info
+
+pytest_plugins = ["conftest_pipeline"]
+
+
+def run(*args):
+    result = CliRunner().invoke(cli, [str(a) for a in args])
+    return result.exit_code, result.output
+
+
+def test_convert_then_inspect(digits_root, tmp_path, monkeypatch):
+    code, out = run("convert", digits_root, tmp_path / "train", "--partitions", 2, "--min-row-groups", 4)
+    assert code == 0, out
+    assert "re-encoded 3" in out and "skipped 2" in out and "truncated" in out
+    code, out = run("convert", digits_root, tmp_path / "val", "--split", "val", "--classes-from", tmp_path / "train")
+    assert code == 0, out
+    assert dataset_info(tmp_path / "val")["classes"] == dataset_info(tmp_path / "train")["classes"]
+
+    monkeypatch.chdir(tmp_path)
+    code, out = run("inspect", tmp_path / "train")
+    assert code == 0, out
+    rows = dataset_info(tmp_path / "train")["rows"]
+    assert f"rows        {rows} (train)" in out and "4 in 2 part file(s)" in out
+    sheet = tmp_path / "train-contact-sheet.png"
+    assert sheet.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and sheet.stat().st_size > 10_000
+    code, out = run("inspect", tmp_path / "val", "--no-sheet", "--json")
+    assert code == 0 and '"split": "val"' in out and not (tmp_path / "val-contact-sheet.png").exists()
+
+
+def test_clear_errors_and_exit_codes(digits_root, tmp_path):
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "a.txt").write_text("mine")
+    code, out = run("convert", digits_root, tmp_path / "notes")
+    assert code == 1 and "DatasetExistsError" in out and "did not write" in out
+    code, out = run("inspect", tmp_path / "nothing")
+    assert code == 1 and "no such dataset" in out
+    code, out = run("convert", digits_root, tmp_path / "x", "--partition", "0/2")
+    assert code == 2 and "board://" in out
+
+
+def test_repartition_and_convert_a_board_slice(digits_root, tmp_path):
+    boards.board_register("local", name="inet", path=tmp_path / "board")
+    code, out = run("repartition", digits_root, "--board", "inet", "--parallel", 2)
+    assert code == 0 and "pinned 10 categories" in out, out
+    code, out = run("convert", "board://inet", "board://inet/slice-1", "--partition", "1/2")
+    assert code == 0, out
+    info = dataset_info("board://inet/slice-1")
+    assert info["num_classes"] == 10 and info["rows"] > 0
+    assert sum(r > 0 for r in info["class_rows"]) == 5
+    assert Path(info["url"][len("file://"):]).is_dir()

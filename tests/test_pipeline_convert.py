@@ -1,0 +1,221 @@
+"""Converting to Parquet in petastorm's format: rows, labels, quirks, layout of row groups, atomicity."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline import (DatasetExistsError, IncompleteDatasetError, convert, dataset_info, digits_quirks, scan)
+from pipeline.metadata import COMMON_METADATA, PROGRESS, REPORT
+from pipeline_support import read_rows
+
+pytest_plugins = ["conftest_pipeline"]
+
+
+def _petastorm_quiet():
+    warnings.filterwarnings("ignore", module=r"petastorm(\.|$)")
+    warnings.filterwarnings("ignore", category=FutureWarning)
+
+
+def test_rows_labels_bytes_and_report(digits_root, digits_layout, digits_dataset):
+    url, result = digits_dataset
+    quirks = digits_quirks(digits_root)
+    assert result.rows == len(digits_layout.train) - 2
+    skipped = {s["path"]: s["reason"] for s in result.skipped}
+    assert set(skipped) == {str(quirks["truncated"]), str(quirks["empty"])}
+    assert "truncated" in skipped[str(quirks["truncated"])] and skipped[str(quirks["empty"])] == "empty file"
+    assert {r["path"]: r["mode"] for r in result.reencoded} == {
+        str(quirks["cmyk"]): "CMYK", str(quirks["grayscale"]): "L", str(quirks["png"]): "RGB"}
+    report = json.loads((Path(url) / REPORT).read_text())
+    assert report["skipped"] == result.skipped and report["reencoded"] == result.reencoded
+
+    table = pq.ParquetDataset(url).read()   # plain Parquet: pyarrow reads it without petastorm
+    assert table.num_rows == result.rows
+    source = {Path(p).name: p for p, _ in digits_layout.train}
+    reencoded = {Path(r["path"]).name for r in result.reencoded}
+    for row in table.to_pylist():
+        assert row["label"] == digits_layout.classes.index(row["wnid"])
+        assert Path(source[row["filename"]]).parent.name == row["wnid"]
+        original = Path(source[row["filename"]]).read_bytes()
+        if row["filename"] in reencoded:
+            assert row["image"] != original and row["image"][:2] == b"\xff\xd8"
+        else:
+            assert row["image"] == original   # stored as it was: no re-encoding of normal JPEGs
+    assert len(set(table.column("filename").to_pylist())) == result.rows
+
+    info = dataset_info(url)
+    assert info["rows"] == result.rows and info["num_classes"] == 10
+    assert info["classes"] == digits_layout.classes
+    assert info["names"]["n00000004"].startswith("digit four")
+    assert info["partitions"] == 2 and info["row_groups"] == 8 == len(info["row_group_rows"])
+    assert info["bytes"] == sum(p.stat().st_size for p in Path(url).glob("part-*.parquet"))
+    assert info["class_rows"] == [Counter(table.column("label").to_pylist())[i] for i in range(10)]
+    assert info["skipped"] == 2 and info["reencoded"] == 3
+
+
+def test_petastorm_make_reader_decodes_every_row_to_rgb(digits_dataset, digits_root):
+    from petastorm import make_batch_reader, make_reader
+
+    _petastorm_quiet()
+    url, result = digits_dataset
+    quirk_names = {p.name: kind for kind, p in digits_quirks(digits_root).items()}
+    seen = Counter()
+    with make_reader("file://" + url, reader_pool_type="dummy", shuffle_row_groups=False) as reader:
+        for row in reader:
+            assert row.image.dtype == np.uint8 and row.image.ndim == 3 and row.image.shape[2] == 3
+            assert row.image.shape[:2] == (row.height, row.width)
+            seen[quirk_names.get(row.filename, "normal")] += 1
+            if quirk_names.get(row.filename) == "grayscale":
+                assert np.abs(row.image[..., 0].astype(int) - row.image[..., 2]).max() <= 2
+    assert seen == {"normal": result.rows - 3, "cmyk": 1, "grayscale": 1, "png": 1}
+
+    stored = pq.ParquetDataset(url).read(columns=["image"]).column("image").to_pylist()
+    with make_batch_reader("file://" + url, schema_fields=["image", "label"], reader_pool_type="dummy") as reader:
+        batches = list(reader)
+    images = [bytes(b) for batch in batches for b in batch.image]
+    assert all(isinstance(b, bytes) for batch in batches for b in batch.image)
+    assert sorted(images) == sorted(stored)
+
+
+def test_row_groups_mix_classes_and_partitions_are_balanced(digits_dataset):
+    url, result = digits_dataset
+    parts = sorted(Path(url).glob("part-*.parquet"))
+    assert [p.name for p in parts] == ["part-00000.parquet", "part-00001.parquet"]
+    rows_per_part = []
+    for part in parts:
+        handle = pq.ParquetFile(part)
+        assert handle.num_row_groups == 4
+        rows_per_part.append(handle.metadata.num_rows)
+        for g in range(handle.num_row_groups):
+            labels = handle.read_row_group(g, columns=["label"]).column("label").to_pylist()
+            assert len(set(labels)) >= 8, labels   # ~40 rows drawn from 10 classes
+    assert abs(rows_per_part[0] - rows_per_part[1]) <= 1 + len(result.skipped)
+    assert sum(rows_per_part) == result.rows
+
+
+def test_labels_agree_across_train_and_val(digits_layout, digits_val_dataset):
+    url, result = digits_val_dataset
+    assert result.rows == len(digits_layout.val) and not result.skipped
+    assert dataset_info(url)["classes"] == digits_layout.classes
+    truth = {Path(p).name: digits_layout.classes.index(w) for p, w in digits_layout.val}
+    assert {r["filename"]: r["label"] for r in read_rows(url)} == truth
+
+
+def _data_map(layout, n, categories=None):
+    items = [(p, w) for p, w in layout.train if "_9000" not in p][:n]
+    data = {"image": [p for p, _ in items], "category": [w for _, w in items]}
+    if categories is not None:
+        data["categories"] = categories
+    return data
+
+
+def test_shuffle_is_seeded_and_sources_are_interchangeable(digits_layout, tmp_path):
+    data = _data_map(digits_layout, 90)
+    a = convert(data, tmp_path / "a", seed=5, progress=False)
+    b = convert(data, tmp_path / "b", seed=5, progress=False)
+    c = convert(data, tmp_path / "c", seed=6, progress=False)
+    order = lambda url: [r["filename"] for r in read_rows(url)]  # noqa: E731
+    assert order(tmp_path / "a") == order(tmp_path / "b") != order(tmp_path / "c")
+    assert sorted(order(tmp_path / "a")) == sorted(order(tmp_path / "c"))
+    assert a.classes == sorted(set(data["category"])) and c.rows == b.rows == 90
+
+    # a slice of categories keeps global labels when the map carries every class (imagenet_partition does)
+    mine = sorted(set(data["category"]))[-2:]
+    subset = {"image": [p for p, w in zip(data["image"], data["category"]) if w in mine],
+              "category": [w for w in data["category"] if w in mine], "categories": mine,
+              "classes": digits_layout.classes}
+    convert(subset, tmp_path / "slice", progress=False)
+    assert {r["label"] for r in read_rows(tmp_path / "slice")} == {digits_layout.classes.index(w) for w in mine}
+
+    with pytest.raises(ValueError, match="missing from `classes`"):
+        convert(data, tmp_path / "d", classes=digits_layout.classes[:1], progress=False)
+    with pytest.raises(ValueError, match="cannot fill"):
+        convert(_data_map(digits_layout, 2), tmp_path / "e", partitions=3, progress=False)
+    with pytest.raises(TypeError, match="Layout, a data map or a folder"):
+        convert(42, tmp_path / "f")
+
+
+def test_interrupted_conversion_is_never_complete_and_resumes(digits_layout, tmp_path):
+    data = _data_map(digits_layout, 120)
+    clean = tmp_path / "clean"
+    convert(data, clean, partitions=3, progress=False)
+    out = tmp_path / "out"
+
+    def stop_after_first(name, entry):
+        raise KeyboardInterrupt(f"interrupted after {name}")
+
+    with pytest.raises(KeyboardInterrupt):
+        convert(data, out, partitions=3, progress=False, on_part=stop_after_first)
+    assert not (out / COMMON_METADATA).exists() and (out / PROGRESS).exists()
+    assert sorted(p.name for p in out.glob("part-*")) == ["part-00000.parquet"]
+    with pytest.raises(IncompleteDatasetError, match="interrupted"):
+        dataset_info(out)
+
+    resumed = convert(data, out, partitions=3, progress=False)
+    assert resumed.parts_reused == 1 and resumed.images_read == 80
+    assert read_rows(out) == read_rows(clean)
+    assert dataset_info(out)["rows"] == 120 and not (out / PROGRESS).exists()
+
+    again = convert(data, out, partitions=3, progress=False)   # finished, same inputs: nothing to do
+    assert again.images_read == 0 and again.rows == 120
+
+
+def test_interrupted_then_other_inputs_rebuilds(digits_layout, tmp_path):
+    data = _data_map(digits_layout, 60)
+    out = tmp_path / "out"
+    with pytest.raises(RuntimeError):
+        convert(data, out, partitions=2, progress=False, on_part=lambda n, e: (_ for _ in ()).throw(RuntimeError()))
+    rebuilt = convert(data, out, partitions=2, seed=9, progress=False)
+    assert rebuilt.parts_reused == 0 and rebuilt.rows == 60 and dataset_info(out)["seed"] == 9
+
+
+def test_existing_outputs_are_never_clobbered_silently(digits_layout, tmp_path):
+    data = _data_map(digits_layout, 40)
+    out = tmp_path / "out"
+    convert(data, out, progress=False)
+    with pytest.raises(DatasetExistsError, match="overwrite"):
+        convert(data, out, seed=1, progress=False)
+    assert dataset_info(out)["seed"] == 0
+    assert convert(data, out, seed=1, overwrite=True, progress=False).images_read == 40
+    assert dataset_info(out)["seed"] == 1
+
+    foreign = tmp_path / "mine"
+    foreign.mkdir()
+    (foreign / "thesis.tex").write_text("precious")
+    with pytest.raises(DatasetExistsError, match="did not write"):
+        convert(data, foreign, progress=False)
+    assert (foreign / "thesis.tex").read_text() == "precious"
+
+
+def test_folder_source_and_s3_output(digits_root, tmp_path):
+    """A folder path as source; an s3:// URL (moto on 127.0.0.1) as output, read back by every reader."""
+    import s3fs
+    from servers.s3 import S3Server
+
+    from pipeline import make_dataset
+    from pipeline.storage import petastorm_filesystem, resolve
+
+    _petastorm_quiet()
+    with S3Server() as server:
+        options = server.storage_options()
+        s3fs.S3FileSystem(**options).mkdir("bucket")
+        result = convert(digits_root, "s3://bucket/digits/val", split="val", storage_options=options,
+                         min_row_groups=4, progress=False)
+        assert result.rows == len(scan(digits_root).val)
+        info = dataset_info("s3://bucket/digits/val", storage_options=options)
+        assert info["rows"] == result.rows and info["row_groups"] == 4
+        for engine in ("petastorm", "pyarrow"):
+            dataset = make_dataset("s3://bucket/digits/val", batch_size=64, image_size=(32, 32), engine=engine,
+                                   storage_options=options, training=False, shuffle=False)
+            assert sum(int(y.shape[0]) for _, y in dataset) == result.rows
+        from petastorm import make_reader
+
+        location = resolve("s3://bucket/digits/val", options)
+        with make_reader(location.url, filesystem=petastorm_filesystem(location), reader_pool_type="dummy") as rd:
+            assert sum(1 for _ in rd) == result.rows
