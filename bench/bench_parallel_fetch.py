@@ -20,7 +20,6 @@ Writes bench/results/parallel_fetch.json and .png. `--quick` runs a small partit
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import multiprocessing
 import os
@@ -207,8 +206,12 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     servers = list(dict.fromkeys(r["server"] for r in rows))
-    fig, axes = plt.subplots(1, len(servers), figsize=(6 * len(servers), 4.2), squeeze=False)
-    for ax, server in zip(axes[0], servers):
+    ncols = 2
+    nrows = (len(servers) + ncols - 1) // ncols
+    fig, axes = plt.subplots(nrows, ncols, figsize=(12, 3.6 * nrows), squeeze=False)
+    for ax in axes.flat[len(servers):]:
+        ax.set_visible(False)
+    for ax, server in zip(axes.flat, servers):
         sub = [r for r in rows if r["server"] == server]
         seq = next(r["seconds"] for r in sub if r["method"] == "sequential")
         labels = [r["method"] for r in sub]
@@ -219,7 +222,7 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
         for bar, s in zip(bars, secs[::-1]):
             ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {s:.2f}s ({seq / s:.1f}x)",
                     va="center", fontsize=8)
-        ax.set_xlabel("seconds, cold cache (lower is better)")
+        ax.set_xlabel("seconds, cold cache (lower is better); (n x) = speed-up over sequential")
         ax.set_title(f"{server}")
         ax.set_xlim(0, max(secs) * 1.35)
     fig.suptitle(title, fontsize=10)
@@ -285,14 +288,14 @@ def main(argv: list[str] | None = None) -> dict:
             uploader.mkdir(BUCKET)
             uploader.put(str(work / "board") + "/", f"{BUCKET}/boards/", recursive=True)
             rows += run_scenarios(
-                "s3", lambda cache: boards.board_register("s3", name="bench-s3", bucket=BUCKET, path="boards",
+                "s3 (moto)", lambda cache: boards.board_register("s3", name="bench-s3", bucket=BUCKET, path="boards",
                                                           cache=cache, **opts),
                 names, images, [f"{BUCKET}/boards/{n}/{versions[n]}/{n}.zip" for n in names],
                 s3fs.S3FileSystem(skip_instance_cache=True, **opts), work / "scratch", repeats, modes, None)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
-    for server in dict.fromkeys(r["server"] for r in rows):
+    for server in dict.fromkeys(r["server"] for r in rows):  # ratios within each server
         sub = [r for r in rows if r["server"] == server]
         seq = next(r["seconds"] for r in sub if r["method"] == "sequential")
         raw = next((r["seconds"] for r in sub if r["method"] == "raw fsspec copy"), None)

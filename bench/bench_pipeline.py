@@ -71,6 +71,7 @@ def interleaved(fns: dict, rounds: int) -> dict:
         good = [v for v in values if v[2]] or values
         best = max(good)
         out[name] = {"img_s": round(best[0], 1), "cpu_ms_per_img": round(best[1], 3),
+                     "median_img_s": round(float(sorted(v[0] for v in good)[len(good) // 2]), 1),
                      "all_runs_img_s": [round(v[0], 1) for v in values],
                      "short_runs": [f"{v[3]} of {v[4]}" for v in values if not v[2]]}
     return out
@@ -81,12 +82,12 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer images, one round")
     parser.add_argument("--images", type=int, default=None, help="images in the tree (default 800, quick 240)")
     parser.add_argument("--epochs", type=int, default=None, help="epochs per reader run (default 3, quick 2)")
-    parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 3, quick 1)")
+    parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 4, quick 1)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     images = args.images or (240 if args.quick else 800)
     epochs = args.epochs or (2 if args.quick else 3)
-    rounds = args.rounds or (1 if args.quick else 3)
+    rounds = args.rounds or (1 if args.quick else 4)
     classes = 8
     per_class = max(1, images // classes)
 
@@ -211,11 +212,16 @@ def main(argv=None) -> int:
         limit = read["decode_only_limit"]
         for entry in read.values():
             entry["ratio_to_decode_only"] = round(entry["img_s"] / limit["img_s"], 3)
-            entry["cpu_ratio_to_decode_only"] = round(entry["cpu_ms_per_img"] / limit["cpu_ms_per_img"], 3)
+            entry["median_ratio_to_decode_only"] = round(entry["median_img_s"] / limit["median_img_s"], 3)
+            # On a CPU-bound machine throughput follows CPU per image; this ratio is the least noisy one.
+            entry["cpu_limit_ratio"] = round(limit["cpu_ms_per_img"] / entry["cpu_ms_per_img"], 3)
         results["read"] = read
-        results["target"] = {"make_dataset_ratio_to_decode_only": 0.9,
-                             "petastorm_engine_met": read["make_dataset_petastorm"]["ratio_to_decode_only"] >= 0.9,
-                             "pyarrow_engine_met": read["make_dataset_pyarrow"]["ratio_to_decode_only"] >= 0.9}
+        results["target"] = {"make_dataset_ratio_to_decode_only": 0.9}
+        for engine in ("petastorm", "pyarrow"):
+            entry = read[f"make_dataset_{engine}"]
+            results["target"][f"{engine}_engine"] = {
+                key: entry[key] for key in ("ratio_to_decode_only", "median_ratio_to_decode_only", "cpu_limit_ratio")}
+            results["target"][f"{engine}_engine"]["met_best_of"] = entry["ratio_to_decode_only"] >= 0.9
     results["machine"]["load_average_at_end"] = os.getloadavg()[0]
 
     args.out.mkdir(parents=True, exist_ok=True)
@@ -238,6 +244,9 @@ def plot(results: dict, path: Path) -> None:
     left.bar(["raw read", "read + check\n(decode, 2 thr.)", "convert"], [conv[b]["img_s"] for b in bars],
              color=["#999", "#bbb", "#2a7"])
     left.set_yscale("log")
+    left.set_ylim(100, max(conv[b]["img_s"] for b in bars) * 3)
+    for x, b in enumerate(bars):
+        left.text(x, conv[b]["img_s"] * 1.15, f"{conv[b]['img_s']:.0f}", ha="center", fontsize=9)
     left.set_ylabel("images / s (log)")
     left.set_title("convert vs raw read")
     names = list(results["read"])

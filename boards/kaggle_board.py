@@ -391,9 +391,8 @@ class KaggleBoard(Board):
 
     def _search(self, text: str) -> list[dict]:
         def find(api):
-            with contextlib.redirect_stdout(io.StringIO()):
-                datasets = api.dataset_list(search=text or None) or []
-                competitions = api.competitions_list(search=text or None, page_size=self.page_size)
+            datasets = api.dataset_list(search=text or None) or []
+            competitions = api.competitions_list(search=text or None, page_size=self.page_size)
             return datasets, list(getattr(competitions, "competitions", None) or [])
 
         datasets, competitions = self._call(f"search for {text!r}", None, find, raw_api=True)

@@ -42,13 +42,12 @@ def _partition(value: str) -> tuple[int, int]:
 @click.option("--board", "-b", required=True, help="Registered board to pin the categories to.")
 @click.option("--zip/--no-zip", "zip_", default=True, show_default=True, help="One zip per category.")
 @click.option("--parallel", type=int, default=None, help="Categories pinned at once (default 4).")
-@click.option("--split", type=click.Choice(["train", "val"]), default="train", show_default=True)
 @_clear_errors
-def repartition(root, board, zip_, parallel, split):
-    """Pin each category of the image tree ROOT as its own pin, plus a `categories` table."""
+def repartition(root, board, zip_, parallel):
+    """Pin each train category of the image tree ROOT as its own pin, plus a `categories` table."""
     from .repartition import repartition as run
 
-    categories = run(root, board, zip=zip_, parallel=parallel, split=split)
+    categories = run(root, board, zip=zip_, parallel=parallel)
     click.echo(f"pinned {len(categories)} categories ({int(categories['images'].sum())} images) and "
                f"'categories' to board {board}")
 

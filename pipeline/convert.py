@@ -39,6 +39,7 @@ from .images import UndecodableImage, check_image
 from .layout import Layout, scan
 from .metadata import (ARROW_SCHEMA, COMMON_METADATA, FORMAT_VERSION, PART_PREFIX, PROGRESS, REPORT, TMP_PREFIX,
                        part_name, read_info, write_common_metadata)
+from .progress import progress as _progress
 from .storage import is_board_url, parse_board_url, resolve
 
 log = logging.getLogger(__name__)
@@ -296,20 +297,6 @@ def _prepare_output(location, plan, overwrite):
     return None, done
 
 
-def _progress_bar(enabled, total):
-    import contextlib
-
-    if enabled is False:
-        return contextlib.nullcontext(lambda n: None)
-    try:
-        from boards.progress import progress_bar
-    except ImportError:  # boards not importable: stay quiet rather than fail a conversion
-        return contextlib.nullcontext(lambda n: None)
-    if enabled:
-        os.environ.setdefault("PINSTORM_PROGRESS", "1")
-    return progress_bar("convert", total, unit="images")
-
-
 def convert(source, output_url, *, partitions: int = 1, row_group_size_mb: float = 32,
             min_row_groups: int = 16, classes=None, split: str = "train", seed: int = 0,
             parallel: int | None = None, overwrite: bool = False, storage_options: dict | None = None,
@@ -359,7 +346,7 @@ def _convert(plan, classes, names, split, location, *, parallel, overwrite, prog
     total = sum(plan.bounds[g][1] - plan.bounds[g][0] for p in todo for g in plan.part_groups(p))
     parts = dict(done)
     with ThreadPoolExecutor(max_workers=parallel or os.cpu_count() or 2) as pool, \
-            _progress_bar(progress, total) as advance:
+            _progress("convert", total, "images", progress) as advance:
         for part in todo:
             name = part_name(part, plan.partitions)
             parts[name] = _write_part(location, plan, part, pool, advance)

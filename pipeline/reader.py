@@ -1,13 +1,23 @@
 """`make_dataset`: a converted dataset as a ``tf.data.Dataset`` of (images, labels), sharded, exact epochs.
 
-Row groups come from petastorm's ``make_batch_reader`` (the default engine) as batches of JPEG bytes;
-decoding, cropping, resizing and flipping happen inside tf.data with parallel calls, where the GIL
-does not serialise them. Measured on 2 cores: petastorm's row-wise ``make_reader`` ->
-``make_petastorm_dataset`` path decodes with OpenCV under the GIL and runs 4-5x slower.
+Row groups are read as batches of JPEG bytes; decoding, cropping, resizing and flipping happen inside
+tf.data with parallel calls, where the GIL does not serialise them. petastorm's row-wise
+``make_reader`` -> ``make_petastorm_dataset`` path decodes with OpenCV per row and ran at 0.33x of
+this on the same 2 cores (bench/results/pipeline.json).
 
-Epochs are counted, not trusted: each epoch is read by a fresh reader (one epoch each) and its
-rows are counted against the dataset's metadata (or the shard's share of it). A reader that yields
-nothing is retried; one that stops short or runs over raises `IncompleteEpochError`.
+Two engines read the row groups; both take the same row groups for a shard (petastorm's rule:
+global row-group index % shard count) and both are counted the same way:
+
+* ``"pyarrow"`` (default): pyarrow reads the shard's row groups itself, in a seeded order.
+  0.95x of the decode-only limit in the benchmark, against 0.84x for petastorm.
+* ``"petastorm"``: petastorm's ``make_batch_reader``. Its thread pool was seen to end epochs early
+  (after one ventilation window of 4 row groups, 10 of 25 runs under TensorFlow), so it runs with
+  the "dummy" pool (no such failure in 40 runs), which idles 100 ms at each epoch start; and
+  petastorm 0.13.1 cannot open s3:// or gs:// on pyarrow 14 without the adapter in `storage`.
+
+Epochs are counted, not trusted: each epoch is read by a fresh reader and its rows are counted
+against the dataset's metadata (or the shard's share of it). A reader that yields nothing is
+retried; one that stops short or runs over raises `IncompleteEpochError`.
 TensorFlow is imported inside the functions, so ``import pipeline`` stays light.
 """
 
@@ -99,8 +109,8 @@ class _EpochSource:
         _quiet_petastorm()
         reader = make_batch_reader(
             self.location.url, schema_fields=["image", "label"], num_epochs=1,
-            # one worker reads in the generator's thread ("dummy" pool): stored order is kept, and the
-            # thread pool's occasional empty epochs (NOTES.md) cannot happen; tf.data prefetches.
+            # reader_workers=0: the "dummy" pool reads in the generator's thread; stored order is kept and
+            # the thread pool's short and empty epochs were never seen with it.
             reader_pool_type="dummy" if self.workers == 0 else "thread", workers_count=max(1, self.workers),
             shuffle_row_groups=self.shuffle, seed=seed,
             cur_shard=self.shard[0] if sharded else None, shard_count=self.shard[1] if sharded else None,
@@ -123,8 +133,10 @@ class _EpochSource:
         files = {}
         try:
             for name, rg in order:
-                if name not in files:
-                    files[name] = pq.ParquetFile(self.location.fs.open(self.location.join(name), "rb"))
+                if name not in files:   # local parts are memory-mapped: ~40 % less CPU per row than reads
+                    path = self.location.join(name)
+                    files[name] = (pq.ParquetFile(path, memory_map=True) if self.location.is_local
+                                   else pq.ParquetFile(self.location.fs.open(path, "rb")))
                 table = files[name].read_row_group(rg, columns=["image", "label"])
                 yield (table.column("image").to_numpy(zero_copy_only=False),
                        table.column("label").to_numpy().astype(np.int32))
@@ -179,8 +191,9 @@ def preprocess_fn(image_size=(224, 224), *, training=True, crop_area=(0.25, 1.0)
 def make_dataset(url, *, batch_size: int, image_size=(224, 224), training: bool = True, shard=None,
                  num_epochs: int | None = 1, shuffle: bool = True, seed: int | None = None,
                  parallel: int | None = None, drop_remainder: bool = False, shuffle_buffer: int | None = None,
-                 crop_area=(0.25, 1.0), flip: bool = True, eval_crop: float = 0.875, engine: str = "petastorm",
-                 reader_workers: int = 0, retries: int = 2, storage_options: dict | None = None, ahead=None):
+                 crop_area=(0.25, 1.0), flip: bool = True, eval_crop: float = 0.875, engine: str = "pyarrow",
+                 reader_workers: int = 0, prefetch_rows: int | None = None, retries: int = 2,
+                 storage_options: dict | None = None):
     """A ``tf.data.Dataset`` of ``(images, labels)`` batches from a converted dataset.
 
     images: float32 ``[B, H, W, 3]`` with values in [0, 1]; labels: int32 ``[B]`` class indexes
@@ -199,8 +212,9 @@ def make_dataset(url, *, batch_size: int, image_size=(224, 224), training: bool 
     * `num_epochs`: how many exact passes (None: endless). Each epoch is counted; an epoch short
       of the stored rows is retried when empty, else raises `IncompleteEpochError`.
     * `parallel`: parallel decode calls (default: tf.data.AUTOTUNE).
-    * `engine="petastorm"` reads with petastorm's ``make_batch_reader``; ``"pyarrow"`` reads the
-      same row groups straight with pyarrow (the benchmark compares the two).
+    * `engine`: ``"pyarrow"`` (default, faster) or ``"petastorm"`` (petastorm's ``make_batch_reader``;
+      `reader_workers=0` uses its dummy pool, N > 0 its thread pool, seen to end epochs early).
+    * `prefetch_rows`: encoded rows queued ahead of decoding, across epoch boundaries (default 512).
 
     `url`: a local folder, an fsspec URL (with `storage_options`), or ``board://<board>/<pin>``.
     Ready for ``model.fit`` and ``strategy.experimental_distribute_dataset`` (batch by the
@@ -214,7 +228,7 @@ def make_dataset(url, *, batch_size: int, image_size=(224, 224), training: bool 
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
     if num_epochs is not None and num_epochs < 1:
         raise ValueError(f"num_epochs must be None or at least 1, got {num_epochs!r}")
-    image_size = tuple(int(v) for v in image_size)
+    image_size = (int(image_size),) * 2 if isinstance(image_size, (int, np.integer)) else tuple(map(int, image_size))
     if len(image_size) != 2 or min(image_size) < 1:
         raise ValueError(f"image_size must be (height, width), got {image_size!r}")
     crop_area = tuple(float(v) for v in crop_area)
@@ -249,7 +263,9 @@ def make_dataset(url, *, batch_size: int, image_size=(224, 224), training: bool 
     dataset = epochs.flat_map(epoch_dataset)
     # Keep encoded rows queued across epoch boundaries: a new epoch starts a new reader and refills its
     # shuffle buffer, and the decoders should not wait for that.
-    dataset = dataset.prefetch(_AHEAD if ahead is None else ahead) if (ahead is None or ahead > 0) else dataset
+    ahead = _AHEAD if prefetch_rows is None else prefetch_rows
+    if ahead > 0:
+        dataset = dataset.prefetch(ahead)
     fn = _preprocess_fns(tf, image_size, training, crop_area, flip, eval_crop)
     deterministic = seed is not None or not shuffle
     dataset = dataset.map(fn, num_parallel_calls=parallel or tf.data.AUTOTUNE, deterministic=deterministic)

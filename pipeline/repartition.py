@@ -15,26 +15,27 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 
 from .layout import Layout, is_image_name, scan
+from .progress import progress as _progress
 
 log = logging.getLogger(__name__)
 
 CATEGORIES_PIN = "categories"
 
 
-def repartition(root, board, zip: bool = True, parallel: int | None = None, *, split: str = "train",
-                progress: bool | None = None):
-    """Pin each category of the tree at `root` (a folder or a `Layout`) to `board`; return the categories.
+def repartition(root, board, zip: bool = True, parallel: int | None = None, *, progress: bool | None = None):
+    """Pin each train category of the tree at `root` (a folder or a `Layout`) to `board`; return the categories.
 
     Pins: one per category, named by its wnid, holding its image files (a zip when `zip=True`), with
     the human name as description; then ``categories``, a DataFrame of ``id``, ``name``, ``images``,
     written last so a reader never sees a categories list whose pins are not all there.
     `parallel` categories are pinned at once (threads; default 4). Returns the categories DataFrame.
+    Validation images are not pinned: convert them straight from the layout (``split="val"``).
     """
     import boards
     import pandas as pd
 
     layout = root if isinstance(root, Layout) else scan(root)
-    items = layout.items(split)
+    items = layout.items("train")
     by_class: dict[str, list[str]] = {}
     for path, wnid in items:
         by_class.setdefault(wnid, []).append(path)
@@ -42,17 +43,16 @@ def repartition(root, board, zip: bool = True, parallel: int | None = None, *, s
 
     def pin_one(wnid: str) -> None:
         boards.pin(by_class[wnid], name=wnid, board=board, zip=zip, description=layout.names.get(wnid, wnid),
-                   metadata={"wnid": wnid, "name": layout.names.get(wnid, wnid), "images": len(by_class[wnid]),
-                             "split": split})
+                   metadata={"wnid": wnid, "name": layout.names.get(wnid, wnid), "images": len(by_class[wnid])})
 
-    with _bar(progress, len(classes)) as advance, ThreadPoolExecutor(max_workers=parallel or 4) as pool:
+    with _progress("repartition", len(classes), "categories", progress) as advance, ThreadPoolExecutor(max_workers=parallel or 4) as pool:
         for future in [pool.submit(pin_one, wnid) for wnid in classes]:
             future.result()
             advance(1)
     categories = pd.DataFrame({"id": classes, "name": [layout.names.get(w, w) for w in classes],
                                "images": [len(by_class[w]) for w in classes]})
     boards.pin(categories, name=CATEGORIES_PIN, board=board,
-               description=f"{len(classes)} categories of {layout.root} ({split}), one pin each")
+               description=f"{len(classes)} categories of {layout.root}, one pin each")
     return categories
 
 
@@ -93,14 +93,3 @@ def imagenet_partition(partition: int, partitions: int, board, parallel=None, *,
     names = {str(i): str(n) for i, n in zip(table["id"], table["name"])}
     return {"image": image, "category": category, "categories": mine, "classes": classes, "names": names}
 
-
-def _bar(enabled, total):
-    import contextlib
-
-    if enabled is False:
-        return contextlib.nullcontext(lambda n: None)
-    from boards.progress import progress_bar
-
-    if enabled:
-        os.environ.setdefault("PINSTORM_PROGRESS", "1")
-    return progress_bar("repartition", total, unit="categories")

@@ -56,6 +56,11 @@ def kaggle_home(tmp_path, monkeypatch):
     for var in ("KAGGLE_USERNAME", "KAGGLE_KEY", "KAGGLE_API_TOKEN", "KAGGLE_API_ENVIRONMENT",
                 "KAGGLE_KERNEL_RUN_TYPE", "PINSTORM_KAGGLE_ENDPOINT"):
         monkeypatch.delenv(var, raising=False)
+    # importing `kaggle` signs in with whatever credentials exist (a token would be checked against
+    # api.kaggle.com): import it now, with none
+    from boards.kaggle_board import _kaggle_api_class
+
+    _kaggle_api_class()
     return home
 
 
@@ -235,3 +240,12 @@ def test_many_kaggle_pins_in_parallel_report_each_failure(board):
     assert list(failed.value.errors) == ["alice/missing"]
     assert isinstance(failed.value.errors["alice/missing"], PinNotFound)
     assert "alice/missing: PinNotFound" in str(failed.value)
+
+
+def test_board_pickles_for_worker_processes_and_signs_in_again(board, kaggle_server):
+    import pickle
+
+    board.pin_find("digits")  # signed in, with a lock and a client object that cannot be pickled
+    copy = pickle.loads(pickle.dumps(board))
+    assert copy._api is None and copy.endpoint == board.endpoint and copy.cache.root == board.cache.root
+    assert copy.pin_get("bob/imagenet-categories")[0].endswith("categories.csv")

@@ -251,7 +251,7 @@ def train(
     model_kwargs: dict | None = None,
     steps_per_epoch: int | None = None,
     mixed_precision: str | bool = "auto",
-    seed: int | None = 0,
+    seed: int | None = None,
     callbacks: list | None = None,
     input_options: dict | None = None,
     verbose: int | str = 2,
@@ -263,7 +263,8 @@ def train(
     every epoch there and resume from it when a backup exists (deleted after a finished run).
     ``output_dir`` (default ``runs/<model>-<UTC time>``) receives ``metrics.csv``,
     ``curves.png``, ``tensorboard/`` and ``final.weights.h5``. ``mixed_precision="auto"`` uses
-    mixed_float16 when every replica is a GPU. ``input_options`` go to ``pipeline.make_dataset``
+    mixed_float16 when every replica is a GPU. ``seed`` makes shuffling and initial weights
+    repeatable (it sets Python's, NumPy's and TensorFlow's global seeds). ``input_options`` go to ``pipeline.make_dataset``
     for Parquet inputs (e.g. ``{"flip": False, "crop_area": (0.8, 1.0)}`` for digits, which a
     mirror image would turn into other digits).
     """
@@ -279,8 +280,6 @@ def train(
     write_dir.mkdir(parents=True, exist_ok=True)
     cache_dir = Path(cache_dir) if cache_dir else write_dir / "data"
     checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
-    if seed is not None:
-        keras.utils.set_random_seed(seed)
 
     replicas = strategy.num_replicas_in_sync
     global_batch = batch_size * replicas
@@ -301,6 +300,10 @@ def train(
             raise TrainingError("training and validation data label different classes; convert both with the "
                                 "same `classes`")
     steps = steps_per_epoch or train_input.steps
+    if seed is not None:
+        # after the inputs exist: with TF's global seed set, tf.data graphs that pass a tensor seed to
+        # shuffle() fail to build (tf.random's get_seed compares the pair with a Python ==).
+        keras.utils.set_random_seed(seed)
 
     use_mixed = uses_gpus(strategy) if mixed_precision == "auto" else bool(mixed_precision)
     previous_policy = keras.mixed_precision.global_policy()

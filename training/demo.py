@@ -1,0 +1,247 @@
+"""``pinstorm demo``: the whole pinstorm flow on embedded data, offline, in a few minutes on 2 cores.
+
+Real images that ship with scikit-learn (handwritten digits, upscaled) become an ILSVRC-shaped
+tree; its categories are pinned one per pin to a local board; that board is served over HTTP on
+127.0.0.1 and registered as a read-only data.txt board; the categories are fetched back in
+parallel through the board's cache and converted to Parquet; AlexNet trains under
+MirroredStrategy on two logical CPU devices with NCCL requested, so the all-reduce probe fails
+and the fallback to ReductionToOneDevice is shown. Every stage's time and throughput, the
+strategy choice and the final validation accuracy go to the console and to ``report.md``.
+
+Everything (boards, cache, Parquet, logs) lives under the work folder; the boards are registered
+in this process only, so the user's board registry and config are never touched.
+"""
+
+from __future__ import annotations
+
+from . import keras_env  # noqa: F401  (must precede TensorFlow)
+
+import json
+import logging
+import os
+import tempfile
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+log = logging.getLogger("pinstorm.training")
+
+# full: ~1440 train / ~360 val digits, 64 px JPEGs, AlexNet at 1/4 width on 32 px crops.
+SIZES = {
+    "full": dict(per_class=None, tree_image_size=64, image_size=32, width=0.25, epochs=10, batch_size=32),
+    "small": dict(per_class=12, tree_image_size=32, image_size=32, width=0.125, epochs=2, batch_size=8),
+}
+# A mirrored digit is another digit (or none): no flips; crops keep most of the stroke.
+DIGIT_AUGMENTATION = {"flip": False, "crop_area": (0.6, 1.0)}
+
+
+class DemoError(RuntimeError):
+    """The demo cannot run as asked (unknown size, workdir not empty of another demo's files, ...)."""
+
+
+@dataclass
+class Stage:
+    name: str
+    seconds: float
+    items: float
+    unit: str
+    detail: str = ""
+
+    @property
+    def throughput(self) -> float:
+        return self.items / self.seconds if self.seconds > 0 else 0.0
+
+    def line(self, index: int, total: int) -> str:
+        rate = f"{self.throughput:,.0f} {self.unit}/s" if self.items else ""
+        return f"[{index}/{total}] {self.name:<28} {self.seconds:7.2f} s  {rate:>18}  {self.detail}"
+
+
+def _folder_bytes(paths) -> int:
+    return sum(os.path.getsize(p) for p in paths if os.path.isfile(p))
+
+
+def run_demo(workdir=None, *, size: str = "full", epochs: int | None = None, parallel: int = 4,
+             echo: Callable[[str], None] | None = print) -> dict:
+    """Run the demo in ``workdir`` (default: a new temporary folder, kept for the report).
+
+    ``size="small"`` is a quick end-to-end check (a few images per class, 2 epochs);
+    ``"full"`` reaches >= 0.90 validation accuracy. Returns the stage timings, the strategy
+    choice, the final validation metrics and the report's path.
+    """
+    if size not in SIZES:
+        raise DemoError(f"size must be one of {sorted(SIZES)}, got {size!r}")
+    settings = dict(SIZES[size])
+    if epochs is not None:
+        settings["epochs"] = int(epochs)
+    say = echo or (lambda text: None)
+    workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="pinstorm-demo-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+
+    # Two logical CPU devices must exist before TensorFlow runs its first op (the pipeline's
+    # conversions do not run TF ops, but a caller may have); fail now rather than after the fetch.
+    from .strategy import configure_cpu_devices, make_strategy, strategy_choice
+
+    configure_cpu_devices(2)
+
+    import boards
+    import pipeline
+    from boards.registry import board_deregister
+
+    stages: list[Stage] = []
+    total = 7
+
+    def record(stage: Stage) -> None:
+        stages.append(stage)
+        say(stage.line(len(stages), total))
+
+    say(f"pinstorm demo ({size}) in {workdir}")
+    tree = workdir / "ilsvrc"
+    started = time.perf_counter()
+    if not (tree / "LOC_synset_mapping.txt").exists():
+        pipeline.make_digits_tree(tree, image_size=settings["tree_image_size"], per_class=settings["per_class"])
+    layout = pipeline.scan(tree)
+    n_train, n_val = len(layout.items("train")), len(layout.items("val"))
+    record(Stage("build ILSVRC digits tree", time.perf_counter() - started, n_train + n_val, "images",
+                 f"{len(layout.classes)} categories, {n_train} train + {n_val} val"))
+
+    suffix = uuid.uuid4().hex[:6]
+    local_name, http_name = f"pinstorm-demo-{suffix}", f"pinstorm-demo-http-{suffix}"
+    board_dir, cache_dir = workdir / "board", workdir / "cache"
+    boards.board_register("local", name=local_name, path=board_dir, cache=cache_dir / "local")
+    try:
+        started = time.perf_counter()
+        pipeline.repartition(layout, local_name, zip=True, parallel=parallel, progress=False)
+        record(Stage("repartition: pin per category", time.perf_counter() - started, n_train, "images",
+                     f"{len(layout.classes)} zipped pins + categories on local board {board_dir}"))
+
+        with boards.serve_board(board_dir) as url:
+            started = time.perf_counter()
+            boards.board_register("datatxt", name=http_name, url=url, cache=cache_dir / "http")
+            record(Stage("serve + register data.txt", time.perf_counter() - started, 0, "", f"{url}/data.txt"))
+
+            started = time.perf_counter()
+            data_map = pipeline.imagenet_partition(0, 1, board=http_name, parallel=parallel)
+            seconds = time.perf_counter() - started
+            fetched_mb = _folder_bytes(data_map["image"]) / 1e6
+            record(Stage("fetch categories over HTTP", seconds, len(data_map["image"]), "images",
+                         f"{len(data_map['categories'])} pins, {parallel} in parallel, {fetched_mb:.1f} MB "
+                         f"({fetched_mb / seconds if seconds else 0:.1f} MB/s)"))
+
+        started = time.perf_counter()
+        train_url, val_url = workdir / "parquet" / "train", workdir / "parquet" / "val"
+        converted = pipeline.convert(data_map, str(train_url), split="train", parallel=parallel, progress=False)
+        converted_val = pipeline.convert(layout, str(val_url), split="val", classes=data_map["classes"],
+                                         parallel=parallel, progress=False)
+        rows = converted.rows + converted_val.rows
+        record(Stage("convert to Parquet", time.perf_counter() - started, rows, "images",
+                     f"{converted.rows} train rows in {converted.row_groups} row groups, {converted_val.rows} val"))
+    finally:
+        for name in (http_name, local_name):
+            try:
+                board_deregister(name, persist=False)
+            except Exception:  # noqa: BLE001 - cleanup only; a failed registration leaves nothing behind
+                pass
+
+    started = time.perf_counter()
+    strategy = make_strategy("mirrored", devices=2, cross_device_ops="nccl")
+    choice = strategy_choice(strategy)
+    record(Stage("strategy + all-reduce probe", time.perf_counter() - started, 0, "", choice.describe()))
+
+    from .train import alexnet_train
+
+    started = time.perf_counter()
+    result = alexnet_train(
+        str(train_url), strategy=strategy, epochs=settings["epochs"], batch_size=settings["batch_size"],
+        image_size=settings["image_size"], parallel=parallel, width=settings["width"],
+        validation_data=str(val_url), output_dir=workdir / "run", checkpoint_dir=workdir / "backup",
+        input_options=DIGIT_AUGMENTATION, seed=0, verbose=0,
+        callbacks=[_EpochPrinter(say)],
+    )
+    accuracy = result.val_metrics.get("accuracy", float("nan"))
+    trained = (result.steps_per_epoch or 0) * result.global_batch_size * len(result.epochs)
+    record(Stage("train AlexNet (mirrored x2)", time.perf_counter() - started, trained, "images",
+                 f"{len(result.epochs)} epochs, global batch {result.global_batch_size}, "
+                 f"{result.images_per_second:,.0f} images/s in fit, val accuracy {accuracy:.3f}"))
+
+    summary = {
+        "workdir": str(workdir),
+        "size": size,
+        "stages": [dict(asdict(s), throughput=s.throughput) for s in stages],
+        "strategy": choice.as_dict(),
+        "strategy_description": choice.describe(),
+        "val_metrics": result.val_metrics,
+        "val_accuracy": accuracy,
+        "history": result.history,
+        "train": result.summary(),
+    }
+    summary["report"] = str(_write_report(workdir, summary, result))
+    (workdir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    say(f"final validation accuracy: {accuracy:.4f}")
+    say(f"report: {summary['report']}")
+    return summary
+
+
+class _EpochPrinter:
+    """A Keras callback printing one short line per epoch (built lazily so TF loads only here)."""
+
+    def __new__(cls, say):
+        import tf_keras as keras
+
+        class EpochPrinter(keras.callbacks.Callback):
+            def on_epoch_end(self, epoch, logs=None):
+                logs = logs or {}
+                say(f"      epoch {epoch + 1}: loss {logs.get('loss', float('nan')):.3f}  "
+                    f"accuracy {logs.get('accuracy', float('nan')):.3f}  "
+                    f"val_accuracy {logs.get('val_accuracy', float('nan')):.3f}")
+
+        return EpochPrinter()
+
+
+def _stage_plot(stages: list[dict], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(7, 3.2))
+    names = [s["name"] for s in stages][::-1]
+    axis.barh(names, [s["seconds"] for s in stages][::-1], color="#4c72b0")
+    axis.set_xlabel("seconds")
+    axis.set_title("pinstorm demo: time per stage")
+    figure.tight_layout()
+    temporary = path.with_name(f".{path.name}.tmp")
+    figure.savefig(temporary, dpi=100, format="png")
+    plt.close(figure)
+    os.replace(temporary, path)
+    return path
+
+
+def _write_report(workdir: Path, summary: dict, result) -> Path:
+    """report.md beside stages.png and the run's curves.png (relative links, so the folder moves)."""
+    stages_png = _stage_plot(summary["stages"], workdir / "stages.png")
+    lines = [
+        "# pinstorm demo report",
+        "",
+        f"Size: **{summary['size']}**. Final validation accuracy: **{summary['val_accuracy']:.4f}** "
+        f"(loss {summary['val_metrics'].get('loss', float('nan')):.4f}).",
+        "",
+        f"Strategy: {summary['strategy_description']}",
+        "",
+        "| # | stage | seconds | throughput | detail |",
+        "|---|---|---:|---:|---|",
+    ]
+    for index, stage in enumerate(summary["stages"], start=1):
+        rate = f"{stage['throughput']:,.0f} {stage['unit']}/s" if stage["items"] else ""
+        lines.append(f"| {index} | {stage['name']} | {stage['seconds']:.2f} | {rate} | {stage['detail']} |")
+    lines += ["", f"![time per stage]({stages_png.name})", ""]
+    if result.plot_png:
+        lines += [f"![training curves]({os.path.relpath(result.plot_png, workdir)})", ""]
+    lines += ["Per-epoch metrics: " + f"`{os.path.relpath(result.metrics_csv, workdir)}`; TensorBoard logs: "
+              f"`{os.path.relpath(result.tensorboard_dir, workdir)}`.", ""]
+    report = workdir / "report.md"
+    temporary = workdir / ".report.md.tmp"
+    temporary.write_text("\n".join(lines))
+    os.replace(temporary, report)
+    return report
