@@ -23,17 +23,20 @@ def progress_enabled() -> bool:
 
 
 @contextlib.contextmanager
-def progress_bar(description: str, total: float | None, *, unit: str = "bytes") -> Iterator[Callable[[float], None]]:
+def progress_bar(description: str, total: float | None, *, unit: str = "bytes",
+                 enabled: bool | None = None) -> Iterator[Callable[[float], None]]:
     """Yield `advance(n)`; a rich bar on a terminal (shown after half a second), a no-op elsewhere.
 
     `advance` is thread-safe, so parallel downloads can share one bar. While a bar is shown, nested
     requests (one pin inside a parallel fetch) get a no-op: the outer bar already tells the story.
+    `enabled` forces the bar on or off for this call only (None: decide as `progress_enabled`).
     """
     global _active
+    wanted = progress_enabled() if enabled is None else enabled
     with _active_lock:
         nested = _active
-        _active = _active or progress_enabled()
-    if nested or not progress_enabled():
+        _active = _active or wanted
+    if nested or not wanted:
         yield lambda n: None
         return
     try:

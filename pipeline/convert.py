@@ -39,7 +39,7 @@ from .images import UndecodableImage, check_image
 from .layout import Layout, scan
 from .metadata import (ARROW_SCHEMA, COMMON_METADATA, FORMAT_VERSION, PART_PREFIX, PROGRESS, REPORT, TMP_PREFIX,
                        part_name, read_info, write_common_metadata)
-from .progress import progress as _progress
+from boards.progress import progress_bar
 from .storage import is_board_url, parse_board_url, resolve
 
 log = logging.getLogger(__name__)
@@ -346,7 +346,7 @@ def _convert(plan, classes, names, split, location, *, parallel, overwrite, prog
     total = sum(plan.bounds[g][1] - plan.bounds[g][0] for p in todo for g in plan.part_groups(p))
     parts = dict(done)
     with ThreadPoolExecutor(max_workers=parallel or os.cpu_count() or 2) as pool, \
-            _progress("convert", total, "images", progress) as advance:
+            progress_bar("convert", total, unit="images", enabled=progress) as advance:
         for part in todo:
             name = part_name(part, plan.partitions)
             parts[name] = _write_part(location, plan, part, pool, advance)

@@ -15,7 +15,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 
 from .layout import Layout, is_image_name, scan
-from .progress import progress as _progress
+from boards.progress import progress_bar
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,8 @@ def repartition(root, board, zip: bool = True, parallel: int | None = None, *, p
         boards.pin(by_class[wnid], name=wnid, board=board, zip=zip, description=layout.names.get(wnid, wnid),
                    metadata={"wnid": wnid, "name": layout.names.get(wnid, wnid), "images": len(by_class[wnid])})
 
-    with _progress("repartition", len(classes), "categories", progress) as advance, ThreadPoolExecutor(max_workers=parallel or 4) as pool:
+    with progress_bar("repartition", len(classes), unit="categories", enabled=progress) as advance, \
+            ThreadPoolExecutor(max_workers=parallel or 4) as pool:
         for future in [pool.submit(pin_one, wnid) for wnid in classes]:
             future.result()
             advance(1)

@@ -220,8 +220,10 @@ def probe_all_reduce(strategy: tf.distribute.Strategy, timeout: float = 60.0) ->
 
 
 def _first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0] if text else ''}"
+    """``Type: first line`` of an error, without TensorFlow's node and attribute dump."""
+    lines = str(error).strip().splitlines()
+    text = lines[0].split(" used by {{node", 1)[0] if lines else ""
+    return f"{type(error).__name__}: {text[:300]}"
 
 
 # --------------------------------------------------------------------------- entry point

@@ -208,17 +208,14 @@ class _Throughput(keras.callbacks.Callback):
         self.epoch_seconds: list[float] = []
         self.epoch_images: list[int] = []
         self._started = 0.0
-        self._steps = 0
 
     def on_epoch_begin(self, epoch, logs=None):
-        self._started, self._steps = time.perf_counter(), 0
-
-    def on_train_batch_end(self, batch, logs=None):
-        self._steps += 1
+        self._started = time.perf_counter()
 
     def on_epoch_end(self, epoch, logs=None):
+        # no per-batch hook: it would make Keras call back into Python after every step
         self.epoch_seconds.append(time.perf_counter() - self._started)
-        self.epoch_images.append(self._steps * self.global_batch)
+        self.epoch_images.append((self.params.get("steps") or 0) * self.global_batch)
 
 
 def _has_backup(checkpoint_dir: Path | None) -> bool:
