@@ -12,20 +12,14 @@ from .errors import (BoardError, BoardNotRegistered, CredentialsError, DownloadE
                      InvalidPinName, MalformedMetadata, PinNotFound, ReadOnlyBoard, UnsafeArchive,
                      VersionNotFound)
 from .registry import board_deregister, board_get, board_list, board_register
+from .parallel import PinFetchError, pin_get_many
 from .serve import serve_board
-
-
-def pin_get_many(names, board=None, parallel=None, extract=None, errors="raise"):
-    """Fetch many pins concurrently (see `boards.parallel.pin_get_many`)."""
-    from .parallel import pin_get_many as _many
-
-    return _many(names, board=board, parallel=parallel, extract=extract, errors=errors)
 
 
 __all__ = [
     "Board", "BoardError", "BoardNotRegistered", "Cache", "CredentialsError", "DownloadError",
     "IntegrityError", "InvalidPinName", "MalformedMetadata", "PinNotFound", "ReadOnlyBoard",
-    "StaleCacheWarning", "UnsafeArchive", "VersionNotFound", "board_deregister", "board_get",
+    "PinFetchError", "StaleCacheWarning", "UnsafeArchive", "VersionNotFound", "board_deregister", "board_get",
     "board_list", "board_register", "pin", "pin_find", "pin_get", "pin_get_many", "pin_info",
     "pin_remove", "pin_versions", "serve_board",
 ]

@@ -9,8 +9,10 @@ same errors, same offline fallback.
 
 from __future__ import annotations
 
+import datetime as _dt
 import json
 import shutil
+import time
 import tempfile
 import warnings
 from pathlib import Path
@@ -22,7 +24,7 @@ from . import archive
 from .cache import Cache, StaleCacheWarning, verify
 from .errors import (BoardError, DownloadError, IntegrityError, InvalidPinName, PinNotFound, ReadOnlyBoard,
                      VersionNotFound)
-from .meta import PinMeta, parse_version
+from .meta import PinMeta, parse_version, utc_now
 from .names import check_pin_name
 from .progress import progress_bar
 
@@ -98,11 +100,12 @@ class Board:
             staging = Path(tmp) / "stage"
             staging.mkdir()
             files, pin_type, default_title, extra = self._stage(x, name, staging, type=type, zip=zip)
+            latest = self._latest_or_none(name)
+            created = _after(latest)
             meta = PinMeta.from_files(files, type=pin_type, title=title or default_title,
-                                      description=description, user=metadata)
+                                      description=description, user=metadata, created=created)
             meta.file = [f.relative_to(staging).as_posix() for f in files]
             meta.extra.update(extra)
-            latest = self._latest_or_none(name)
             if latest is not None:
                 old = self.read_meta(name, latest)
                 if old.pin_hash == meta.pin_hash and old.file == meta.file:
@@ -324,6 +327,19 @@ class Board:
 
 
 # ---- helpers ------------------------------------------------------------------------------
+def _after(latest: str | None) -> _dt.datetime:
+    """Now, or the first second after `latest` was created: version names have one-second
+    resolution, and two versions in one second would sort by hash rather than by time."""
+    now = utc_now()
+    parsed = parse_version(latest) if latest else None
+    if parsed:
+        last = _dt.datetime.strptime(parsed[0], "%Y%m%dT%H%M%SZ").replace(tzinfo=_dt.timezone.utc)
+        if now <= last:
+            time.sleep((last - now).total_seconds() + 1.0 - (time.time() % 1.0) + 0.001)
+            now = utc_now()
+    return now
+
+
 _NOT_LOADED = object()
 
 

@@ -64,8 +64,11 @@ class DatatxtBoard(Board):
         self._checked_at = time.monotonic()
         return self._parsed[1]
 
-    def _entry(self, name: str) -> dict:
-        for e in self.list_entries():
+    def _entry(self, name: str, *, revalidate: bool = True) -> dict:
+        """The index entry of `name`; `revalidate=False` reuses the index this board last read
+        (within one `pin_get`, versions were just listed from a revalidated index)."""
+        entries = self._parsed[1] if (not revalidate and self._parsed is not None) else self.list_entries()
+        for e in entries:
             if e["name"] == name:
                 return e
         raise PinNotFound(f"no pin named {name!r} in {self.url}/data.txt")
@@ -85,7 +88,7 @@ class DatatxtBoard(Board):
         return [str(e.get("version") or posixpath.basename(e["path"].rstrip("/")))]
 
     def _version_url(self, name: str, version: str) -> str:
-        base = posixpath.dirname(self._entry(name)["path"].rstrip("/"))
+        base = posixpath.dirname(self._entry(name, revalidate=False)["path"].rstrip("/"))
         return self._abs(posixpath.join(base, version) + "/")
 
     def _get(self, url: str) -> bytes:
@@ -99,7 +102,7 @@ class DatatxtBoard(Board):
 
     def read_meta(self, name: str, version: str) -> PinMeta:
         if version == LEGACY:
-            return self._legacy_meta(self._entry(name))
+            return self._legacy_meta(self._entry(name, revalidate=False))
         url = self._version_url(name, version) + "data.txt"
         meta = PinMeta.from_yaml(self._get(url), source=url)
         meta.name, meta.version = name, version

@@ -126,7 +126,11 @@ class FsBoard(Board):
         folder = self._path(name)
         self._fresh(folder)
         try:
-            found = self.fs.glob(posixpath.join(folder, "*", "data.txt"))
+            if self.is_local:
+                found = self.fs.glob(posixpath.join(folder, "*", "data.txt"))
+            else:  # one recursive listing is one request on object stores; glob costs several
+                depth = folder.rstrip("/").count("/") + 2
+                found = [p for p in self.fs.find(folder) if p.endswith("/data.txt") and p.count("/") == depth]
         except FileNotFoundError:
             found = []
         versions = [posixpath.basename(posixpath.dirname(p)) for p in found]

@@ -37,7 +37,14 @@ KINDS = {
     "gcloud": "boards.cloud:gcs_board",
     "kaggle": "boards.kaggle_board:KaggleBoard",
 }
-_SECRET = re.compile(r"secret|password|passwd|^key$|_key$|credentials?$", re.I)
+_SECRET = re.compile(r"secret|password|passwd|token|^key$|_key$|credentials?$", re.I)
+
+
+def _is_secret(option: str, value: Any) -> bool:
+    """Secret-looking options are kept out of the config file, except paths to credential files."""
+    if not _SECRET.search(option):
+        return False
+    return not (isinstance(value, (str, Path)) and Path(str(value)).expanduser().is_file())
 
 _lock = threading.RLock()
 _boards: dict[str, Board] = {}
@@ -123,7 +130,7 @@ def board_register(board: str = "local", name: str | None = None, *, persist: bo
         _boards[name] = instance
         _specs[name] = {"kind": board, **options}
         if persist:
-            kept = {k: v for k, v in options.items() if not _SECRET.search(k)}
+            kept = {k: v for k, v in options.items() if not _is_secret(k, v)}
             if len(kept) != len(options):
                 warnings.warn(f"board {name!r}: secret options {sorted(set(options) - set(kept))} "
                               "were not saved to the config file; pass them again or use the "

@@ -215,3 +215,17 @@ def test_bucket_argument_is_checked_and_missing_bucket_is_explained(s3_server, t
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert missing.pin_find().empty
+
+
+def test_secret_options_are_not_persisted(tmp_path, s3_server):
+    import warnings
+
+    import boards
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        boards.board_register("s3", name="persisted", bucket="persist-bucket", endpoint_url=s3_server.endpoint,
+                              key="AKIAEXAMPLE", secret="very-secret-value", create_bucket=True, persist=True)
+    assert any("secret options" in str(w.message) for w in caught)
+    text = (tmp_path / "config" / "boards.yaml").read_text()
+    assert "very-secret-value" not in text and "AKIAEXAMPLE" not in text and "persist-bucket" in text
