@@ -7,6 +7,7 @@ plot shows the whole run. Uses matplotlib's Agg backend (no display needed).
 from __future__ import annotations
 
 import csv
+import math
 import os
 from pathlib import Path
 
@@ -19,10 +20,15 @@ def read_metrics_csv(path) -> dict[str, list[float]]:
     for row in rows:
         for key, value in row.items():
             try:
-                columns.setdefault(key, []).append(float(value))
-            except (TypeError, ValueError):
-                continue
+                number = float(value)
+            except (TypeError, ValueError):  # Keras writes "NA" for metrics an epoch did not have
+                number = math.nan
+            columns.setdefault(key, []).append(number)
     return columns
+
+
+def _has_values(values) -> bool:
+    return any(not math.isnan(v) for v in values)
 
 
 def plot_curves(metrics: dict[str, list[float]], png_path, title: str = "training") -> Path:
@@ -33,11 +39,11 @@ def plot_curves(metrics: dict[str, list[float]], png_path, title: str = "trainin
     import matplotlib.pyplot as plt
 
     epochs = [int(e) + 1 for e in metrics.get("epoch", range(len(metrics.get("loss", []))))]
-    panels = [name for name in ("loss", "accuracy") if name in metrics]
+    panels = [name for name in ("loss", "accuracy") if _has_values(metrics.get(name, []))]
     figure, axes = plt.subplots(1, max(1, len(panels)), figsize=(5 * max(1, len(panels)), 3.6), squeeze=False)
     for axis, name in zip(axes[0], panels):
         axis.plot(epochs, metrics[name], marker="o", label=f"train {name}")
-        if f"val_{name}" in metrics:
+        if _has_values(metrics.get(f"val_{name}", [])):
             axis.plot(epochs, metrics[f"val_{name}"], marker="s", label=f"validation {name}")
         axis.set_xlabel("epoch")
         axis.set_ylabel(name)

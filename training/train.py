@@ -62,6 +62,7 @@ class TrainResult:
     weights_path: str | None = None
     num_classes: int = 0
     is_chief: bool = True
+    input_shards: list = field(default_factory=list)
 
     def summary(self) -> dict:
         """Everything but the model, JSON-serialisable (for reports and for Spark to send home)."""
@@ -80,6 +81,7 @@ class _Input:
     num_classes: int | None
     classes: list | None = None
     steps: int | None = None
+    shards: list = field(default_factory=list)   # (index, count) each input pipeline read, None = all rows
 
 
 def _is_data_map(data) -> bool:
@@ -148,10 +150,13 @@ def _parquet_train_input(strategy, url: str, info: dict, *, global_batch, image_
         raise TrainingError(f"{url} has {rows} rows, fewer than one global batch of {global_batch}; "
                             "lower batch_size")
 
+    shards: list = []
+
     def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
         shard = None
         if context.num_input_pipelines > 1:
             shard = (context.input_pipeline_id, context.num_input_pipelines)
+        shards.append(shard)
         # endless: shards may differ by a row group, and every worker must run the same number of steps.
         options = dict(shuffle=True, seed=seed, parallel=parallel)
         options.update(input_options)
@@ -160,7 +165,7 @@ def _parquet_train_input(strategy, url: str, info: dict, *, global_batch, image_
             training=True, shard=shard, num_epochs=None, drop_remainder=True, **options)
 
     dataset = strategy.distribute_datasets_from_function(dataset_fn)
-    return _Input(dataset, rows, int(info["num_classes"]), list(info.get("classes") or []), steps)
+    return _Input(dataset, rows, int(info["num_classes"]), list(info.get("classes") or []), steps, shards)
 
 
 def _parquet_eval_input(url: str, info: dict, *, global_batch, image_size, parallel, input_options) -> _Input:
@@ -261,7 +266,7 @@ def train(
     ``output_dir`` (default ``runs/<model>-<UTC time>``) receives ``metrics.csv``,
     ``curves.png``, ``tensorboard/`` and ``final.weights.h5``. ``mixed_precision="auto"`` uses
     mixed_float16 when every replica is a GPU. ``seed`` makes shuffling and initial weights
-    repeatable (it sets Python's, NumPy's and TensorFlow's global seeds). ``input_options`` go to ``pipeline.make_dataset``
+    repeatable (it seeds Python's and NumPy's generators, not TF's global seed). ``input_options`` go to ``pipeline.make_dataset``
     for Parquet inputs (e.g. ``{"flip": False, "crop_area": (0.8, 1.0)}`` for digits, which a
     mirror image would turn into other digits).
     """
@@ -298,9 +303,7 @@ def train(
                                 "same `classes`")
     steps = steps_per_epoch or train_input.steps
     if seed is not None:
-        # after the inputs exist: with TF's global seed set, tf.data graphs that pass a tensor seed to
-        # shuffle() fail to build (tf.random's get_seed compares the pair with a Python ==).
-        keras.utils.set_random_seed(seed)
+        _seed_python_and_numpy(seed)
 
     use_mixed = uses_gpus(strategy) if mixed_precision == "auto" else bool(mixed_precision)
     previous_policy = keras.mixed_precision.global_policy()
@@ -351,8 +354,24 @@ def train(
         strategy=choice.as_dict() if choice else None, output_dir=str(write_dir), metrics_csv=str(metrics_csv),
         plot_png=str(plot_png) if plot_png else None, tensorboard_dir=str(write_dir / "tensorboard"),
         checkpoint_dir=str(checkpoint_dir) if checkpoint_dir else None, weights_path=str(weights_path),
-        num_classes=num_classes, is_chief=chief,
+        num_classes=num_classes, is_chief=chief, input_shards=list(train_input.shards),
     )
+
+
+def _seed_python_and_numpy(seed: int) -> None:
+    """Make initial weights and dropout repeatable without TensorFlow's global seed.
+
+    tf-keras draws every unseeded initializer's and dropout layer's seed from Python's ``random``.
+    TF's global seed (``tf.random.set_seed``, which ``keras.utils.set_random_seed`` also sets) is
+    left alone: once set, any later tf.data graph that passes a tensor seed to ``shuffle`` fails
+    to build (TF's ``get_seed`` compares the seed pair with ``==``), the pipeline's among them.
+    """
+    import random
+
+    import numpy as np
+
+    random.seed(seed)
+    np.random.seed(seed)
 
 
 def _optimizer(name: str, learning_rate: float):

@@ -1,0 +1,58 @@
+"""Constants and helpers shared by the training tests (the fixtures are in conftest_training.py)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+# AlexNet at 1/8 width on 32 px inputs: a few seconds per fit on 2 cores.
+TINY = dict(image_size=32, batch_size=8, model_kwargs={"width": 0.125})
+# digits: a mirrored digit is another digit, so no flips
+NO_FLIP = {"flip": False, "crop_area": (0.6, 1.0)}
+
+
+class Processes:
+    """Subprocesses started by a test; every one still running at teardown is killed (SIGKILL:
+    TensorFlow's multi-worker runtime handles SIGTERM itself and may not exit on it). stderr goes
+    to a temporary file so a chatty process never blocks on a full pipe."""
+
+    def __init__(self):
+        self.started: list[subprocess.Popen] = []
+
+    def start(self, args, *, env=None, **kwargs) -> subprocess.Popen:
+        log = tempfile.TemporaryFile(mode="w+")
+        process = subprocess.Popen([sys.executable, *args], env={**os.environ, **(env or {})},
+                                   stdout=subprocess.PIPE, stderr=log, text=True, **kwargs)
+        process.stderr_log = log
+        self.started.append(process)
+        return process
+
+    def kill_all(self):
+        for process in self.started:
+            if process.poll() is None:
+                process.send_signal(signal.SIGKILL)
+                process.wait(10)
+            process.stderr_log.close()
+
+
+def stderr_of(process) -> str:
+    process.stderr_log.seek(0)
+    return process.stderr_log.read()
+
+
+def finish(process: subprocess.Popen, timeout: float = 180) -> tuple[str, str]:
+    """(stdout, stderr) of a process that must exit 0 within ``timeout`` seconds."""
+    try:
+        out, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.communicate()
+        pytest.fail(f"{process.args} did not finish in {timeout} s\n{stderr_of(process)[-3000:]}")
+    err = stderr_of(process)
+    assert process.returncode == 0, f"{process.args} exited {process.returncode}\n{err[-3000:]}"
+    return out, err

@@ -1,0 +1,138 @@
+"""``pinstorm train`` and ``pinstorm demo``, added to the one ``pinstorm`` group; the console script.
+
+Importing ``pipeline.cli`` adds the pipeline's commands to the group from ``boards.cli``; this
+module adds the training commands and defines ``main``. TensorFlow is imported only inside the
+two commands, so ``pinstorm board list`` stays fast.
+"""
+
+from __future__ import annotations
+
+from . import keras_env  # noqa: F401  (before anything can import TensorFlow)
+
+import functools
+import json
+import logging
+import os
+
+import click
+
+import pipeline.cli  # noqa: F401  (registers repartition/convert/inspect on the group)
+from boards.cli import cli
+
+MODEL_NAMES = ("alexnet", "resnet50", "mobilenet_v2")
+
+
+def _clear_errors(f):
+    """Training's own errors become one clear line and exit code 1, as the other commands do."""
+
+    @functools.wraps(f)
+    def wrapper(*args, **kwargs):
+        from .demo import DemoError
+        from .models import ModelError
+        from .multiworker import MultiWorkerError
+        from .spark import SparkTrainError
+
+        errors = (DemoError, ModelError, MultiWorkerError, SparkTrainError)
+        try:
+            return f(*args, **kwargs)
+        except errors as e:
+            raise click.ClickException(f"{type(e).__name__}: {e}") from e
+        except Exception as e:
+            # strategy and train errors live in modules that import TensorFlow: match by name
+            if type(e).__name__ in ("StrategyError", "ProbeError", "ProbeTimeout", "TrainingError"):
+                raise click.ClickException(f"{type(e).__name__}: {e}") from e
+            raise
+
+    return wrapper
+
+
+def _log_to_console(verbose: bool) -> None:
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+
+
+@cli.command()
+@click.argument("model", type=click.Choice(MODEL_NAMES, case_sensitive=False))
+@click.argument("data")
+@click.option("--val", "validation", default=None, help="Validation dataset (Parquet URL or folder).")
+@click.option("--epochs", type=int, default=10, show_default=True)
+@click.option("--batch-size", type=int, default=32, show_default=True, help="Per replica; global = x replicas.")
+@click.option("--image-size", type=int, default=224, show_default=True)
+@click.option("--width", type=float, default=1.0, show_default=True, help="AlexNet width multiplier.")
+@click.option("--strategy", "kind", type=click.Choice(["auto", "mirrored", "multiworker", "one-device"]),
+              default="auto", show_default=True, help="auto: multi-worker when TF_CONFIG names several workers.")
+@click.option("--devices", type=int, default=None, help="GPUs to use, or logical CPU devices without GPUs.")
+@click.option("--cross-device-ops", default="auto", show_default=True,
+              help="auto, nccl, hierarchical, one-device, collective (across workers: auto, nccl, ring).")
+@click.option("--no-fallback", is_flag=True, help="Fail instead of falling back when the all-reduce probe fails.")
+@click.option("--probe-timeout", type=float, default=60.0, show_default=True)
+@click.option("--checkpoint-dir", default=None, help="BackupAndRestore folder: a restarted run resumes from it.")
+@click.option("--output-dir", default=None, help="Metrics CSV, curves PNG, TensorBoard logs, final weights.")
+@click.option("--parallel", type=int, default=None, help="Parallel image decodes.")
+@click.option("--learning-rate", type=float, default=1e-3, show_default=True)
+@click.option("--optimizer", type=click.Choice(["adam", "sgd"]), default="adam", show_default=True)
+@click.option("--seed", type=int, default=None)
+@click.option("--no-flip", is_flag=True, help="No random left-right flips (for digits, text, ...).")
+@click.option("--crop-min", type=float, default=None, help="Smallest random-crop area (0-1).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result summary as JSON.")
+@click.option("--verbose", "-v", is_flag=True)
+@_clear_errors
+def train(model, data, validation, epochs, batch_size, image_size, width, kind, devices, cross_device_ops,
+          no_fallback, probe_timeout, checkpoint_dir, output_dir, parallel, learning_rate, optimizer, seed, no_flip,
+          crop_min, as_json, verbose):
+    """Train MODEL on the Parquet dataset DATA (with TF_CONFIG set: one worker of a multi-worker run)."""
+    _log_to_console(verbose)
+    from .strategy import make_strategy, strategy_choice
+    from .train import train as run_training
+
+    strategy = make_strategy(kind, devices=devices, cross_device_ops=cross_device_ops,
+                             fallback=None if no_fallback else "one-device", probe_timeout=probe_timeout)
+    if not as_json:
+        click.echo(f"strategy: {strategy_choice(strategy).describe()}")
+    input_options = {}
+    if no_flip:
+        input_options["flip"] = False
+    if crop_min is not None:
+        input_options["crop_area"] = (crop_min, 1.0)
+    model_kwargs = {"width": width} if model.lower() == "alexnet" else {}
+    result = run_training(model, data, validation, strategy=strategy, epochs=epochs, batch_size=batch_size,
+                          image_size=image_size, parallel=parallel, checkpoint_dir=checkpoint_dir,
+                          output_dir=output_dir, learning_rate=learning_rate, optimizer=optimizer, seed=seed,
+                          model_kwargs=model_kwargs, input_options=input_options, verbose=2 if verbose else 0)
+    summary = result.summary()
+    if as_json:
+        click.echo(json.dumps(summary))
+        return
+    for epoch, values in zip(result.epochs, zip(*result.history.values())):
+        pairs = "  ".join(f"{k} {v:.4f}" for k, v in zip(result.history, values))
+        click.echo(f"epoch {epoch + 1}: {pairs}")
+    click.echo(f"validation: {json.dumps(result.val_metrics)}")
+    click.echo(f"{result.images_per_second:,.0f} images/s, global batch {result.global_batch_size}; "
+               f"outputs in {result.output_dir}")
+
+
+@cli.command()
+@click.option("--workdir", type=click.Path(file_okay=False), default=None,
+              help="Where boards, cache, Parquet, logs and the report go (default: a new temp folder).")
+@click.option("--size", type=click.Choice(["full", "small"]), default="full", show_default=True,
+              help="small: a quick end-to-end check on a few images.")
+@click.option("--epochs", type=int, default=None, help="Override the size's epochs.")
+@click.option("--parallel", type=int, default=4, show_default=True, help="Parallel fetches and decodes.")
+@click.option("--verbose", "-v", is_flag=True)
+@_clear_errors
+def demo(workdir, size, epochs, parallel, verbose):
+    """The whole flow offline: digits -> board -> HTTP -> Parquet -> AlexNet under MirroredStrategy."""
+    _log_to_console(verbose)
+    from .demo import run_demo
+
+    run_demo(workdir, size=size, epochs=epochs, parallel=parallel, echo=click.echo)
+
+
+def main() -> None:
+    """The ``pinstorm`` console script."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ start-up chatter
+    cli(prog_name="pinstorm")
+
+
+if __name__ == "__main__":
+    main()
