@@ -30,7 +30,7 @@ log = logging.getLogger("pinstorm.training")
 
 # full: ~1440 train / ~360 val digits, 64 px JPEGs, AlexNet at 1/4 width on 32 px crops.
 SIZES = {
-    "full": dict(per_class=None, tree_image_size=64, image_size=32, width=0.25, epochs=10, batch_size=32),
+    "full": dict(per_class=None, tree_image_size=64, image_size=32, width=0.25, epochs=12, batch_size=32),
     "small": dict(per_class=12, tree_image_size=32, image_size=32, width=0.125, epochs=2, batch_size=8),
 }
 # A mirrored digit is another digit (or none): no flips; crops keep most of the stroke.
@@ -157,7 +157,7 @@ def run_demo(workdir=None, *, size: str = "full", epochs: int | None = None, par
         image_size=settings["image_size"], parallel=parallel, width=settings["width"],
         validation_data=str(val_url), output_dir=workdir / "run", checkpoint_dir=workdir / "backup",
         input_options=DIGIT_AUGMENTATION, seed=0, verbose=0,
-        callbacks=[_EpochPrinter(say)],
+        callbacks=[_epoch_printer(say)],
     )
     accuracy = result.val_metrics.get("accuracy", float("nan"))
     trained = (result.steps_per_epoch or 0) * result.global_batch_size * len(result.epochs)
@@ -183,20 +183,17 @@ def run_demo(workdir=None, *, size: str = "full", epochs: int | None = None, par
     return summary
 
 
-class _EpochPrinter:
-    """A Keras callback printing one short line per epoch (built lazily so TF loads only here)."""
+def _epoch_printer(say):
+    """One short line per epoch (a Keras callback; tf-keras is imported only when training starts)."""
+    import tf_keras as keras
 
-    def __new__(cls, say):
-        import tf_keras as keras
+    def on_epoch_end(epoch, logs=None):
+        logs = logs or {}
+        say(f"      epoch {epoch + 1}: loss {logs.get('loss', float('nan')):.3f}  "
+            f"accuracy {logs.get('accuracy', float('nan')):.3f}  "
+            f"val_accuracy {logs.get('val_accuracy', float('nan')):.3f}")
 
-        class EpochPrinter(keras.callbacks.Callback):
-            def on_epoch_end(self, epoch, logs=None):
-                logs = logs or {}
-                say(f"      epoch {epoch + 1}: loss {logs.get('loss', float('nan')):.3f}  "
-                    f"accuracy {logs.get('accuracy', float('nan')):.3f}  "
-                    f"val_accuracy {logs.get('val_accuracy', float('nan')):.3f}")
-
-        return EpochPrinter()
+    return keras.callbacks.LambdaCallback(on_epoch_end=on_epoch_end)
 
 
 def _stage_plot(stages: list[dict], path: Path) -> Path:

@@ -11,18 +11,6 @@ directly, which is Keras 2 whatever the variable says.
 from __future__ import annotations
 
 import os
-import sys
 
 os.environ["TF_USE_LEGACY_KERAS"] = "1"
 
-
-def tensorflow_loaded() -> bool:
-    """Whether TensorFlow was imported before pinstorm could choose the Keras version."""
-    return "tensorflow" in sys.modules
-
-
-def keras():
-    """The tf-keras module (imported lazily so importing pinstorm stays fast)."""
-    import tf_keras
-
-    return tf_keras

@@ -88,6 +88,11 @@ def _is_data_map(data) -> bool:
     return isinstance(data, dict) and "image" in data and "category" in data
 
 
+def _map_classes(data_map: dict) -> list | None:
+    """The wnids that fix a data map's labels: all of them (``classes``), else its ``categories``."""
+    return data_map.get("classes") or data_map.get("categories")
+
+
 def _convert_data_map(data_map: dict, cache_dir: Path, split: str, classes, parallel) -> str:
     """Convert a data map to Parquet under ``cache_dir`` (the pipeline reuses a finished identical one)."""
     import pipeline
@@ -124,7 +129,7 @@ def _with_data_sharding(dataset: tf.data.Dataset) -> tf.data.Dataset:
     return dataset.with_options(options)
 
 
-def _dataset_input(dataset: tf.data.Dataset, *, global_batch, image_size, training, num_classes) -> _Input:
+def _dataset_input(dataset: tf.data.Dataset, *, global_batch, image_size, num_classes) -> _Input:
     images_spec = dataset.element_spec[0] if isinstance(dataset.element_spec, tuple) else None
     if images_spec is None:
         raise TrainingError("a tf.data.Dataset must yield (image, label) pairs")
@@ -183,10 +188,9 @@ def _resolve_input(data, *, role, strategy, global_batch, image_size, parallel, 
                    cache_dir, classes, input_options) -> _Input:
     training = role == "train"
     if isinstance(data, tf.data.Dataset):
-        return _dataset_input(data, global_batch=global_batch, image_size=image_size, training=training,
-                              num_classes=num_classes)
+        return _dataset_input(data, global_batch=global_batch, image_size=image_size, num_classes=num_classes)
     if _is_data_map(data):
-        classes = classes or data.get("classes") or data.get("categories")
+        classes = classes or _map_classes(data)
         data = _convert_data_map(data, cache_dir, "train" if training else "val", classes, parallel)
     if isinstance(data, (str, os.PathLike)):
         import pipeline
@@ -266,16 +270,18 @@ def train(
     ``output_dir`` (default ``runs/<model>-<UTC time>``) receives ``metrics.csv``,
     ``curves.png``, ``tensorboard/`` and ``final.weights.h5``. ``mixed_precision="auto"`` uses
     mixed_float16 when every replica is a GPU. ``seed`` makes shuffling and initial weights
-    repeatable (it seeds Python's and NumPy's generators, not TF's global seed). ``input_options`` go to ``pipeline.make_dataset``
-    for Parquet inputs (e.g. ``{"flip": False, "crop_area": (0.8, 1.0)}`` for digits, which a
-    mirror image would turn into other digits).
+    repeatable (it seeds Python's and NumPy's generators, not TF's global seed).
+    ``input_options`` go to ``pipeline.make_dataset`` for Parquet inputs (e.g.
+    ``{"flip": False, "crop_area": (0.8, 1.0)}`` for digits, which a mirror image would turn
+    into other digits).
     """
     if data is None:
         raise TrainingError("train() needs data: a Parquet URL, a data map or a tf.data.Dataset")
     if epochs < 1 or batch_size < 1:
         raise TrainingError(f"epochs and batch_size must be positive (got {epochs}, {batch_size})")
     strategy = strategy or make_strategy("auto")
-    config = multiworker.read_tf_config() if strategy.extended._in_multi_worker_mode() else None
+    in_cluster = isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+    config = multiworker.read_tf_config() if in_cluster else None
     chief = multiworker.is_chief(config)
     output_dir = Path(output_dir) if output_dir else _default_output_dir(model_name)
     write_dir = multiworker.worker_output_dir(output_dir, config)
@@ -295,9 +301,9 @@ def train(
         raise TrainingError(f"num_classes={num_classes} but the training data has {train_input.num_classes} classes")
     val_input = None
     if validation_data is not None:
-        val_input = _resolve_input(validation_data, role="val", num_classes=num_classes,
-                                   classes=train_input.classes or (data.get("classes") or data.get("categories")
-                                                                   if _is_data_map(data) else None), **common)
+        train_classes = train_input.classes or (_map_classes(data) if _is_data_map(data) else None)
+        val_input = _resolve_input(validation_data, role="val", num_classes=num_classes, classes=train_classes,
+                                   **common)
         if val_input.classes and train_input.classes and val_input.classes != train_input.classes:
             raise TrainingError("training and validation data label different classes; convert both with the "
                                 "same `classes`")
@@ -337,7 +343,9 @@ def train(
         val_metrics = {k: float(v) for k, v in model.evaluate(val_input.dataset, verbose=0, return_dict=True).items()}
 
     weights_path = write_dir / "final.weights.h5"
-    model.save_weights(str(weights_path))
+    temporary = write_dir / ".final.weights.tmp.h5"   # a crash never leaves half a weights file
+    model.save_weights(str(temporary))
+    os.replace(temporary, weights_path)
     plot_png = None
     if metrics_csv.exists() and metrics_csv.stat().st_size:
         plot_png = plot_curves(read_metrics_csv(metrics_csv), write_dir / "curves.png",
