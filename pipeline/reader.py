@@ -250,12 +250,16 @@ def make_dataset(url, *, batch_size: int, image_size=(224, 224), training: bool 
 
     signature = (tf.TensorSpec([None], tf.string), tf.TensorSpec([None], tf.int32))
 
+    shuffle_seed = (base_seed * 1_000_003 + 17) % (2**31 - 1)
+
     def epoch_dataset(epoch):
         rows = tf.data.Dataset.from_generator(source, args=(epoch,), output_signature=signature)
         rows = rows.prefetch(2).unbatch()   # read the next row group while this one is decoded
         epoch_seed = (tf.cast(base_seed, tf.int64) * 1_000_003 + epoch * 7919 + 17) % (2**31 - 1)
         if shuffle:
-            rows = rows.shuffle(shuffle_buffer, seed=epoch_seed, reshuffle_each_iteration=False)
+            # A Python int seed: a tensor seed breaks under a global `tf.random.set_seed`. Epochs still
+            # differ, because the source reads each epoch's row groups in its own seeded order.
+            rows = rows.shuffle(shuffle_buffer, seed=shuffle_seed, reshuffle_each_iteration=False)
         return rows.enumerate().map(
             lambda i, row: (row[0], row[1], tf.stack([epoch_seed, i])))
 

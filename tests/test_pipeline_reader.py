@@ -181,3 +181,18 @@ def test_model_fit_under_mirrored_strategy(digits_dataset, tmp_path):
     out = json.loads(done.stdout.split("RESULT", 1)[1])
     assert out["replicas"] == 2 and out["shapes"] == [[16, 32, 32, 3], [16, 32, 32, 3]]
     assert len(out["loss"]) == 2 and all(np.isfinite(out["loss"])) and out["steps"] == result.rows // 32
+
+
+def test_shuffled_reader_builds_under_a_global_tf_seed(digits_dataset):
+    """keras.utils.set_random_seed sets TF's global seed; the reader must still build and read."""
+    import tensorflow as tf
+
+    from pipeline import dataset_info, make_dataset
+
+    digits_dataset = digits_dataset[0]
+    tf.random.set_seed(1234)
+    try:
+        ds = make_dataset(digits_dataset, batch_size=16, image_size=(32, 32), shuffle=True, seed=3)
+        assert sum(int(b[1].shape[0]) for b in ds) == dataset_info(digits_dataset)["rows"]
+    finally:
+        tf.random.set_seed(None)

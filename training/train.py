@@ -371,8 +371,8 @@ def _seed_python_and_numpy(seed: int) -> None:
 
     tf-keras draws every unseeded initializer's and dropout layer's seed from Python's ``random``.
     TF's global seed (``tf.random.set_seed``, which ``keras.utils.set_random_seed`` also sets) is
-    left alone: once set, any later tf.data graph that passes a tensor seed to ``shuffle`` fails
-    to build (TF's ``get_seed`` compares the seed pair with ``==``), the pipeline's among them.
+    left alone: it is process-wide, and any tf.data graph in the process that passes a tensor seed
+    to ``shuffle`` then fails to build (TF's ``get_seed`` compares the seed pair with ``==``).
     """
     import random
 
