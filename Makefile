@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 demo: $(STAMP)  ## the main job: digits -> pins -> HTTP board -> Parquet -> AlexNet (MirroredStrategy, NCCL fallback)
-	$(BIN)/pinstorm demo
+	$(BIN)/pinstorm demo --workdir demo-output/$$(date +%Y%m%dT%H%M%S)
 
 test: $(STAMP)  ## the whole test suite (what CI runs)
 	$(BIN)/python -m pytest -q -ra --durations=15 tests
