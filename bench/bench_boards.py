@@ -37,7 +37,7 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args(argv)
-    size_mb = 16 if args.quick else 64
+    size_mb = 16 if args.quick else 256
     small_files = 50 if args.quick else 200
     repeat = 3 if args.quick else 5
     work = Path(tempfile.mkdtemp(prefix="pinstorm-bench-boards-"))

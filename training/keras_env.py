@@ -14,3 +14,6 @@ import os
 
 os.environ["TF_USE_LEGACY_KERAS"] = "1"
 
+# TensorFlow's C++ INFO and WARNING lines (oneDNN, "could not find cuda drivers") bury pinstorm's
+# own output; errors still show. A user's own setting wins.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
