@@ -20,6 +20,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Iterator
 from urllib.parse import urlsplit
 
+from .lifecycle import LocalServer, serve_in_thread
+
 _HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer", "upgrade"}
 
 
@@ -44,7 +46,7 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
 
 
-class FaultProxy:
+class FaultProxy(LocalServer):
     """Forward to `upstream` (`http://host:port`); `endpoint` is the proxy's own base URL."""
 
     def __init__(self, upstream: str, host: str = "127.0.0.1", port: int = 0):
@@ -106,8 +108,7 @@ class FaultProxy:
 
     # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> "FaultProxy":
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name="fault-proxy", daemon=True)
-        self._thread.start()
+        self._thread = serve_in_thread(self._httpd, "fault-proxy")
         return self
 
     def stop(self) -> None:
@@ -120,12 +121,6 @@ class FaultProxy:
         for sock in open_sockets:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
-
-    def __enter__(self) -> "FaultProxy":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
 
 class _ProxyHandler(BaseHTTPRequestHandler):

@@ -20,10 +20,12 @@ os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
 from gcp_storage_emulator.server import create_server  # noqa: E402
 
+from .lifecycle import LocalServer
+
 PROJECT = "pinstorm-test"
 
 
-class GcsServer:
+class GcsServer(LocalServer):
     """gcp-storage-emulator in memory; `endpoint` is `http://127.0.0.1:PORT`."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, default_bucket: str | None = None):
@@ -43,12 +45,6 @@ class GcsServer:
     def stop(self) -> None:
         with contextlib.suppress(Exception):
             self._server.stop()
-
-    def __enter__(self) -> "GcsServer":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
     def storage_options(self, endpoint: str | None = None) -> dict:
         """Options for `board_register("gcs", ...)` pointing here (or at a proxy in front of it)."""

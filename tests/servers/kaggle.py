@@ -30,6 +30,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Iterator
 from urllib.parse import quote, unquote
 
+from .lifecycle import LocalServer, serve_in_thread
+
 USERNAME = "pinstorm-tester"
 KEY = "0123456789abcdef0123456789abcdef"
 
@@ -86,7 +88,7 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
 
 
-class KaggleServer:
+class KaggleServer(LocalServer):
     """The fake Kaggle API; `endpoint` is the base URL to give a Kaggle board (`endpoint=`)."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, *, username: str = USERNAME, key: str = KEY):
@@ -133,20 +135,13 @@ class KaggleServer:
 
     # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> "KaggleServer":
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name="kaggle-server", daemon=True)
-        self._thread.start()
+        self._thread = serve_in_thread(self._httpd, "kaggle-server")
         return self
 
     def stop(self) -> None:
         with contextlib.suppress(Exception):
             self._httpd.shutdown()
             self._httpd.server_close()
-
-    def __enter__(self) -> "KaggleServer":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
     def kaggle_json(self) -> dict:
         """The content of a kaggle.json that this server accepts."""

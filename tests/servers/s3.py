@@ -13,11 +13,13 @@ from typing import Iterator
 
 from moto.server import ThreadedMotoServer
 
+from .lifecycle import LocalServer
+
 KEY = "testing-key"
 SECRET = "testing-secret"
 
 
-class S3Server:
+class S3Server(LocalServer):
     """moto in server mode; `endpoint` is `http://127.0.0.1:PORT`."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0):
@@ -34,12 +36,6 @@ class S3Server:
     def stop(self) -> None:
         with contextlib.suppress(Exception):
             self._server.stop()
-
-    def __enter__(self) -> "S3Server":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
     def storage_options(self, endpoint: str | None = None) -> dict:
         """Options for `board_register("s3", ...)` / `s3fs.S3FileSystem` pointing here (or at a proxy)."""
