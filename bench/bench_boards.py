@@ -43,8 +43,7 @@ def main(argv=None) -> dict:
     work = Path(tempfile.mkdtemp(prefix="pinstorm-bench-boards-"))
     os.environ.update(PINSTORM_CONFIG=str(work / "cfg.yaml"), PINSTORM_BOARD=str(work / "board"),
                       PINSTORM_CACHE=str(work / "cache"), PINSTORM_PROGRESS="0")
-    import boards
-
+    from pinstorm import boards
     blob = work / "blob.bin"
     blob.write_bytes(os.urandom(size_mb << 20))
     folder = work / "served"

@@ -75,7 +75,7 @@ def _server_main(kind: str, folder: str, max_age: int, latency: float, queue, st
         import threading
         from http.server import ThreadingHTTPServer
 
-        from boards.serve import RangeRequestHandler
+        from pinstorm.boards.serve import RangeRequestHandler
 
         # boards.serve_board's handler (Range, ETag, max-age), with two socket settings every
         # production web server has and serve_board (as of this writing) lacks:
@@ -141,7 +141,7 @@ def check_result(result: dict, names: list[str], images: int) -> None:
 
 def run_scenarios(server: str, make_board, names: list[str], images: int, zip_urls: list[str], raw_fs,
                   scratch: Path, repeats: int, modes: list[str], pins_python) -> list[dict]:
-    from boards.parallel import pin_get_many
+    from pinstorm.boards.parallel import pin_get_many
 
     rows = []
     warm = scratch.with_name("warm-up")
@@ -248,8 +248,8 @@ def main(argv: list[str] | None = None) -> dict:
     import fsspec
     import s3fs
 
-    import boards
-    from boards.datatxt_board import DatatxtBoard
+    from pinstorm import boards
+    from pinstorm.boards.datatxt_board import DatatxtBoard
     from tests.servers.s3 import KEY, SECRET
 
     work = Path(tempfile.mkdtemp(prefix="pinstorm-bench-"))

@@ -94,11 +94,11 @@ def main(argv=None) -> int:
     import numpy as np
     import tensorflow as tf
 
-    from pipeline import convert, make_dataset
-    from pipeline.images import check_image
-    from pipeline.layout import scan
-    from pipeline.reader import preprocess_fn
-    from pipeline.samples import make_imagenet_size_tree
+    from pinstorm.pipeline import convert, make_dataset
+    from pinstorm.pipeline.images import check_image
+    from pinstorm.pipeline.layout import scan
+    from pinstorm.pipeline.reader import preprocess_fn
+    from pinstorm.pipeline.samples import make_imagenet_size_tree
 
     results: dict = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                                  "tensorflow": tf.__version__, "load_average_at_start": os.getloadavg()[0]},
@@ -145,7 +145,7 @@ def main(argv=None) -> int:
 
         dataset_url = tmp / "ds"
         convert(layout, dataset_url, min_row_groups=MIN_ROW_GROUPS, progress=False)
-        from pipeline import dataset_info
+        from pinstorm.pipeline import dataset_info
 
         info = dataset_info(dataset_url)
         results["dataset"] = {"rows": info["rows"], "row_groups": info["row_groups"],

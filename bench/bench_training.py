@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("PINSTORM_PROGRESS", "0")
 
-from training import keras_env  # noqa: E402,F401  (before TensorFlow)
+from pinstorm.training import keras_env  # noqa: E402,F401  (before TensorFlow)
 
 RESULTS = Path(__file__).parent / "results"
 OPS = [
@@ -42,8 +42,7 @@ OPS = [
 
 
 def _data(workdir: Path, tree_size: int):
-    import pipeline
-
+    from pinstorm import pipeline
     tree = workdir / "tree"
     if not (tree / "LOC_synset_mapping.txt").exists():
         pipeline.make_digits_tree(tree, image_size=tree_size)
@@ -56,8 +55,8 @@ def _measure(strategy, url, *, image_size, per_replica, width, steps, warmup, ca
     import tensorflow as tf
     import tf_keras as keras
 
-    import pipeline
-    from training.models import build_model
+    from pinstorm import pipeline
+    from pinstorm.training.models import build_model
 
     global_batch = per_replica * strategy.num_replicas_in_sync
 
@@ -120,7 +119,7 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     steps, warmup = (10, 3) if args.quick else (40, 5)
 
-    from training.strategy import configure_cpu_devices, make_strategy, strategy_choice
+    from pinstorm.training.strategy import configure_cpu_devices, make_strategy, strategy_choice
 
     configure_cpu_devices(2)
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="pinstorm-bench-training-"))

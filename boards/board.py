@@ -26,7 +26,7 @@ from .errors import (BoardError, DownloadError, IntegrityError, InvalidPinName, 
                      VersionNotFound)
 from .meta import PinMeta, parse_version, utc_now
 from .names import check_pin_name
-from .progress import progress_bar
+from pinstorm.progress import progress_bar
 
 FIND_COLUMNS = ["name", "description", "type", "board"]
 EXTRACTED = "_extracted"

@@ -1,7 +1,5 @@
-"""The `pinstorm` command group and its board and pin commands.
+"""The board and pin commands of the `pinstorm` command line (`pinstorm.cli` assembles the group).
 
-`pipeline/cli.py` and `training/cli.py` add their commands to this same group, so one console script
-carries the whole command line while each layer's commands stay beside the code they call.
 Registrations made here persist in the user config file.
 """
 
@@ -16,23 +14,6 @@ import pandas as pd
 
 from . import api, registry
 from .board import _default_name as default_pin_name
-from .errors import BoardError
-
-
-class PinstormGroup(click.Group):
-    """Turns pinstorm's own errors into one clear line and exit code 1, not a traceback."""
-
-    def invoke(self, ctx):
-        try:
-            return super().invoke(ctx)
-        except (BoardError, FileNotFoundError, ValueError) as e:
-            raise click.ClickException(f"{type(e).__name__}: {e}") from e
-
-
-@click.group(cls=PinstormGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="pinstorm")
-def cli() -> None:
-    """pinstorm: pin, cache and share image data sets, stream them into TensorFlow, train at scale."""
 
 
 def _show(df: pd.DataFrame) -> None:
@@ -53,7 +34,7 @@ def _parse_options(pairs: tuple[str, ...]) -> dict:
     return out
 
 
-@cli.group()
+@click.group()
 def board() -> None:
     """Register, list and remove boards (saved in the user config file)."""
 
@@ -121,7 +102,7 @@ def board_option(f):
     return click.option("--board", "-b", default=None, help="Board name (default: local; reads search all).")(f)
 
 
-@cli.command("pin")
+@click.command("pin")
 @click.argument("paths", nargs=-1, required=True, type=click.Path())
 @click.option("--name", "-n", help="Pin name (default: the file or folder name).")
 @board_option
@@ -140,7 +121,7 @@ def pin_cmd(paths, name, board, zip_, description):
     click.echo(f"pinned {pin_name!r} to board {b.name!r} as version {version}{count}")
 
 
-@cli.command("get")
+@click.command("get")
 @click.argument("name")
 @board_option
 @click.option("--version", "-v", help="Version or unique prefix (default: latest).")
@@ -156,7 +137,7 @@ def get_cmd(name, board, version, extract, offline):
         click.echo(p)
 
 
-@cli.command("find")
+@click.command("find")
 @click.argument("text", default="")
 @board_option
 @click.option("--extended", is_flag=True, help="Show every index field.")
@@ -165,7 +146,7 @@ def find_cmd(text, board, extended):
     _show(api.pin_find(text, board=board, extended=extended))
 
 
-@cli.command("info")
+@click.command("info")
 @click.argument("name")
 @board_option
 @click.option("--version", "-v")
@@ -174,7 +155,7 @@ def info_cmd(name, board, version):
     click.echo(json.dumps(api.pin_info(name, board=board, version=version), indent=2, default=str))
 
 
-@cli.command("versions")
+@click.command("versions")
 @click.argument("name")
 @board_option
 def versions_cmd(name, board):
@@ -182,7 +163,7 @@ def versions_cmd(name, board):
     _show(api.pin_versions(name, board=board))
 
 
-@cli.command("remove")
+@click.command("remove")
 @click.argument("name")
 @board_option
 @click.option("--version", "-v", help="Remove only this version.")
@@ -195,6 +176,3 @@ def remove_cmd(name, board, version, yes):
     api.pin_remove(name, board=board, version=version)
     click.echo(f"removed {what}")
 
-
-def main() -> None:
-    cli(prog_name="pinstorm")

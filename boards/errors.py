@@ -6,8 +6,10 @@ and each message names the pin, board, file or URL involved.
 
 from __future__ import annotations
 
+from pinstorm.errors import PinstormError
 
-class BoardError(Exception):
+
+class BoardError(PinstormError):
     """Base class of every boards error."""
 
 

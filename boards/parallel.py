@@ -19,7 +19,7 @@ from typing import Any, Iterable
 
 from .board import Board
 from .errors import BoardError
-from .progress import progress_bar
+from pinstorm.progress import progress_bar
 from .registry import board_get
 
 DEFAULT_THREADS = 16

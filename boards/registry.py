@@ -29,13 +29,13 @@ DEFAULT_BOARD = "local"
 
 # kind -> "module:factory"; factories take (name, **options) and return a Board.
 KINDS = {
-    "local": "boards.fs_board:local_board",
-    "folder": "boards.fs_board:local_board",
-    "datatxt": "boards.datatxt_board:DatatxtBoard",
-    "s3": "boards.cloud:s3_board",
-    "gcs": "boards.cloud:gcs_board",
-    "gcloud": "boards.cloud:gcs_board",
-    "kaggle": "boards.kaggle_board:KaggleBoard",
+    "local": "pinstorm.boards.fs_board:local_board",
+    "folder": "pinstorm.boards.fs_board:local_board",
+    "datatxt": "pinstorm.boards.datatxt_board:DatatxtBoard",
+    "s3": "pinstorm.boards.cloud:s3_board",
+    "gcs": "pinstorm.boards.cloud:gcs_board",
+    "gcloud": "pinstorm.boards.cloud:gcs_board",
+    "kaggle": "pinstorm.boards.kaggle_board:KaggleBoard",
 }
 _SECRET = re.compile(r"secret|password|passwd|token|^key$|_key$|credentials?$", re.I)
 

@@ -1,4 +1,4 @@
-"""`pinstorm repartition`, `pinstorm convert` and `pinstorm inspect`, added to the boards command group."""
+"""`pinstorm repartition`, `pinstorm convert` and `pinstorm inspect`: the pipeline commands."""
 
 from __future__ import annotations
 
@@ -8,25 +8,11 @@ from pathlib import Path
 
 import click
 
-from boards.cli import cli
-
 from .convert import DatasetExistsError
 from .layout import LayoutError
 from .metadata import IncompleteDatasetError
 from .storage import is_board_url, parse_board_url
 
-
-def _clear_errors(f):
-    """Our own errors become one clear line and exit code 1, as the boards commands do."""
-
-    @functools.wraps(f)
-    def wrapper(*args, **kwargs):
-        try:
-            return f(*args, **kwargs)
-        except (LayoutError, DatasetExistsError, IncompleteDatasetError) as e:
-            raise click.ClickException(f"{type(e).__name__}: {e}") from e
-
-    return wrapper
 
 
 def _partition(value: str) -> tuple[int, int]:
@@ -37,12 +23,11 @@ def _partition(value: str) -> tuple[int, int]:
     return index, count
 
 
-@cli.command()
+@click.command()
 @click.argument("root", type=click.Path(exists=True, file_okay=False))
 @click.option("--board", "-b", required=True, help="Registered board to pin the categories to.")
 @click.option("--zip/--no-zip", "zip_", default=True, show_default=True, help="One zip per category.")
 @click.option("--parallel", type=int, default=None, help="Categories pinned at once (default 4).")
-@_clear_errors
 def repartition(root, board, zip_, parallel):
     """Pin each train category of the image tree ROOT as its own pin, plus a `categories` table."""
     from .repartition import repartition as run
@@ -52,7 +37,7 @@ def repartition(root, board, zip_, parallel):
                f"'categories' to board {board}")
 
 
-@cli.command()
+@click.command()
 @click.argument("source")
 @click.argument("output")
 @click.option("--partitions", "-p", type=int, default=1, show_default=True, help="Part files (balanced shards).")
@@ -67,7 +52,6 @@ def repartition(root, board, zip_, parallel):
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the row shuffle.")
 @click.option("--parallel", type=int, default=None, help="Threads reading and checking images.")
 @click.option("--overwrite", is_flag=True, help="Replace a finished dataset built from other inputs.")
-@_clear_errors
 def convert(source, output, partitions, split, slice_, classes_from, row_group_size_mb, min_row_groups, seed,
             parallel, overwrite):
     """Convert SOURCE (an image folder or board://<board>) to a Parquet dataset at OUTPUT.
@@ -105,14 +89,13 @@ def convert(source, output, partitions, split, slice_, classes_from, row_group_s
         click.echo(f"  ... and {len(result.skipped) - 20} more in the report")
 
 
-@cli.command()
+@click.command()
 @click.argument("dataset")
 @click.option("--sheet", type=click.Path(dir_okay=False), default=None,
               help="Contact sheet PNG (default: ./<dataset name>-contact-sheet.png).")
 @click.option("--no-sheet", is_flag=True, help="Only print the summary.")
 @click.option("--samples", type=int, default=36, show_default=True, help="Images on the contact sheet.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
-@_clear_errors
 def inspect(dataset, sheet, no_sheet, samples, as_json):
     """Rows, classes, row groups, sizes of DATASET, and a contact sheet of sample images with labels."""
     import json

@@ -39,15 +39,16 @@ from .images import UndecodableImage, check_image
 from .layout import Layout, scan
 from .metadata import (ARROW_SCHEMA, COMMON_METADATA, FORMAT_VERSION, PART_PREFIX, PROGRESS, REPORT, TMP_PREFIX,
                        part_name, read_info, write_common_metadata)
-from boards.progress import progress_bar
+from pinstorm.progress import progress_bar
 from .storage import is_board_url, parse_board_url, resolve
+from pinstorm.errors import PinstormError
 
 log = logging.getLogger(__name__)
 
 PLAN_VERSION = 1
 
 
-class DatasetExistsError(FileExistsError):
+class DatasetExistsError(PinstormError, FileExistsError):
     """The output already holds a finished dataset from other inputs, or files pinstorm did not write."""
 
 
@@ -388,8 +389,7 @@ def _convert_to_board(plan, classes, names, split, url, *, parallel, overwrite, 
     The dataset sits in a subfolder of the pin (``<pin>/part-*.parquet``): the pin's own version
     folder also holds its ``data.txt``, which petastorm would take for a Parquet file.
     """
-    import boards
-
+    from pinstorm import boards
     board, pin = parse_board_url(url)
     staging = Path(tempfile.gettempdir()) / f"pinstorm-convert-{board}-{pin}"
     result = _convert(plan, classes, names, split, resolve(staging / pin), parallel=parallel, overwrite=overwrite,

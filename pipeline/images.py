@@ -25,12 +25,13 @@ import warnings
 from dataclasses import dataclass
 
 from PIL import Image
+from pinstorm.errors import PinstormError
 
 REENCODE_QUALITY = 95
 _JPEG_FORMATS = {"JPEG", "MPO"}  # MPO: a JPEG with extra pictures appended; its first is the image
 
 
-class UndecodableImage(ValueError):
+class UndecodableImage(PinstormError, ValueError):
     """Bytes that are empty, not an image, or an image cut short."""
 
 

@@ -19,13 +19,14 @@ import csv
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from pinstorm.errors import PinstormError
 
 IMAGE_SUFFIXES = {".jpeg", ".jpg", ".jpe", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
 VAL_SOLUTION = "LOC_val_solution.csv"
 SYNSET_MAPPING = "LOC_synset_mapping.txt"
 
 
-class LayoutError(ValueError):
+class LayoutError(PinstormError, ValueError):
     """A folder that is not an image tree we understand, or whose label files contradict it."""
 
 

@@ -22,6 +22,7 @@ import pickle
 
 import numpy as np
 import pyarrow as pa
+from pinstorm.errors import PinstormError
 
 COMMON_METADATA = "_common_metadata"
 REPORT = "_pinstorm_report.json"
@@ -34,7 +35,7 @@ ROW_GROUPS_PER_FILE_KEY = b"dataset-toolkit.num_row_groups_per_file.v1"
 FORMAT_VERSION = 1
 
 
-class IncompleteDatasetError(FileNotFoundError):
+class IncompleteDatasetError(PinstormError, FileNotFoundError):
     """A folder that is not a finished dataset: no ``_common_metadata`` (conversion never finished)."""
 
 

@@ -31,6 +31,7 @@ import numpy as np
 
 from .metadata import read_info
 from .storage import locate, petastorm_filesystem
+from pinstorm.errors import PinstormError
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +39,7 @@ ENGINES = ("petastorm", "pyarrow")
 _AHEAD = 512   # encoded rows queued ahead of the decoders (~55 MB of ImageNet JPEGs)
 
 
-class IncompleteEpochError(RuntimeError):
+class IncompleteEpochError(PinstormError, RuntimeError):
     """An epoch that delivered a different number of rows than the dataset (or shard) holds."""
 
 

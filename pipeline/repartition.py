@@ -15,7 +15,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 
 from .layout import Layout, is_image_name, scan
-from boards.progress import progress_bar
+from pinstorm.progress import progress_bar
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ def repartition(root, board, zip: bool = True, parallel: int | None = None, *, p
     `parallel` categories are pinned at once (threads; default 4). Returns the categories DataFrame.
     Validation images are not pinned: convert them straight from the layout (``split="val"``).
     """
-    import boards
+    from pinstorm import boards
     import pandas as pd
 
     layout = root if isinstance(root, Layout) else scan(root)
@@ -66,8 +66,7 @@ def imagenet_partition(partition: int, partitions: int, board, parallel=None, *,
     (the whole list), so slices converted by different workers agree on labels.
     `parallel` is passed to `boards.pin_get_many` (threads by default).
     """
-    import boards
-
+    from pinstorm import boards
     if not isinstance(partitions, int) or partitions < 1:
         raise ValueError(f"partitions must be a positive integer, got {partitions!r}")
     if not isinstance(partition, int) or not 0 <= partition < partitions:

@@ -63,8 +63,7 @@ def locate(url, storage_options: dict | None = None) -> Location:
     """Like `resolve`, but a ``board://<board>/<pin>`` URL is fetched (cached) and its local folder used."""
     if not is_board_url(url):
         return resolve(url, storage_options)
-    import boards
-
+    from pinstorm import boards
     board, pin = parse_board_url(url)
     files = boards.pin_get(pin, board=board)
     if not isinstance(files, (list, tuple)) or not files:

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).parent))  # so tests can import the `serve
 @pytest.fixture(autouse=True)
 def isolated_pinstorm(tmp_path, monkeypatch):
     """A private default board, cache and config for each test."""
-    from boards import registry
+    from pinstorm.boards import registry
 
     monkeypatch.setenv("PINSTORM_CONFIG", str(tmp_path / "config" / "boards.yaml"))
     monkeypatch.setenv("PINSTORM_BOARD", str(tmp_path / "board"))
@@ -41,8 +41,7 @@ def isolated_pinstorm(tmp_path, monkeypatch):
 @pytest.fixture
 def http_board(tmp_path):
     """A local board folder served over a Range-honouring HTTP server: (board, folder, base URL)."""
-    import boards
-
+    from pinstorm import boards
     folder = tmp_path / "served"
     board = boards.board_register("local", name="src", path=folder)
     with boards.serve_board(folder) as url:

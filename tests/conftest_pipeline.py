@@ -17,7 +17,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 @pytest.fixture(scope="session")
 def digits_root(tmp_path_factory):
-    from pipeline import make_digits_tree
+    from pinstorm.pipeline import make_digits_tree
 
     return make_digits_tree(tmp_path_factory.mktemp("digits"), image_size=IMAGE_SIZE, per_class=PER_CLASS,
                             quirks=True, seed=0)
@@ -25,7 +25,7 @@ def digits_root(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def digits_layout(digits_root):
-    from pipeline import scan
+    from pinstorm.pipeline import scan
 
     return scan(digits_root)
 
@@ -33,7 +33,7 @@ def digits_layout(digits_root):
 @pytest.fixture(scope="session")
 def digits_dataset(digits_layout, tmp_path_factory):
     """(url, ConvertResult) of the train split in 2 partitions, 8 row groups."""
-    from pipeline import convert
+    from pinstorm.pipeline import convert
 
     url = tmp_path_factory.mktemp("datasets") / "train"
     result = convert(digits_layout, url, partitions=2, min_row_groups=8, seed=0, progress=False)
@@ -42,7 +42,7 @@ def digits_dataset(digits_layout, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def digits_val_dataset(digits_layout, tmp_path_factory):
-    from pipeline import convert
+    from pinstorm.pipeline import convert
 
     url = tmp_path_factory.mktemp("datasets") / "val"
     result = convert(digits_layout, url, split="val", min_row_groups=4, progress=False)

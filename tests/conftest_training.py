@@ -15,7 +15,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import pytest  # noqa: E402
 
-from training.strategy import StrategyError, configure_cpu_devices  # noqa: E402
+from pinstorm.training.strategy import StrategyError, configure_cpu_devices  # noqa: E402
 from training_support import Processes  # noqa: E402
 
 try:
@@ -55,7 +55,7 @@ def digits_arrays():
 @pytest.fixture(scope="session")
 def digits_parquet(tmp_path_factory):
     """A small digits tree converted to Parquet: {"root", "train", "val", "rows", "val_rows", "classes"}."""
-    from pipeline import convert, make_digits_tree, scan
+    from pinstorm.pipeline import convert, make_digits_tree, scan
 
     base = tmp_path_factory.mktemp("training-digits")
     layout = scan(make_digits_tree(base / "tree", image_size=32, per_class=20, seed=0))

@@ -9,8 +9,8 @@ import zipfile
 
 import pytest
 
-from boards.archive import extract
-from boards.errors import UnsafeArchive
+from pinstorm.boards.archive import extract
+from pinstorm.boards.errors import UnsafeArchive
 
 
 def _tar(path, members):

@@ -11,11 +11,12 @@ from http.server import ThreadingHTTPServer
 
 import yaml
 
-import boards
-from boards.serve import RangeRequestHandler
+from pinstorm import boards
+from pinstorm.boards.serve import RangeRequestHandler
 
 WRITER = textwrap.dedent("""
-    import sys, boards
+    import sys
+    from pinstorm import boards
     board = boards.board_register("local", name="shared", path=sys.argv[1])
     worker = int(sys.argv[2])
     for i in range(3):
@@ -24,7 +25,8 @@ WRITER = textwrap.dedent("""
 """)
 
 READER = textwrap.dedent("""
-    import sys, boards
+    import sys
+    from pinstorm import boards
     board = boards.board_register("datatxt", name="web", url=sys.argv[1], cache=sys.argv[2])
     print(len(board.pin_get("big")))
 """)

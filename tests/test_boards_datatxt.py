@@ -10,9 +10,9 @@ import pandas as pd
 import pytest
 import requests
 
-import boards
-from boards.cache import StaleCacheWarning
-from boards.errors import DownloadError, MalformedMetadata, PinNotFound, ReadOnlyBoard
+from pinstorm import boards
+from pinstorm.boards.cache import StaleCacheWarning
+from pinstorm.boards.errors import DownloadError, MalformedMetadata, PinNotFound, ReadOnlyBoard
 
 
 def test_server_honours_range_and_etag(http_board):

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-import boards
-from boards.cache import StaleCacheWarning
-from boards.errors import CredentialsError, DownloadError, InvalidPinName, PinNotFound, ReadOnlyBoard
-from boards.kaggle_board import KaggleBoard
-from boards.parallel import PinFetchError
+from pinstorm import boards
+from pinstorm.boards.cache import StaleCacheWarning
+from pinstorm.boards.errors import CredentialsError, DownloadError, InvalidPinName, PinNotFound, ReadOnlyBoard
+from pinstorm.boards.kaggle_board import KaggleBoard
+from pinstorm.boards.parallel import PinFetchError
 from servers import faults, kaggle
 
 kaggle_server = pytest.fixture(scope="module", name="kaggle_server")(kaggle.serve)
@@ -58,7 +58,7 @@ def kaggle_home(tmp_path, monkeypatch):
         monkeypatch.delenv(var, raising=False)
     # importing `kaggle` signs in with whatever credentials exist (a token would be checked against
     # api.kaggle.com): import it now, with none
-    from boards.kaggle_board import _kaggle_api_class
+    from pinstorm.boards.kaggle_board import _kaggle_api_class
 
     _kaggle_api_class()
     return home

@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 import yaml
 
-import boards
-from boards.errors import BoardError, InvalidPinName, PinNotFound, VersionNotFound
+from pinstorm import boards
+from pinstorm.boards.errors import BoardError, InvalidPinName, PinNotFound, VersionNotFound
 
 
 def test_dataframe_round_trip_parquet_and_csv(tmp_path):
@@ -132,7 +132,7 @@ def test_registry_persistence_and_default_board(tmp_path):
     assert boards.board_list()[0] == "local"
     boards.board_register("local", name="keep", path=tmp_path / "keep", persist=True)
     boards.board_register("local", name="temp", path=tmp_path / "temp")
-    from boards import registry
+    from pinstorm.boards import registry
 
     registry._boards.clear(); registry._specs.clear(); registry._loaded_from = None  # a new process
     assert "keep" in boards.board_list() and "temp" not in boards.board_list()

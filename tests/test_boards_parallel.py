@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-import boards
-from boards import parallel
-from boards.errors import IntegrityError, PinNotFound
-from boards.parallel import PinFetchError, pin_get_many
+from pinstorm import boards
+from pinstorm.boards import parallel
+from pinstorm.boards.errors import IntegrityError, PinNotFound
+from pinstorm.boards.parallel import PinFetchError, pin_get_many
 from servers import faults, s3
 
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-import boards
-from boards.cache import StaleCacheWarning
-from boards.errors import BoardError, CredentialsError, DownloadError, PinNotFound
+from pinstorm import boards
+from pinstorm.boards.cache import StaleCacheWarning
+from pinstorm.boards.errors import BoardError, CredentialsError, DownloadError, PinNotFound
 from servers import faults, s3
 
 s3_server = pytest.fixture(scope="module", name="s3_server")(s3.serve)
@@ -220,8 +220,7 @@ def test_bucket_argument_is_checked_and_missing_bucket_is_explained(s3_server, t
 def test_secret_options_are_not_persisted(tmp_path, s3_server):
     import warnings
 
-    import boards
-
+    from pinstorm import boards
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         boards.board_register("s3", name="persisted", bucket="persist-bucket", endpoint_url=s3_server.endpoint,

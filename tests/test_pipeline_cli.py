@@ -6,10 +6,9 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-import boards
-import pipeline.cli  # noqa: F401  (adds the commands to the group)
-from boards.cli import cli
-from pipeline import dataset_info
+from pinstorm import boards
+from pinstorm.cli import cli
+from pinstorm.pipeline import dataset_info
 
 pytest_plugins = ["conftest_pipeline"]
 

@@ -11,8 +11,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline import (DatasetExistsError, IncompleteDatasetError, convert, dataset_info, digits_quirks, scan)
-from pipeline.metadata import COMMON_METADATA, PROGRESS, REPORT
+from pinstorm.pipeline import (DatasetExistsError, IncompleteDatasetError, convert, dataset_info, digits_quirks, scan)
+from pinstorm.pipeline.metadata import COMMON_METADATA, PROGRESS, REPORT
 from pipeline_support import read_rows
 
 pytest_plugins = ["conftest_pipeline"]
@@ -198,8 +198,8 @@ def test_folder_source_and_s3_output(digits_root, tmp_path):
     import s3fs
     from servers.s3 import S3Server
 
-    from pipeline import make_dataset
-    from pipeline.storage import petastorm_filesystem, resolve
+    from pinstorm.pipeline import make_dataset
+    from pinstorm.pipeline.storage import petastorm_filesystem, resolve
 
     _petastorm_quiet()
     with S3Server() as server:

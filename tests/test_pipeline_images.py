@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipeline import UndecodableImage, check_image, imagenet_size_jpegs
+from pinstorm.pipeline import UndecodableImage, check_image, imagenet_size_jpegs
 
 COLOURS = [(230, 30, 30), (30, 200, 40), (20, 40, 220)]
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import LayoutError, scan
-from pipeline.samples import DIGIT_NAMES, digit_wnid, digits_quirks
+from pinstorm.pipeline import LayoutError, scan
+from pinstorm.pipeline.samples import DIGIT_NAMES, digit_wnid, digits_quirks
 from pipeline_support import PER_CLASS
 
 pytest_plugins = ["conftest_pipeline"]

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline import IncompleteDatasetError, dataset_info, make_dataset
+from pinstorm.pipeline import IncompleteDatasetError, dataset_info, make_dataset
 from pipeline_support import IMAGE_SIZE, read_rows
 
 pytest_plugins = ["conftest_pipeline"]
@@ -155,7 +155,7 @@ def test_model_fit_under_mirrored_strategy(digits_dataset, tmp_path):
         import tensorflow as tf
         cpu = tf.config.list_physical_devices("CPU")[0]
         tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-        from pipeline import make_dataset, dataset_info
+        from pinstorm.pipeline import make_dataset, dataset_info
         info = dataset_info({str(url)!r})
         strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"],
                                                   cross_device_ops=tf.distribute.ReductionToOneDevice())
@@ -175,7 +175,7 @@ def test_model_fit_under_mirrored_strategy(digits_dataset, tmp_path):
         print("RESULT" + json.dumps({{"replicas": strategy.num_replicas_in_sync, "shapes": shapes,
                                      "loss": history.history["loss"], "steps": steps}}))
     """)
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]), TF_CPP_MIN_LOG_LEVEL="2")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=240, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.split("RESULT", 1)[1])
@@ -187,7 +187,7 @@ def test_shuffled_reader_builds_under_a_global_tf_seed(digits_dataset):
     """keras.utils.set_random_seed sets TF's global seed; the reader must still build and read."""
     import tensorflow as tf
 
-    from pipeline import dataset_info, make_dataset
+    from pinstorm.pipeline import dataset_info, make_dataset
 
     digits_dataset = digits_dataset[0]
     tf.random.set_seed(1234)

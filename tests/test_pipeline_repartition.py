@@ -7,8 +7,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-import boards
-from pipeline import convert, dataset_info, imagenet_partition, make_dataset, repartition
+from pinstorm import boards
+from pinstorm.pipeline import convert, dataset_info, imagenet_partition, make_dataset, repartition
 
 pytest_plugins = ["conftest_pipeline"]
 

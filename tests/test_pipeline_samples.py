@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipeline import imagenet_size_jpegs, make_digits_tree, scan
-from pipeline.samples import IMAGENET_SIZES, digit_wnid, digits_quirks
+from pinstorm.pipeline import imagenet_size_jpegs, make_digits_tree, scan
+from pinstorm.pipeline.samples import IMAGENET_SIZES, digit_wnid, digits_quirks
 from pipeline_support import IMAGE_SIZE, PER_CLASS
 
 pytest_plugins = ["conftest_pipeline"]

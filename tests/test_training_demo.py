@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from training.cli import cli
+from pinstorm.cli import cli
 
 pytest_plugins = ["conftest_training"]
 
 
 @pytest.mark.slow
 def test_demo_runs_end_to_end_and_writes_its_report(two_cpu_devices, tmp_path):
-    from boards import registry
+    from pinstorm.boards import registry
 
     boards_before = registry.board_specs()
     workdir = tmp_path / "demo"
@@ -70,8 +70,8 @@ def test_train_command_trains_and_prints_json(two_cpu_devices, digits_parquet, t
 
 
 def test_cli_does_not_load_tensorflow_until_a_training_command_runs():
-    code = ("import sys, training.cli; from click.testing import CliRunner; "
-            "r = CliRunner().invoke(training.cli.cli, ['--help']); "
+    code = ("import sys, pinstorm.cli; from click.testing import CliRunner; "
+            "r = CliRunner().invoke(pinstorm.cli.cli, ['--help']); "
             "assert 'demo' in r.output and 'train' in r.output and 'convert' in r.output and 'board' in r.output; "
             "print('tensorflow' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from training import alexnet_train, make_strategy, train
-from training.train import TrainingError
+from pinstorm.training import alexnet_train, make_strategy, train
+from pinstorm.training.fit import TrainingError
 from training_support import NO_FLIP, TINY
 
 pytest_plugins = ["conftest_training"]
@@ -84,7 +84,7 @@ def test_parquet_fit_reads_the_pipeline(two_cpu_devices, digits_parquet, tmp_pat
 
 
 def test_a_data_map_is_converted_before_training(two_cpu_devices, digits_parquet, tmp_path):
-    from pipeline import dataset_info, scan
+    from pinstorm.pipeline import dataset_info, scan
 
     layout = scan(digits_parquet["root"])
     items = layout.items("train")

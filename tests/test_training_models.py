@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from training.models import ModelError, build_model
+from pinstorm.training.models import ModelError, build_model
 
 pytest_plugins = ["conftest_training"]
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from training.multiworker import (MultiWorkerError, cluster_size, is_chief, local_cluster, make_tf_config,
+from pinstorm.training.multiworker import (MultiWorkerError, cluster_size, is_chief, local_cluster, make_tf_config,
                                   read_tf_config, task_rank, worker_output_dir)
 from training_support import finish
 
@@ -38,7 +38,7 @@ def test_tf_config_helpers(tmp_path):
 
 def _launch(processes, digits_parquet, tmp_path, epochs, workers=None):
     workers = workers or local_cluster(2)
-    args = ["-m", "training.cli", "train", "alexnet", digits_parquet["train"], "--val", digits_parquet["val"],
+    args = ["-m", "pinstorm.cli", "train", "alexnet", digits_parquet["train"], "--val", digits_parquet["val"],
             "--strategy", "multiworker", "--epochs", str(epochs), "--batch-size", "8", "--image-size", "32",
             "--width", "0.125", "--no-flip", "--seed", "3", "--json",
             "--output-dir", str(tmp_path / "out"), "--checkpoint-dir", str(tmp_path / "backup")]

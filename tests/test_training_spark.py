@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from training.spark import SparkTrainError, available_slots, local_spark_session, spark_train
+from pinstorm.training.spark import SparkTrainError, available_slots, local_spark_session, spark_train
 
 pytest_plugins = ["conftest_training"]
 

@@ -9,8 +9,8 @@ import textwrap
 import pytest
 
 from training_support import finish
-from training.multiworker import make_tf_config
-from training.strategy import (ProbeError, StrategyError, choose_kind, configure_cpu_devices,
+from pinstorm.training.multiworker import make_tf_config
+from pinstorm.training.strategy import (ProbeError, StrategyError, choose_kind, configure_cpu_devices,
                                make_strategy, probe_all_reduce, strategy_choice)
 
 pytest_plugins = ["conftest_training"]
@@ -108,7 +108,7 @@ WORKER = textwrap.dedent("""
     from pathlib import Path
     os.environ["TF_CONFIG"] = sys.argv[1]
     index, flag = json.loads(sys.argv[1])["task"]["index"], Path(sys.argv[2])
-    from training.strategy import make_strategy, ProbeTimeout
+    from pinstorm.training.strategy import make_strategy, ProbeTimeout
     if index == 0:
         started = time.perf_counter()
         try:
@@ -130,7 +130,7 @@ WORKER = textwrap.dedent("""
 @pytest.mark.slow
 def test_a_hung_all_reduce_times_out(processes, tmp_path):
     """A real hung collective: worker 1 joins the cluster but never all-reduces."""
-    from training.multiworker import local_cluster
+    from pinstorm.training.multiworker import local_cluster
 
     script = tmp_path / "worker.py"
     script.write_text(WORKER)

@@ -1,10 +1,7 @@
-"""``pinstorm train`` and ``pinstorm demo``, added to the one ``pinstorm`` group; the console script.
+"""`pinstorm train` and `pinstorm demo`: the training commands of the one `pinstorm` command line.
 
-Importing ``pipeline.cli`` adds the pipeline's commands to the group from ``boards.cli``; this
-module adds the training commands and defines ``main``. TensorFlow is imported only inside the
-two commands, so ``pinstorm board list`` stays fast.
+TensorFlow is imported only inside the commands, so listing or helping stays fast.
 """
-
 from __future__ import annotations
 
 from . import keras_env  # noqa: F401  (before anything can import TensorFlow)
@@ -16,31 +13,9 @@ import os
 
 import click
 
-import pipeline.cli  # noqa: F401  (registers repartition/convert/inspect on the group)
-from boards.cli import cli
 
 MODEL_NAMES = ("alexnet", "resnet50", "mobilenet_v2")
 
-
-def _clear_errors(f):
-    """Training's own errors become one clear line and exit code 1, as the other commands do.
-
-    Matched by the module that defines them (every exception class in ``training.*`` is one of
-    ours), so this wrapper does not import the TensorFlow-heavy modules that define them.
-    """
-
-    @functools.wraps(f)
-    def wrapper(*args, **kwargs):
-        try:
-            return f(*args, **kwargs)
-        except click.ClickException:
-            raise
-        except Exception as e:
-            if type(e).__module__.startswith(f"{__package__}."):
-                raise click.ClickException(f"{type(e).__name__}: {e}") from e
-            raise
-
-    return wrapper
 
 
 def _log_to_console(verbose: bool) -> None:
@@ -48,7 +23,7 @@ def _log_to_console(verbose: bool) -> None:
                         format="%(levelname)s %(name)s: %(message)s")
 
 
-@cli.command()
+@click.command()
 @click.argument("model", type=click.Choice(MODEL_NAMES, case_sensitive=False))
 @click.argument("data")
 @click.option("--val", "validation", default=None, help="Validation dataset (Parquet URL or folder).")
@@ -73,14 +48,13 @@ def _log_to_console(verbose: bool) -> None:
 @click.option("--crop-min", type=float, default=None, help="Smallest random-crop area (0-1).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result summary as JSON.")
 @click.option("--verbose", "-v", is_flag=True)
-@_clear_errors
 def train(model, data, validation, epochs, batch_size, image_size, width, kind, devices, cross_device_ops,
           no_fallback, probe_timeout, checkpoint_dir, output_dir, parallel, learning_rate, optimizer, seed, no_flip,
           crop_min, as_json, verbose):
     """Train MODEL on the Parquet dataset DATA (with TF_CONFIG set: one worker of a multi-worker run)."""
     _log_to_console(verbose)
     from .strategy import make_strategy, strategy_choice
-    from .train import train as run_training
+    from .fit import train as run_training
 
     strategy = make_strategy(kind, devices=devices, cross_device_ops=cross_device_ops,
                              fallback=None if no_fallback else "one-device", probe_timeout=probe_timeout)
@@ -105,7 +79,7 @@ def train(model, data, validation, epochs, batch_size, image_size, width, kind, 
                f"outputs in {result.output_dir}")
 
 
-@cli.command()
+@click.command()
 @click.option("--workdir", type=click.Path(file_okay=False), default=None,
               help="Where boards, cache, Parquet, logs and the report go (default: a new temp folder).")
 @click.option("--size", type=click.Choice(["full", "small"]), default="full", show_default=True,
@@ -113,7 +87,6 @@ def train(model, data, validation, epochs, batch_size, image_size, width, kind, 
 @click.option("--epochs", type=int, default=None, help="Override the size's epochs.")
 @click.option("--parallel", type=int, default=4, show_default=True, help="Parallel fetches and decodes.")
 @click.option("--verbose", "-v", is_flag=True)
-@_clear_errors
 def demo(workdir, size, epochs, parallel, verbose):
     """The whole flow offline: digits -> board -> HTTP -> Parquet -> AlexNet under MirroredStrategy."""
     _log_to_console(verbose)
@@ -121,12 +94,3 @@ def demo(workdir, size, epochs, parallel, verbose):
 
     run_demo(workdir, size=size, epochs=epochs, parallel=parallel, echo=click.echo)
 
-
-def main() -> None:
-    """The ``pinstorm`` console script."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ start-up chatter
-    cli(prog_name="pinstorm")
-
-
-if __name__ == "__main__":
-    main()

@@ -25,6 +25,7 @@ import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
+from pinstorm.errors import PinstormError
 
 log = logging.getLogger("pinstorm.training")
 
@@ -37,7 +38,7 @@ SIZES = {
 DIGIT_AUGMENTATION = {"flip": False, "crop_area": (0.6, 1.0)}
 
 
-class DemoError(RuntimeError):
+class DemoError(PinstormError, RuntimeError):
     """The demo cannot run as asked (unknown size, workdir not empty of another demo's files, ...)."""
 
 
@@ -85,9 +86,9 @@ def run_demo(workdir=None, *, size: str = "full", epochs: int | None = None, par
 
     configure_cpu_devices(2)
 
-    import boards
-    import pipeline
-    from boards.registry import board_deregister
+    from pinstorm import boards
+    from pinstorm import pipeline
+    from pinstorm.boards.registry import board_deregister
 
     stages: list[Stage] = []
     total = 7
@@ -149,7 +150,7 @@ def run_demo(workdir=None, *, size: str = "full", epochs: int | None = None, par
     choice = strategy_choice(strategy)
     record(Stage("strategy + all-reduce probe", time.perf_counter() - started, 0, "", choice.describe()))
 
-    from .train import alexnet_train
+    from .fit import alexnet_train
 
     started = time.perf_counter()
     result = alexnet_train(

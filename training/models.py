@@ -16,9 +16,10 @@ from typing import Callable
 
 import tensorflow as tf
 import tf_keras as keras
+from pinstorm.errors import PinstormError
 
 
-class ModelError(ValueError):
+class ModelError(PinstormError, ValueError):
     """A model was asked for by a name or with a shape it cannot be built with."""
 
 

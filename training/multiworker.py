@@ -13,9 +13,10 @@ import json
 import os
 import socket
 from pathlib import Path
+from pinstorm.errors import PinstormError
 
 
-class MultiWorkerError(ValueError):
+class MultiWorkerError(PinstormError, ValueError):
     """``TF_CONFIG`` is missing, malformed, or describes a task that is not in its cluster."""
 
 

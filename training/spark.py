@@ -23,13 +23,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
+from pinstorm.errors import PinstormError
 
 log = logging.getLogger("pinstorm.training")
 
 PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
 
 
-class SparkTrainError(RuntimeError):
+class SparkTrainError(PinstormError, RuntimeError):
     """The barrier stage cannot run (too few slots) or one of its tasks failed."""
 
 
@@ -97,7 +98,7 @@ class _BarrierTask:
     def __call__(self, _partition):
         from pyspark import BarrierTaskContext
 
-        from training.multiworker import make_tf_config
+        from pinstorm.training.multiworker import make_tf_config
 
         context = BarrierTaskContext.get()
         rank = context.partitionId()
@@ -117,8 +118,8 @@ class _BarrierTask:
 
 def _train_from_args(args: dict) -> dict:
     """``train(**args)`` under a MultiWorkerMirroredStrategy; returns the JSON-able summary."""
-    from training.strategy import make_strategy
-    from training.train import train
+    from pinstorm.training.strategy import make_strategy
+    from pinstorm.training.fit import train
 
     strategy_args = args.pop("strategy_args", {}) or {}
     strategy = make_strategy("multiworker", **strategy_args)

@@ -23,6 +23,7 @@ import numpy as np
 import tensorflow as tf
 
 from . import multiworker
+from pinstorm.errors import PinstormError
 
 log = logging.getLogger("pinstorm.training")
 
@@ -33,7 +34,7 @@ _WORKER_OPS = ("auto", "nccl", "ring", "collective")
 _CHOICES: "weakref.WeakKeyDictionary[tf.distribute.Strategy, StrategyChoice]" = weakref.WeakKeyDictionary()
 
 
-class StrategyError(RuntimeError):
+class StrategyError(PinstormError, RuntimeError):
     """A strategy cannot be built as asked (bad option, devices already initialised, ...)."""
 
 

@@ -31,11 +31,12 @@ from . import multiworker
 from .models import build_model
 from .plots import plot_curves, read_metrics_csv
 from .strategy import make_strategy, strategy_choice, uses_gpus
+from pinstorm.errors import PinstormError
 
 log = logging.getLogger("pinstorm.training")
 
 
-class TrainingError(ValueError):
+class TrainingError(PinstormError, ValueError):
     """Training cannot start with the arguments given (data, sizes, classes, ...)."""
 
 
@@ -95,8 +96,7 @@ def _map_classes(data_map: dict) -> list | None:
 
 def _convert_data_map(data_map: dict, cache_dir: Path, split: str, classes, parallel) -> str:
     """Convert a data map to Parquet under ``cache_dir`` (the pipeline reuses a finished identical one)."""
-    import pipeline
-
+    from pinstorm import pipeline
     digest = hashlib.sha1(json.dumps([list(map(str, data_map["image"])), list(map(str, data_map["category"])),
                                       list(classes or [])]).encode()).hexdigest()[:12]
     target = cache_dir / f"{split}-{digest}"
@@ -147,8 +147,7 @@ def _dataset_input(dataset: tf.data.Dataset, *, global_batch, image_size, num_cl
 def _parquet_train_input(strategy, url: str, info: dict, *, global_batch, image_size, parallel, seed,
                          input_options):
     """One endless ``make_dataset`` per worker over its own shard, batched per replica."""
-    import pipeline
-
+    from pinstorm import pipeline
     rows = int(info["rows"])
     steps = rows // global_batch
     if steps < 1:
@@ -175,8 +174,7 @@ def _parquet_train_input(strategy, url: str, info: dict, *, global_batch, image_
 
 def _parquet_eval_input(url: str, info: dict, *, global_batch, image_size, parallel, input_options) -> _Input:
     """Every validation row once per evaluation (Keras splits each global batch across replicas)."""
-    import pipeline
-
+    from pinstorm import pipeline
     options = {k: v for k, v in input_options.items() if k in ("eval_crop", "engine", "reader_workers")}
     dataset = pipeline.make_dataset(url, batch_size=global_batch, image_size=(image_size, image_size),
                                     training=False, num_epochs=1, shuffle=False, parallel=parallel, **options)
@@ -193,8 +191,7 @@ def _resolve_input(data, *, role, strategy, global_batch, image_size, parallel, 
         classes = classes or _map_classes(data)
         data = _convert_data_map(data, cache_dir, "train" if training else "val", classes, parallel)
     if isinstance(data, (str, os.PathLike)):
-        import pipeline
-
+        from pinstorm import pipeline
         url = os.fspath(data)
         info = pipeline.dataset_info(url)
         if training:

@@ -1,0 +1,83 @@
+"""The `pinstorm` console script: one command group, built here, explicitly.
+
+Each layer keeps its commands beside the code they call (`boards/cli.py`, `pipeline/cli.py`,
+`training/cli.py`); this module lists them and imports a layer only when one of its commands runs,
+so `pinstorm board list` never loads pyarrow, TensorFlow or Spark, and works on the boards core
+alone. Every `PinstormError` becomes one clear line and exit code 1 — the one error policy.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+import click
+
+from .errors import MissingExtra, PinstormError
+
+# command name -> (module, attribute, extra that brings its dependencies)
+COMMANDS: dict[str, tuple[str, str, str | None]] = {
+    "board": ("pinstorm.boards.cli", "board", None),
+    "pin": ("pinstorm.boards.cli", "pin_cmd", None),
+    "get": ("pinstorm.boards.cli", "get_cmd", None),
+    "find": ("pinstorm.boards.cli", "find_cmd", None),
+    "info": ("pinstorm.boards.cli", "info_cmd", None),
+    "versions": ("pinstorm.boards.cli", "versions_cmd", None),
+    "remove": ("pinstorm.boards.cli", "remove_cmd", None),
+    "repartition": ("pinstorm.pipeline.cli", "repartition", "pipeline"),
+    "convert": ("pinstorm.pipeline.cli", "convert", "pipeline"),
+    "inspect": ("pinstorm.pipeline.cli", "inspect", "pipeline"),
+    "train": ("pinstorm.training.cli", "train", "training"),
+    "demo": ("pinstorm.training.cli", "demo", "training"),
+}
+
+
+class PinstormGroup(click.Group):
+    """Loads each command's module on first use and reports pinstorm's errors without a traceback."""
+
+    def list_commands(self, ctx):
+        return list(COMMANDS)
+
+    def get_command(self, ctx, name):
+        if name not in COMMANDS:
+            return None
+        module, attribute, extra = COMMANDS[name]
+        try:
+            return getattr(importlib.import_module(module), attribute)
+        except ModuleNotFoundError as e:
+            if e.name and e.name.split(".")[0] == "pinstorm":
+                raise
+            return _unavailable(name, extra, e)
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except (PinstormError, FileNotFoundError) as e:
+            raise click.ClickException(f"{type(e).__name__}: {e}") from e
+
+
+def _unavailable(name: str, extra: str | None, error: ModuleNotFoundError) -> click.Command:
+    """A stand-in for a command whose extra is not installed: its help and its run say what to install."""
+    message = f"needs pip install 'pinstorm[{extra}]' (missing: {error.name})"
+
+    def run(**_):
+        raise MissingExtra(f"pinstorm {name} {message}")
+
+    return click.Command(name, callback=run, help=f"(unavailable: {message})", short_help=f"(unavailable: {message})",
+                         context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+
+
+@click.group(cls=PinstormGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="pinstorm")
+def cli() -> None:
+    """pinstorm: pin, cache and share image data sets, stream them into TensorFlow, train at scale."""
+
+
+def main() -> None:
+    """The `pinstorm` console script."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ start-up chatter
+    cli(prog_name="pinstorm")
+
+
+if __name__ == "__main__":
+    main()
