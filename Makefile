@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-modern test-fast bench clean
+.PHONY: install demo test test-modern test-fast bench clean r-pins
 
 # .venv: everything, petastorm included (numpy < 2, pyarrow 14.0.x, as petastorm 0.13.1 needs).
 # .venv-modern: every extra but petastorm, on a current numpy and pyarrow. CI tests both.
@@ -43,6 +43,9 @@ test-fast: $(STAMP)  ## skip the tests marked slow
 
 bench: $(STAMP)  ## every benchmark, quick settings; JSON + PNG in bench/results/
 	for b in bench/bench_*.py; do $(BIN)/python $$b --quick || exit 1; done
+
+r-pins:  ## R and R pins 0.4.5 / 1.1.0 for the interoperability tests (.venv/r-lib; only what is missing)
+	.ci/install-r
 
 clean:
 	rm -rf $(VENV) $(MODERN) .pytest_cache build *.egg-info demo-output
