@@ -23,6 +23,8 @@ from typing import Any, Iterator
 # own setting wins. It must be set before gcsfs is first imported.
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
+from pinstorm.extras import require  # noqa: E402
+
 from .cache import Cache  # noqa: E402
 from .errors import BoardError, CredentialsError, DownloadError  # noqa: E402
 from .fs_board import FsBoard  # noqa: E402
@@ -191,7 +193,7 @@ def s3_board(name: str, bucket: str, path: str = "", endpoint_url: str | None = 
     `endpoint_url` reaches S3-compatible stores (MinIO, Ceph, moto); other options (`key`, `secret`,
     `token`, `profile`, `anon`, `client_kwargs`, `config_kwargs`, ...) go to `s3fs.S3FileSystem`.
     """
-    import s3fs
+    s3fs = require("s3fs", "s3", "an S3 board")
 
     _check_bucket("s3", name, bucket)
     options = dict(storage_options)
@@ -215,7 +217,7 @@ def gcs_board(name: str, bucket: str, path: str = "", endpoint_url: str | None =
     a service-account JSON path, or a credentials object. `endpoint_url` reaches an emulator or a
     compatible store; `project` is needed only to create buckets.
     """
-    import gcsfs
+    gcsfs = require("gcsfs", "gcs", "a Google Cloud Storage board")
 
     _check_bucket("gcs", name, bucket)
     options = dict(storage_options)

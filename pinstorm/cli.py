@@ -44,10 +44,12 @@ class PinstormGroup(click.Group):
         module, attribute, extra = COMMANDS[name]
         try:
             return getattr(importlib.import_module(module), attribute)
+        except MissingExtra as e:
+            return _unavailable(name, str(e))
         except ModuleNotFoundError as e:
             if e.name and e.name.split(".")[0] == "pinstorm":
                 raise
-            return _unavailable(name, extra, e)
+            return _unavailable(name, f"needs pip install 'pinstorm[{extra}]' (missing: {e.name})")
 
     def invoke(self, ctx):
         try:
@@ -56,9 +58,8 @@ class PinstormGroup(click.Group):
             raise click.ClickException(f"{type(e).__name__}: {e}") from e
 
 
-def _unavailable(name: str, extra: str | None, error: ModuleNotFoundError) -> click.Command:
+def _unavailable(name: str, message: str) -> click.Command:
     """A stand-in for a command whose extra is not installed: its help and its run say what to install."""
-    message = f"needs pip install 'pinstorm[{extra}]' (missing: {error.name})"
 
     def run(**_):
         raise MissingExtra(f"pinstorm {name} {message}")

@@ -8,6 +8,7 @@ with an extra. Like fsspec does for its protocols, using a part whose extra is m
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from types import ModuleType
 
 from .errors import MissingExtra
@@ -22,3 +23,10 @@ def require(module: str, extra: str, feature: str | None = None) -> ModuleType:
             raise  # the module exists but something it imports is broken: show the real error
         what = feature or module
         raise MissingExtra(f"{what} needs the {module!r} package: pip install 'pinstorm[{extra}]'") from e
+
+
+def ensure(module: str, extra: str, feature: str | None = None) -> None:
+    """Like `require`, without importing: for package start-up, where importing (TensorFlow) is slow."""
+    if importlib.util.find_spec(module) is None:
+        what = feature or module
+        raise MissingExtra(f"{what} needs the {module!r} package: pip install 'pinstorm[{extra}]'")

@@ -6,6 +6,10 @@ imported when one of the exported functions is first used (PEP 562), so the CLI 
 
 import importlib
 
+from pinstorm.extras import ensure
+
+ensure("tensorflow", "training", "pinstorm.training")
+
 from . import keras_env  # noqa: F401  (sets TF_USE_LEGACY_KERAS before anything imports TensorFlow)
 
 _EXPORTS = {
@@ -17,6 +21,10 @@ _EXPORTS = {
     "build_model": "models",
     "spark_train": "spark",
     "run_demo": "demo",
+    "load_experiment": "experiments",
+    "experiment_lineage": "experiments",
+    "find_experiments": "experiments",
+    "profile": "profiling",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -24,6 +32,8 @@ __all__ = sorted(_EXPORTS)
 
 def __getattr__(name):
     if name in _EXPORTS:
+        if _EXPORTS[name] == "spark":
+            ensure("pyspark", "spark", f"pinstorm.training.{name}")
         value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
         globals()[name] = value
         return value
