@@ -80,6 +80,22 @@ def board_remove_cmd(name):
     click.echo(f"removed board {name!r}")
 
 
+@board.command("repair")
+@click.argument("name", default="local")
+def board_repair_cmd(name):
+    """Rebuild a writable board's data.txt index from the pins it stores and remove temporaries
+    left by killed writers (after a crash, or writes by tools that do not keep the index)."""
+    from .errors import ReadOnlyBoard
+
+    b = registry.board_get(name)
+    if not hasattr(b, "rebuild_index"):
+        raise ReadOnlyBoard(f"board {name!r} ({b.kind}) has no index of its own to repair")
+    removed = b.sweep_temporaries()
+    count = b.rebuild_index()
+    extra = f"; removed {removed} abandoned temporary item(s)" if removed else ""
+    click.echo(f"repaired board {name!r} ({b.describe()}): the index lists {count} pin(s){extra}")
+
+
 @board.command("serve")
 @click.argument("path", type=click.Path(exists=True, file_okay=False))
 @click.option("--host", default="127.0.0.1", show_default=True)

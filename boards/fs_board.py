@@ -2,9 +2,19 @@
 
 Layout (pins 1.x): `<root>/<pin>/<version>/{data.txt, files}` plus the legacy `<root>/data.txt`
 index. A version exists exactly when its `data.txt` does, and `data.txt` is written last, so a reader
-never sees half a version: on local disks the version folder is built under a temporary name and
-renamed; on object stores the files go first and `data.txt` after them. Local writers serialise
-index updates with a file lock; listings are never served from fsspec's cache.
+never sees half a version: on local disks the version folder is built under a temporary name (owned
+by its process, see `tempnames`) and renamed; on object stores the files go first and `data.txt`
+after them. Listings are never served from fsspec's cache.
+
+The index is derived data, and every write reconciles it with what is stored: read the index, list
+every `<pin>/<version>/data.txt`, rewrite the entries that disagree, and repeat until a read-back
+agrees with a fresh listing. Object stores have no lock and (the GCS emulator, some S3 clones) may
+ignore conditional writes, so two writers can overwrite each other's index; the loser's next check
+sees its pin missing and writes it again, and the last writer to finish leaves an index that lists
+every version stored before its final listing. A writer killed between storing a version and
+updating the index is repaired the same way by the next write, or by `rebuild_index()`
+(`pinstorm board repair`). On S3, the index is also written with If-Match / If-None-Match, so a
+concurrent overwrite is refused instead of discovered.
 """
 
 from __future__ import annotations
@@ -12,8 +22,10 @@ from __future__ import annotations
 import contextlib
 import os
 import posixpath
+import random
 import shutil
-import uuid
+import time
+import warnings
 from pathlib import Path
 
 import fsspec
@@ -21,10 +33,17 @@ from filelock import FileLock
 
 from . import index as board_index
 from .board import Board
-from .errors import PinNotFound
+from .cache import verify, write_stamp
+from .errors import IntegrityError, InvalidPinName, PinNotFound
 from .meta import PinMeta, parse_version
+from .names import check_pin_name
+from .tempnames import TMP_MARK, is_temporary, sweep, tmp_name
 
-TMP_MARK = ".tmp-"
+INDEX_ROUNDS = 60  # reconciliation rounds before giving up (the versions are stored either way)
+
+
+class _IndexConflict(Exception):
+    """A conditional index write lost to another writer: reconcile again."""
 
 
 class FsBoard(Board):
@@ -62,47 +81,160 @@ class FsBoard(Board):
         return contextlib.nullcontext()
 
     def read_index(self) -> list[dict] | None:
+        return self._read_index()[0]
+
+    def _read_index(self) -> tuple[list[dict] | None, str | None]:
+        """(entries or None when absent, a token for a conditional write: the S3 ETag)."""
         path = self._path(board_index.INDEX_FILE)
+        token = None
         try:
-            text = self.fs.cat_file(path)
+            if self._conditional():
+                text, token = self._s3_get(path)
+            else:
+                text = self.fs.cat_file(path)
         except FileNotFoundError:
-            return None
-        return board_index.parse_index(text, source=f"{self.describe()}/data.txt")
+            return None, None
+        return board_index.parse_index(text, source=f"{self.describe()}/data.txt"), token
+
+    def _conditional(self) -> bool:
+        return not self.is_local and "s3" in (self.fs.protocol if isinstance(self.fs.protocol, tuple)
+                                                else (self.fs.protocol,))
+
+    def _s3_get(self, path: str) -> tuple[bytes, str | None]:
+        """The body and ETag of one object, from one GET (so the token matches the bytes)."""
+        from fsspec.asyn import sync
+
+        bucket, key, _ = self.fs.split_path(path)
+
+        async def get():
+            try:
+                response = await self.fs._call_s3("get_object", Bucket=bucket, Key=key)
+            except FileNotFoundError:
+                raise
+            body = response["Body"]
+            try:
+                data = await body.read()
+            finally:
+                body.close()
+            return data, response.get("ETag")
+
+        return sync(self.fs.loop, get)
+
+    def _write_index(self, entries: list[dict], token: str | None, existed: bool) -> None:
+        path = self._path(board_index.INDEX_FILE)
+        text = board_index.dump_index(entries)
+        if not self._conditional():
+            self._write_text(path, text)
+            return
+        bucket, key, _ = self.fs.split_path(path)
+        condition = {"IfMatch": token} if existed and token else {"IfNoneMatch": "*"} if not existed else {}
+        try:
+            self.fs.call_s3("put_object", Bucket=bucket, Key=key, Body=text.encode(),
+                            ContentType="text/yaml", **condition)
+        except Exception as e:  # noqa: BLE001 - s3fs wraps botocore's errors in several ways
+            if _precondition_failed(e):
+                raise _IndexConflict() from e
+            raise
 
     def _write_text(self, path: str, text: str) -> None:
         if self.is_local:
-            tmp = f"{path}{TMP_MARK}{uuid.uuid4().hex[:8]}"
-            Path(tmp).write_text(text)
-            os.replace(tmp, path)
+            tmp = tmp_name(path)
+            try:
+                Path(tmp).write_text(text)
+                os.replace(tmp, path)
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
         else:
             self.fs.pipe_file(path, text.encode())  # single-object PUTs are atomic on object stores
 
-    def _update_index(self, name: str) -> None:
+    def _update_index(self, name: str | None = None, *, known: dict[str, PinMeta] | None = None) -> int:
+        """Reconcile the index with the stored versions (see the module docstring); returns the
+        number of pins it lists."""
         with self._index_lock():
-            self._fresh()
-            entries = self.read_index() or []
-            entry = self._index_entry(name)
-            self._write_text(self._path(board_index.INDEX_FILE),
-                             board_index.dump_index(board_index.merge_entry(entries, entry, name=name)))
+            for round_ in range(INDEX_ROUNDS):
+                self._fresh()
+                current, token = self._read_index()  # before listing: what it lists is already stored
+                stored = self._stored_versions()
+                entries = {e["name"]: e for e in (current or [])}
+                wanted = dict(entries)
+                for pin, versions in stored.items():
+                    e = entries.get(pin)
+                    if e is None or [str(v) for v in e.get("versions") or []] != versions \
+                            or str(e.get("version")) != versions[-1]:
+                        entry = self._entry_from(pin, versions, known=(known or {}).get(pin))
+                        if entry is not None:
+                            wanted[pin] = entry
+                for pin, e in entries.items():
+                    if pin not in stored and _written_by_board(e):
+                        del wanted[pin]
+                if current is not None and wanted == entries:
+                    return len(stored)
+                try:
+                    self._write_index(list(wanted.values()), token, existed=current is not None)
+                except _IndexConflict:
+                    pass
+                if not self.is_local:  # let a concurrent writer finish before checking again
+                    time.sleep(random.uniform(0.0, 0.02 * min(round_ + 1, 10)))
+        warnings.warn(f"board {self.name!r}: the data.txt index did not settle after {INDEX_ROUNDS} rounds "
+                      "of concurrent writes; the pins are stored, and `pinstorm board repair` (or the "
+                      "next write) lists them", stacklevel=3)
+        return len(stored)
+
+    def _stored_versions(self) -> dict[str, list[str]]:
+        """pin -> its versions (oldest first) that have a data.txt, from one listing of the board."""
+        out: dict[str, list[str]] = {}
+        if self.is_local:
+            found = [p.relative_to(self.root).parts for p in Path(self.root).glob("*/*/data.txt")]
+        else:
+            prefix = self.root.rstrip("/") + "/"
+            found = [p[len(prefix):].split("/") for p in self.fs.find(self.root) if p.startswith(prefix)]
+        for parts in found:
+            if len(parts) != 3 or parts[2] != "data.txt":
+                continue
+            pin, version = parts[0], parts[1]
+            if pin.startswith(".") or version.startswith(".") or is_temporary(version):
+                continue
+            try:
+                check_pin_name(pin)
+            except InvalidPinName:
+                continue
+            out.setdefault(pin, []).append(version)
+        return {p: sorted(v, key=lambda v: (parse_version(v) is None, v)) for p, v in sorted(out.items())}
 
     def _index_entry(self, name: str) -> dict | None:
         try:
             versions = self.list_versions(name)
         except PinNotFound:
             return None
+        return self._entry_from(name, versions)
+
+    def _entry_from(self, name: str, versions: list[str], known: PinMeta | None = None) -> dict | None:
         latest = versions[-1]
-        meta = self.read_meta(name, latest)
+        try:
+            meta = known if known is not None and known.version == latest else self.read_meta(name, latest)
+        except PinNotFound:  # removed since the listing
+            return None
         return {"path": f"{name}/{latest}/", "name": name, "description": meta.description or "",
-                "type": meta.type, "title": meta.title, "version": latest, "versions": versions,
+                "type": meta.type, "title": meta.title, "version": latest, "versions": list(versions),
                 "file": meta.file, "created": meta.created}
 
     def rebuild_index(self) -> int:
-        """Rewrite the root data.txt from the pins actually stored; returns the number of pins."""
-        with self._index_lock():
-            self._fresh()
-            entries = [e for n in self._pin_names() if (e := self._index_entry(n)) is not None]
-            self._write_text(self._path(board_index.INDEX_FILE), board_index.dump_index(entries))
-        return len(entries)
+        """Make the root data.txt list exactly the pins and versions stored (after a crash, or
+        another tool's writes) and remove temporaries that killed writers left; returns the number
+        of pins listed."""
+        self.sweep_temporaries()
+        return self._update_index()
+
+    def sweep_temporaries(self) -> int:
+        """Remove abandoned temporary version folders and index files (local boards); returns how many."""
+        if not self.is_local:
+            return 0
+        removed = len(sweep(self.root))
+        for pin in Path(self.root).iterdir():
+            if pin.is_dir() and not pin.name.startswith("."):
+                removed += len(sweep(pin))
+        return removed
 
     def _pin_names(self) -> list[str]:
         try:
@@ -159,10 +291,10 @@ class FsBoard(Board):
     def write_version(self, name: str, staging: Path, meta: PinMeta) -> str:
         version = meta.version_name
         final = self._path(name, version)
-        files = [f for f in meta.file]
         if self.is_local:
-            tmp = Path(f"{final}{TMP_MARK}{uuid.uuid4().hex[:8]}")
-            tmp.parent.mkdir(parents=True, exist_ok=True)
+            Path(final).parent.mkdir(parents=True, exist_ok=True)
+            sweep(Path(final).parent)  # what killed writers left in this pin's folder
+            tmp = Path(tmp_name(final))
             try:
                 shutil.copytree(staging, tmp)
                 (tmp / "data.txt").write_text(meta.to_yaml())
@@ -171,15 +303,45 @@ class FsBoard(Board):
                 except OSError:
                     if not (Path(final) / "data.txt").exists():
                         raise  # else: an identical version (same second, same hash) is already there
+                else:
+                    self._stamp(name, version, meta)
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
         else:
-            for f in files:
+            for f in meta.file:
                 self.fs.put_file(str(staging / f), posixpath.join(final, f))
             self.fs.pipe_file(posixpath.join(final, "data.txt"), meta.to_yaml().encode())
         self._fresh()
-        self._update_index(name)
+        meta.name, meta.version = name, version
+        self._update_index(known={name: meta})
         return version
+
+    def _stamp(self, name: str, version: str, meta: PinMeta) -> None:
+        """Record a just-written local version as verified (its bytes were hashed while staged)."""
+        with contextlib.suppress(OSError):
+            write_stamp(meta, Path(self._path(name, version)), self._board_stamp(name, version))
+
+    def repair_version(self, name: str, version: str, meta: PinMeta, staging: Path) -> bool:
+        """On a local board, re-hash the stored version; if its bytes differ from what it promises,
+        replace its files with the staged ones (which hash to `meta`)."""
+        if not self.is_local:
+            return False
+        folder = Path(self._path(name, version))
+        try:
+            verify(meta, folder, source=f"pin {name!r} version {version}")
+            return False
+        except IntegrityError:
+            pass
+        for f in meta.file:  # file by file, each renamed over the damaged one: the version never vanishes
+            tmp = Path(tmp_name(folder / f))
+            try:
+                tmp.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(staging / f, tmp)
+                os.replace(tmp, folder / f)
+            finally:
+                tmp.unlink(missing_ok=True)
+        self._stamp(name, version, meta)
+        return True
 
     def delete(self, name: str, versions: list[str] | None = None) -> None:
         if versions is None:
@@ -201,3 +363,20 @@ def local_board(name: str = "local", path: str | os.PathLike | None = None, **kw
     root = Path(path).expanduser().resolve() if path else default_local_path()
     return FsBoard(name, fsspec.filesystem("file"), str(root), kind="local", **kwargs)
 
+
+def _written_by_board(entry: dict) -> bool:
+    """An index entry this board wrote (for a pins 1.x folder), not one another tool added by hand."""
+    path = str(entry.get("path") or "")
+    return bool(entry.get("versions") or entry.get("version")) and "://" not in path \
+        and path.startswith(f"{entry.get('name')}/")
+
+
+def _precondition_failed(e: BaseException) -> bool:
+    seen = 0
+    while e is not None and seen < 5:
+        text = f"{type(e).__name__} {e}"
+        if "PreconditionFailed" in text or "ConditionalRequestConflict" in text or " 412" in text:
+            return True
+        e = e.__cause__ or e.__context__
+        seen += 1
+    return False

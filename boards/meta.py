@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import re
+import struct
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -24,23 +25,76 @@ TIME_FORMAT = "%Y%m%dT%H%M%SZ"
 VERSION_RE = re.compile(r"^(\d{8}T\d{6}Z)-([0-9a-f]{5})$")
 # Types whose files pinstorm can load into Python objects; everything else comes back as paths.
 TABLE_TYPES = {"csv", "parquet", "arrow", "feather", "table"}
+# Extra data.txt field (other clients ignore it): the xxh64 of each file of a multi-file pin, in
+# `file` order, so a failed check names the file that differs.
+FILE_HASH_FIELD = "pinstorm_file_hash"
 
 
 def hash_file(path: str | Path, chunk: int = 1 << 20) -> str:
-    """xxhash64 of a file's bytes, as pins-python computes `pin_hash` for a one-file pin."""
-    h = xxhash.xxh64()
+    """xxhash64 of a file's bytes, as pins-python and R pins 1.x compute `pin_hash` for one file."""
+    return _hash_file(path, xxhash.xxh64, chunk)
+
+
+def hash_file128(path: str | Path, chunk: int = 1 << 20) -> str:
+    """XXH3 128-bit of a file's bytes (`rlang::hash_file`), for pins that record 32-hex file hashes."""
+    return _hash_file(path, xxhash.xxh3_128, chunk)
+
+
+def _hash_file(path: str | Path, algo, chunk: int) -> str:
+    h = algo()
     with open(path, "rb") as f:
         while block := f.read(chunk):
             h.update(block)
     return h.hexdigest()
 
 
+def r_hash_strings(values: list[str]) -> str:
+    """`rlang::hash(<character vector>)`: XXH3 128-bit of R's binary serialization (version 3)
+    of the vector, header skipped, as R pins 1.x combines the file hashes of a multi-file pin.
+
+    The serialization of a plain character vector is: STRSXP flags, length, then per element the
+    CHARSXP flags (ASCII or UTF-8 mark), byte length and bytes; little-endian 32-bit integers.
+    """
+    out = [struct.pack("<ii", 0x10, len(values))]
+    for v in values:
+        raw = v.encode("utf-8")
+        flags = 0x00040009 if v.isascii() else 0x00008009
+        out.append(struct.pack("<ii", flags, len(raw)) + raw)
+    return xxhash.xxh3_128(b"".join(out)).hexdigest()
+
+
+def joined_hash(values: list[str]) -> str:
+    """pins-python's (and pinstorm before 0.2's) multi-file hash: xxh64 of the joined hex hashes."""
+    return xxhash.xxh64("".join(values).encode()).hexdigest()
+
+
+def combine_hashes(hashes: list[str]) -> str:
+    """The `pin_hash` pinstorm writes: the file's hash for one file, R pins 1.x's scheme for several
+    (so R's `pin_download(hash=)` accepts pinstorm's pins)."""
+    return hashes[0] if len(hashes) == 1 else r_hash_strings(hashes)
+
+
 def hash_files(paths: Iterable[str | Path]) -> str:
-    """The `pin_hash` of a pin: the file's own hash for one file, a hash of the hashes for several."""
-    hashes = [hash_file(p) for p in paths]
-    if len(hashes) == 1:
-        return hashes[0]
-    return xxhash.xxh64("".join(hashes).encode()).hexdigest()
+    """The `pin_hash` of a pin's files (see `combine_hashes`)."""
+    return combine_hashes([hash_file(p) for p in paths])
+
+
+def hash_matches(pin_hash: str, paths: list[Path], file_hashes: list[str] | None = None) -> bool | None:
+    """Whether `paths` hash to `pin_hash` under the scheme its writer used, told apart by length:
+    16 hex = xxh64 (one file; several: pins-python's joined hash), 32 hex = R (one file: XXH3-128
+    of the file; several: `rlang::hash` of the xxh64 or XXH3-128 file hashes). None when the scheme
+    is unknown (no hash, or another length): nothing can be recomputed.
+    `file_hashes`: the files' xxh64 hashes when already computed."""
+    pin_hash = (pin_hash or "").lower()
+    if len(pin_hash) not in (16, 32) or not paths:
+        return None
+    hashes = file_hashes if file_hashes is not None else [hash_file(p) for p in paths]
+    if len(pin_hash) == 16:
+        return (hashes[0] if len(paths) == 1 else joined_hash(hashes)) == pin_hash
+    if len(paths) > 1 and r_hash_strings(hashes) == pin_hash:
+        return True
+    hashes128 = [hash_file128(p) for p in paths]
+    return (hashes128[0] if len(paths) == 1 else r_hash_strings(hashes128)) == pin_hash
 
 
 def utc_now() -> _dt.datetime:
@@ -82,16 +136,29 @@ class PinMeta:
     @classmethod
     def from_files(cls, files: list[Path], *, type: str, title: str | None, description: str | None,
                    user: dict | None = None, created: _dt.datetime | None = None) -> "PinMeta":
-        return cls(
+        hashes = [hash_file(f) for f in files]
+        meta = cls(
             file=[Path(f).name for f in files],
             file_size=[Path(f).stat().st_size for f in files],
-            pin_hash=hash_files(files),
+            pin_hash=combine_hashes(hashes),
             type=type,
             title=title,
             description=description,
             created=format_created(created or utc_now()),
             user=dict(user or {}),
         )
+        if len(hashes) > 1:
+            meta.extra[FILE_HASH_FIELD] = hashes
+        return meta
+
+    def file_hashes(self) -> list[str] | None:
+        """The per-file xxh64 hashes recorded by pinstorm (None when absent or malformed)."""
+        hashes = self.extra.get(FILE_HASH_FIELD)
+        if len(self.file) == 1 and len(self.pin_hash) == 16:
+            return [self.pin_hash]
+        if isinstance(hashes, list) and len(hashes) == len(self.file) and all(isinstance(h, str) for h in hashes):
+            return hashes
+        return None
 
     @property
     def version_name(self) -> str:

@@ -3,6 +3,10 @@
 The standard library's handler ignores Range, which makes fsspec's HTTP filesystem fetch whole files
 for ranged reads; this one answers `bytes=a-b` with 206. It is how a local board is shared with other
 machines (or test processes) as a read-only `datatxt` board with no credentials.
+
+A client that hangs up mid-transfer (a cancelled download, a reader that got what it needed) is
+normal traffic, not a server error: it ends that one response quietly instead of printing a
+ConnectionResetError / BrokenPipeError traceback.
 """
 
 from __future__ import annotations
@@ -11,6 +15,8 @@ import contextlib
 import functools
 import os
 import re
+import socket
+import sys
 import threading
 from http import HTTPStatus
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -18,6 +24,8 @@ from pathlib import Path
 from typing import Iterator
 
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
+# what a client hanging up looks like from the server side
+_CLIENT_GONE = (ConnectionResetError, BrokenPipeError, ConnectionAbortedError, socket.timeout)
 
 
 class RangeRequestHandler(SimpleHTTPRequestHandler):
@@ -29,6 +37,12 @@ class RangeRequestHandler(SimpleHTTPRequestHandler):
 
     def log_message(self, format: str, *args) -> None:  # quiet: tests and demos serve thousands of files
         pass
+
+    def handle(self) -> None:
+        try:
+            super().handle()
+        except _CLIENT_GONE:
+            self.close_connection = True
 
     def send_head(self):
         path = self.translate_path(self.path)
@@ -88,6 +102,34 @@ class RangeRequestHandler(SimpleHTTPRequestHandler):
 class _BoardHTTPServer(ThreadingHTTPServer):
     request_queue_size = 128  # the default 5 makes the 6th parallel client wait ~1 s to connect
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._open: set = set()  # client sockets: keep-alive connections outlive shutdown() otherwise
+        self._open_lock = threading.Lock()
+
+    def process_request(self, request, client_address) -> None:
+        with self._open_lock:
+            self._open.add(request)
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request) -> None:
+        with self._open_lock:
+            self._open.discard(request)
+        super().shutdown_request(request)
+
+    def close_connections(self) -> None:
+        """Hang up on every client still connected: after this, the server is really gone."""
+        with self._open_lock:
+            still_open = list(self._open)
+        for sock in still_open:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def handle_error(self, request, client_address) -> None:
+        if isinstance(sys.exc_info()[1], _CLIENT_GONE):
+            return  # the client went away: nothing to report
+        super().handle_error(request, client_address)
+
 
 @contextlib.contextmanager
 def serve_board(path: str | os.PathLike, host: str = "127.0.0.1", port: int = 0,
@@ -106,3 +148,4 @@ def serve_board(path: str | os.PathLike, host: str = "127.0.0.1", port: int = 0,
     finally:
         server.shutdown()
         server.server_close()
+        server.close_connections()

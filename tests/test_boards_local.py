@@ -6,6 +6,7 @@ import json
 import time
 
 import pandas as pd
+import pins
 import pytest
 import yaml
 
@@ -148,7 +149,6 @@ def test_pin_get_without_board_searches_registered_boards(tmp_path):
 
 
 def test_pins_python_reads_what_pinstorm_writes_and_back(tmp_path):
-    pins = pytest.importorskip("pins")
     df = pd.DataFrame({"x": [1.5, 2.5], "y": ["u", "v"]})
     boards.pin(df, "from_pinstorm")
     boards.pin(df, "csv_pinstorm", type="csv")
@@ -174,3 +174,19 @@ def test_pins_python_reads_what_pinstorm_writes_and_back(tmp_path):
     assert boards.pin_versions("from_pins").shape[0] == 1
     (tmp_path / "board" / "data.txt").write_text("[]")  # keep the check honest: index alone isn't used for get
     assert boards.pin_get("json_pinstorm") == {"k": [1, 2]}
+
+
+def test_concurrent_registrations_from_processes_all_persist(tmp_path):
+    import stat
+    import subprocess
+    import sys
+
+    script = ("import sys; from pinstorm import boards; "
+              "boards.board_register('local', name=f'b{sys.argv[1]}', path=sys.argv[2], persist=True)")
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(i), str(tmp_path / f"b{i}")],
+                              stderr=subprocess.PIPE, text=True) for i in range(4)]
+    for p in procs:
+        assert p.wait(timeout=120) == 0, p.stderr.read()
+    path = tmp_path / "config" / "boards.yaml"
+    assert set(yaml.safe_load(path.read_text())["boards"]) == {f"b{i}" for i in range(4)}
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600

@@ -8,6 +8,7 @@ import warnings
 from pathlib import Path
 
 import pandas as pd
+import yaml
 import pytest
 
 from pinstorm import boards
@@ -228,3 +229,30 @@ def test_secret_options_are_not_persisted(tmp_path, s3_server):
     assert any("secret options" in str(w.message) for w in caught)
     text = (tmp_path / "config" / "boards.yaml").read_text()
     assert "very-secret-value" not in text and "AKIAEXAMPLE" not in text and "persist-bucket" in text
+
+
+def test_nested_secrets_and_auth_headers_never_reach_the_config_file(tmp_path, s3_server, bucket):
+    import stat
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        b = boards.board_register(
+            "s3", name="nested", bucket=bucket, endpoint_url=s3_server.endpoint, create_bucket=True,
+            persist=True, client_kwargs={"aws_access_key_id": s3.KEY, "aws_secret_access_key": SECRET,
+                                         "aws_session_token": "session-" + SECRET, "verify": False},
+            config_kwargs={"retries": {"max_attempts": 1}})
+        boards.board_register("https://example.org/board/", name="web", persist=True,
+                              headers={"Authorization": "Bearer " + SECRET, "X-Api-Key": SECRET,
+                                       "User-Agent": "pinstorm-test"})
+    b.pin({"works": True}, "p")  # the secrets still work in this process
+    path = tmp_path / "config" / "boards.yaml"
+    text = path.read_text()
+    assert SECRET not in text and s3.KEY not in text and "Bearer" not in text
+    saved = yaml.safe_load(text)["boards"]
+    assert saved["nested"]["client_kwargs"] == {"verify": False}
+    assert saved["nested"]["config_kwargs"] == {"retries": {"max_attempts": 1}}
+    assert saved["web"]["headers"] == {"User-Agent": "pinstorm-test"}
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    dropped = " ".join(str(w.message) for w in caught)
+    assert "client_kwargs.aws_secret_access_key" in dropped and "headers.Authorization" in dropped
+    assert SECRET not in dropped

@@ -1,0 +1,147 @@
+"""The root data.txt index loses nothing: concurrent writer processes on S3 (moto) and GCS (emulator),
+and writers killed between storing a version and updating the index."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pinstorm import boards
+from servers import gcs, s3
+
+s3_server = pytest.fixture(scope="module", name="s3_server")(s3.serve)
+gcs_server = pytest.fixture(scope="module", name="gcs_server")(gcs.serve)
+
+WRITERS, PINS_EACH = 4, 3
+
+WRITER = textwrap.dedent("""
+    import json, os, sys, time
+    from pinstorm import boards
+    options = json.loads(sys.argv[1])
+    board = boards.board_register(options.pop("kind"), name="shared", **options)
+    worker, go = int(sys.argv[2]), sys.argv[3]
+    board._stored_versions()  # connect before the start line, so all writers start together
+    while not os.path.exists(go):
+        time.sleep(0.005)
+    for i in range(%d):
+        board.pin({"worker": worker, "i": i}, f"w{worker}-p{i}", description=f"from worker {worker}")
+""" % PINS_EACH)
+
+# stores a version, then dies (SIGKILL) where the index update would start
+CRASHER = textwrap.dedent("""
+    import json, os, signal, sys
+    from pinstorm import boards
+    from pinstorm.boards.fs_board import FsBoard
+    options = json.loads(sys.argv[1])
+    board = boards.board_register(options.pop("kind"), name="shared", **options)
+    FsBoard._update_index = lambda self, *a, **k: os.kill(os.getpid(), signal.SIGKILL)
+    board.pin({"lost": True}, sys.argv[2])
+""")
+
+
+def _options(kind: str, server, bucket: str, tmp_path: Path) -> dict:
+    if kind == "local":
+        return {"kind": "local", "path": str(tmp_path / "board-shared")}
+    return {"kind": kind, "bucket": bucket, "path": "team", "cache": str(tmp_path / "cache"),
+            **server.storage_options()}
+
+
+@pytest.fixture(params=["s3", "gcs"])
+def cloud(request, tmp_path, monkeypatch):
+    """(options for a fresh bucket board, the board) on moto's S3 or the GCS emulator."""
+    kind = request.param
+    server = request.getfixturevalue(f"{kind}_server")
+    if kind == "s3":  # the writers' credentials come from their environment (never from argv)
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3.KEY)
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3.SECRET)
+    bucket = f"idx-{uuid.uuid4().hex[:10]}"
+    options = _options(kind, server, bucket, tmp_path)
+    board = boards.board_register(**{"board" if k == "kind" else k: v for k, v in options.items()},
+                                  name="shared", create_bucket=True)
+    options = {k: v for k, v in options.items() if k not in ("key", "secret")}
+    return options, board
+
+
+def _index(board) -> dict[str, dict]:
+    text = board.fs.cat_file(f"{board.root}/data.txt")
+    return {e["name"]: e for e in yaml.safe_load(text)}
+
+
+def _run(script: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    r = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=120)
+    if check:
+        assert r.returncode == 0, r.stderr
+    return r
+
+
+def test_concurrent_writer_processes_lose_no_index_entry(cloud, tmp_path):
+    options, board = cloud
+    go = tmp_path / "go"
+    procs = [subprocess.Popen([sys.executable, "-c", WRITER, json.dumps(options), str(w), str(go)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for w in range(WRITERS)]
+    time.sleep(0.5)  # most writers have imported and connected by now; the rest join late
+    go.touch()
+    for p in procs:
+        _, err = p.communicate(timeout=180)
+        assert p.returncode == 0, err
+    expected = {f"w{w}-p{i}" for w in range(WRITERS) for i in range(PINS_EACH)}
+    index = _index(board)
+    assert set(index) == expected
+    for name, e in index.items():  # each entry points at the stored version, with its metadata
+        worker = int(name[1:].split("-")[0])
+        assert e["versions"] == board.list_versions(name) and e["description"] == f"from worker {worker}"
+    # and readers that only have HTTP see every pin
+    assert set(board.pin_find("")["name"]) == expected
+
+
+def test_a_writer_killed_before_the_index_update_is_repaired_by_the_next_write(cloud):
+    options, board = cloud
+    board.pin({"a": 1}, "first")
+    r = _run(CRASHER, json.dumps(options), "orphan", check=False)
+    assert r.returncode == -9
+    assert set(_index(board)) == {"first"}  # the version is stored but invisible over HTTP
+    assert board.list_versions("orphan")
+    board.pin({"b": 2}, "second")  # any later write repairs the index
+    assert set(_index(board)) == {"first", "orphan", "second"}
+    r = _run(CRASHER, json.dumps(options), "orphan2", check=False)
+    assert r.returncode == -9 and "orphan2" not in _index(board)
+    assert board.rebuild_index() == 4
+    index = _index(board)
+    assert set(index) == {"first", "orphan", "orphan2", "second"}
+    assert index["orphan2"]["versions"] == board.list_versions("orphan2")
+
+
+def test_repair_command_and_stale_entries(tmp_path):
+    """`pinstorm board repair` on a local board: lists crashed writers' pins, drops entries of pins
+    removed behind the board's back, keeps hand-written entries of other tools."""
+    options = _options("local", None, "", tmp_path)
+    board = boards.board_register("local", name="shared", path=options["path"], persist=True)
+    board.pin({"a": 1}, "kept")
+    board.pin({"a": 2}, "deleted")
+    assert _run(CRASHER, json.dumps(options), "orphan", check=False).returncode == -9
+    import shutil
+
+    shutil.rmtree(Path(options["path"]) / "deleted")
+    index_file = Path(options["path"]) / "data.txt"
+    entries = yaml.safe_load(index_file.read_text())
+    entries.append({"path": "https://example.org/legacy.csv", "name": "legacy", "type": "table"})
+    index_file.write_text(yaml.safe_dump(entries))
+    env = dict(os.environ)
+    exe = Path(sys.executable).parent / "pinstorm"
+    r = subprocess.run([str(exe), "board", "repair", "shared"], capture_output=True, text=True, env=env,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "lists 2 pin(s)" in r.stdout
+    index = {e["name"]: e for e in yaml.safe_load(index_file.read_text())}
+    assert set(index) == {"kept", "orphan", "legacy"}
+    assert index["legacy"]["path"] == "https://example.org/legacy.csv"

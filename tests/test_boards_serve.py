@@ -1,0 +1,40 @@
+"""serve_board: a client that hangs up mid-transfer is normal traffic, not a traceback."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+import time
+
+from pinstorm import boards
+
+
+def _handler_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if "process_request" in t.name]
+
+
+def test_clients_dropping_mid_transfer_print_no_traceback(tmp_path, capfd):
+    folder = tmp_path / "served"
+    folder.mkdir()
+    (folder / "big.bin").write_bytes(b"x" * (8 << 20))
+    with boards.serve_board(folder) as url:
+        port = int(url.rsplit(":", 1)[1])
+        for reset in (True, False):  # an abortive close (RST) and an orderly one
+            s = socket.create_connection(("127.0.0.1", port))
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.sendall(b"GET /big.bin HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert s.recv(4096).startswith(b"HTTP/1.1 200")
+            if reset:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            s.close()
+        deadline = time.monotonic() + 30
+        while _handler_threads() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _handler_threads(), "the server kept writing to clients that were gone"
+        # and it still serves
+        import requests
+
+        assert requests.get(f"{url}/big.bin", headers={"Range": "bytes=0-9"}, timeout=30).content == b"x" * 10
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "ConnectionResetError" not in err and "BrokenPipe" not in err, err
