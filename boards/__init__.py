@@ -13,6 +13,8 @@ from .errors import (BoardError, BoardNotRegistered, CredentialsError, DownloadE
                      VersionNotFound)
 from .registry import board_deregister, board_get, board_list, board_register
 from .parallel import PinFetchError, pin_get_many
+from .pins_api import (PinMetadata, cache_prune, pin_download, pin_meta, pin_read, pin_search, pin_upload,
+                       pin_version_delete, pin_versions_prune, pin_write, write_board_manifest)
 from .serve import serve_board
 
 
@@ -22,4 +24,7 @@ __all__ = [
     "PinFetchError", "StaleCacheWarning", "UnsafeArchive", "VersionNotFound", "board_deregister", "board_get",
     "board_list", "board_register", "pin", "pin_find", "pin_get", "pin_get_many", "pin_info",
     "pin_remove", "pin_versions", "serve_board",
+    # pins 1.x / pins-python names
+    "PinMetadata", "cache_prune", "pin_download", "pin_meta", "pin_read", "pin_search", "pin_upload",
+    "pin_version_delete", "pin_versions_prune", "pin_write", "write_board_manifest",
 ]

@@ -1,0 +1,164 @@
+"""The read-only board behind any URL: a `data.txt` index (R legacy, pinstorm) or, failing that, a
+pins 1.x `_pins.yaml` manifest (R pins 1.x's `write_board_manifest()`, pinstorm).
+
+R legacy boards written with `versions = TRUE` keep older copies of each pin in `<pin>/_versions/<sha1>/`
+and list them (newest first) in the pin's own data.txt; this board lists them too, oldest first and
+before `legacy` (the current copy, what `pin_get` returns by default), and fetches them as immutable
+versions (a version prefix such as R's 7-character short form selects one).
+
+A board that R 1.x or pins-python wrote and someone published on a static server or bucket has no
+data.txt; its manifest lists each pin's version folders, whose `data.txt` are ordinary pins 1.x
+metadata. Turned into index entries (`path`, `version`, `versions`), they are read by the same
+machinery as pinstorm's own versioned data.txt boards: immutable versions cached once, verified,
+served offline. An http(s) URL given to `board_register` becomes this board; it asks for data.txt
+first and remembers which of the two the server has.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import time
+from pathlib import Path
+
+from .board import Board
+from .cache import Cache
+from .datatxt_board import LEGACY, DatatxtBoard
+from .errors import DownloadError, MalformedMetadata, PinNotFound
+from .index import load_yaml
+from .manifest import MANIFEST_FILE, parse_manifest
+from .meta import PinMeta, parse_version
+from .paths import check_relative, check_segment
+
+DATATXT, MANIFEST = "datatxt", "manifest"
+
+
+class UrlBoard(DatatxtBoard):
+    kind = "url"
+
+    def __init__(self, name: str, url: str, *, cache: str | Path | Cache | None = None, versions: bool = True,
+                 headers: dict | None = None, index_max_age: float = 0, index: str = "auto", **options):
+        """`index`: "auto" (data.txt, else _pins.yaml), "datatxt" or "manifest"."""
+        if index not in ("auto", DATATXT, MANIFEST):
+            raise ValueError(f"url board {name!r}: index must be 'auto', 'datatxt' or 'manifest', got {index!r}")
+        stripped = url.rstrip("/")
+        if stripped.endswith("/" + MANIFEST_FILE):
+            url, index = stripped[: -len(MANIFEST_FILE) - 1], MANIFEST
+        super().__init__(name, url, cache=cache, versions=versions, headers=headers,
+                         index_max_age=index_max_age, **options)
+        self._mode = None if index == "auto" else index
+
+    @property
+    def manifest_url(self) -> str:
+        return f"{self.url}/{MANIFEST_FILE}"
+
+    def describe(self) -> str:
+        return self.manifest_url if self._mode == MANIFEST else self.url
+
+    def list_entries(self) -> list[dict]:
+        if self._mode != MANIFEST:
+            try:
+                entries = super().list_entries()
+                self._mode = DATATXT
+                return entries
+            except DownloadError as e:
+                if self._mode == DATATXT:
+                    raise
+                cached = self.cache.url_path(self.name, self.manifest_url).is_file()
+                if e.status != 404 and not cached:  # unreachable, and nothing to fall back on
+                    raise
+        return self._manifest_entries()
+
+    def _manifest_entries(self) -> list[dict]:
+        if self._parsed is not None and self._mode == MANIFEST \
+                and time.monotonic() - self._checked_at < self.index_max_age:
+            return self._parsed[1]
+        local = self._fetch_url(self.manifest_url, self.cache.url_path(self.name, self.manifest_url),
+                                max_bytes=self.max_index_bytes)
+        stat = local.stat()
+        key = [MANIFEST, stat.st_size, stat.st_mtime_ns]
+        if self._parsed is None or self._parsed[0] != key:
+            manifest = parse_manifest(local.read_bytes(), source=self.manifest_url, max_bytes=self.max_index_bytes)
+            self._parsed = (key, [_entry(name, paths, self.manifest_url) for name, paths in manifest.items()
+                                  if paths])
+        self._mode = MANIFEST
+        self._checked_at = time.monotonic()
+        return self._parsed[1]
+
+    # ---- R legacy versions (`versions = TRUE` boards) ------------------------------------
+    def _legacy_versions(self, entry: dict) -> dict[str, str]:
+        """version name (the sha1 folder name) -> its folder relative to the pin, oldest first."""
+        path = str(entry["path"])
+        if not (path.endswith("/") or "." not in posixpath.basename(path)):
+            return {}  # a single-file entry has no pin folder, hence no versions
+        url = self._abs(path.rstrip("/") + "/data.txt", pin=entry["name"])
+        try:
+            local = self._fetch_url(url, self.cache.url_path(self.name, url), max_bytes=self.max_index_bytes)
+        except DownloadError as e:
+            if e.status == 404:
+                return {}
+            raise
+        raw = load_yaml(local.read_bytes(), source=url, max_bytes=self.max_index_bytes)
+        listed = raw.get("versions") if isinstance(raw, dict) else None
+        out: dict[str, str] = {}
+        for rel in reversed([str(v) for v in (listed or []) if v]):  # R lists them newest first
+            rel = check_relative(rel.rstrip("/"), what="version path", pin=entry["name"], board=url)
+            out[check_segment(posixpath.basename(rel), pin=entry["name"], board=url)] = rel
+        return out
+
+    def _legacy_version_url(self, name: str, version: str) -> str:
+        entry = self._entry(name, revalidate=False)
+        rel = self._legacy_versions(entry).get(version)
+        if rel is None:
+            raise PinNotFound(f"legacy pin {name!r} on board {self.name!r} has no version {version!r}")
+        return self._abs(f"{str(entry['path']).rstrip('/')}/{rel}/", pin=name)
+
+    def _is_legacy_version(self, name: str, version: str) -> bool:
+        if version == LEGACY:
+            return False
+        entry = self._entry(name, revalidate=False)
+        return not self._is_versioned(entry)
+
+    def list_versions(self, name: str) -> list[str]:
+        entry = self._entry(name)
+        if self._is_versioned(entry):
+            return super().list_versions(name)
+        return [*self._legacy_versions(entry), LEGACY]
+
+    def read_meta(self, name: str, version: str) -> PinMeta:
+        if not self._is_legacy_version(name, version):
+            return super().read_meta(name, version)
+        url = self._legacy_version_url(name, version) + "data.txt"
+        raw = load_yaml(self._get(url), source=url, max_bytes=self.max_index_bytes)
+        if not isinstance(raw, dict):
+            raise MalformedMetadata(f"{url}: expected a mapping of fields")
+        raw.setdefault("type", self._entry(name, revalidate=False).get("type", "files"))
+        meta = PinMeta.from_dict(raw, source=url)
+        self._check_files(meta, name, url)
+        meta.name, meta.version = name, version
+        return meta
+
+    def download_file(self, name: str, version: str, file: str, dest: Path) -> None:
+        if not self._is_legacy_version(name, version):
+            return super().download_file(name, version, file, dest)
+        url = self._legacy_version_url(name, version) + check_relative(file, pin=name, board=self.url)
+        self._download(url, dest)  # the board's one HTTP client (datatxt_board.http_session)
+
+    def fetch(self, name: str, version: str | None = None, *, download: bool = True, trust_cache: bool = True):
+        if version in (None, LEGACY) or (download and self._is_versioned(self._entry(name))):
+            return super().fetch(name, version, download=download, trust_cache=trust_cache)
+        # a version of an R legacy pin: immutable (named by its content), so cached like pins 1.x ones
+        return Board.fetch(self, name, version, download=download, trust_cache=trust_cache)
+
+
+def _entry(name: str, paths: list[str], source: str) -> dict:
+    """An index entry for a manifest pin: its versions are the version folders under one pin folder."""
+    folders = [p.rstrip("/") for p in paths]
+    base = posixpath.dirname(folders[-1])
+    versions = [posixpath.basename(f) for f in folders if posixpath.dirname(f) == base]
+    if len(versions) != len(folders):
+        raise MalformedMetadata(f"{source}: pin {name!r} lists version folders under different parents "
+                                f"({', '.join(sorted({posixpath.dirname(f) for f in folders}))})")
+    versions.sort(key=lambda v: (parse_version(v) is None, v))
+    return {"path": f"{base}/{versions[-1]}/" if base else f"{versions[-1]}/", "name": name,
+            "version": versions[-1], "versions": versions, "description": "", "type": "",
+            "index": MANIFEST}
