@@ -9,10 +9,19 @@ Measured in one run, on the same files:
   - petastorm's row-wise path: make_reader (OpenCV decode) -> make_petastorm_dataset -> crop/resize,
   - `tf.keras.utils.image_dataset_from_directory` on the original folder.
 
+  - the same pyarrow reader with checksum verification off (`verify=False`): the cost of checking
+    footers and row-group checksums, as a ratio in the same run.
+
 Writes bench/results/pipeline.json and bench/results/pipeline.png. Target: make_dataset >= 0.9x the
 decode-only limit. `--quick` uses fewer images and one timed epoch.
 
+`--memory` instead measures convert's peak RSS on a tree of giant images (12000x12000 PNGs and JPEGs,
+~1.1 GB each to decode in full), each configuration in a fresh process: the defaults (40 MP pixel
+budget, 1 GB decode budget) against no pixel budget and an unbounded decode budget (what convert did
+before), on 2 threads. Writes bench/results/pipeline_memory.json.
+
     .venv/bin/python bench/bench_pipeline.py [--quick] [--images 800]
+    .venv/bin/python bench/bench_pipeline.py --memory [--giants 4]
 """
 
 from __future__ import annotations
@@ -21,6 +30,8 @@ import argparse
 import json
 import os
 import platform
+import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -84,7 +95,11 @@ def main(argv=None) -> int:
     parser.add_argument("--epochs", type=int, default=None, help="epochs per reader run (default 3, quick 2)")
     parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 4, quick 1)")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--memory", action="store_true", help="measure convert's peak RSS on giant images")
+    parser.add_argument("--giants", type=int, default=4, help="12000x12000 PNGs (and as many JPEGs) for --memory")
     args = parser.parse_args(argv)
+    if args.memory:
+        return memory_bench(args.giants, args.out)
     images = args.images or (240 if args.quick else 800)
     epochs = args.epochs or (2 if args.quick else 3)
     rounds = args.rounds or (1 if args.quick else 4)
@@ -163,9 +178,10 @@ def main(argv=None) -> int:
             ds = ds.map(train_fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
             return timed_images(ds.batch(BATCH).prefetch(tf.data.AUTOTUNE), total)
 
-        def ours(engine):
+        def ours(engine, verify=True):
             return lambda: timed_images(make_dataset(dataset_url, batch_size=BATCH, image_size=IMAGE_SIZE,
-                                                     num_epochs=epochs, engine=engine, shuffle_buffer=SHUFFLE_BUFFER),
+                                                     num_epochs=epochs, engine=engine, shuffle_buffer=SHUFFLE_BUFFER,
+                                                     verify=verify),
                                         total)
 
         def petastorm_rows():
@@ -206,6 +222,7 @@ def main(argv=None) -> int:
             "decode_only_limit": decode_only,
             "make_dataset_petastorm": ours("petastorm"),
             "make_dataset_pyarrow": ours("pyarrow"),
+            "make_dataset_pyarrow_unverified": ours("pyarrow", verify=False),
             "petastorm_make_reader_rows": petastorm_rows,
             "image_dataset_from_directory": from_directory,
         }, rounds)
@@ -216,6 +233,35 @@ def main(argv=None) -> int:
             # On a CPU-bound machine throughput follows CPU per image; this ratio is the least noisy one.
             entry["cpu_limit_ratio"] = round(limit["cpu_ms_per_img"] / entry["cpu_ms_per_img"], 3)
         results["read"] = read
+        checked, unchecked = read["make_dataset_pyarrow"], read["make_dataset_pyarrow_unverified"]
+        results["verification_cost"] = {
+            "ratio_verified_to_unverified_best": round(checked["img_s"] / unchecked["img_s"], 3),
+            "ratio_verified_to_unverified_median": round(checked["median_img_s"] / unchecked["median_img_s"], 3),
+            "cpu_ratio_unverified_to_verified": round(unchecked["cpu_ms_per_img"] / checked["cpu_ms_per_img"], 3),
+        }
+        # The checks alone, over every row group of the dataset (no decoding): ms per epoch.
+        from pinstorm.pipeline.metadata import read_info
+        from pinstorm.pipeline.storage import resolve
+        from pinstorm.pipeline.verify import check_parts, open_part, read_row_group
+
+        location = resolve(dataset_url)
+        stored = read_info(location)
+        plain = {**stored, "files": {n: {k: v for k, v in e.items() if k not in ("footer_xxh3", "row_group_xxh3")}
+                                     for n, e in stored["files"].items()}}
+
+        def read_all(meta):
+            start = time.perf_counter()
+            check_parts(location, meta)
+            for name in sorted(meta["files"]):
+                handle = open_part(location, meta, name)
+                for rg in range(meta["files"][name]["row_groups"]):
+                    read_row_group(handle, location, meta, name, rg)
+                handle.close()
+            return time.perf_counter() - start
+
+        reads = [(read_all(stored), read_all(plain)) for _ in range(5)]
+        results["verification_cost"]["epoch_read_ms_verified"] = round(1000 * min(r[0] for r in reads), 2)
+        results["verification_cost"]["epoch_read_ms_unverified"] = round(1000 * min(r[1] for r in reads), 2)
         results["target"] = {"make_dataset_ratio_to_decode_only": 0.9}
         for engine in ("petastorm", "pyarrow"):
             entry = read[f"make_dataset_{engine}"]
@@ -227,8 +273,73 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "pipeline.json").write_text(json.dumps(results, indent=2) + "\n")
     plot(results, args.out / "pipeline.png")
-    print(json.dumps({k: results[k] for k in ("convert", "read", "target")}, indent=1))
+    print(json.dumps({k: results[k] for k in ("convert", "read", "target", "verification_cost")}, indent=1))
     print(f"wrote {args.out / 'pipeline.json'} and {args.out / 'pipeline.png'}")
+    return 0
+
+
+_MEMORY_CHILD = """
+import json, os, resource, sys, time
+from pinstorm.pipeline import convert
+tree, out, max_pixels, budget = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), float(sys.argv[4])
+start = time.perf_counter()
+result = convert(tree, out, parallel=2, max_pixels=max_pixels, memory_budget_mb=budget, progress=False)
+print("RESULT" + json.dumps({"peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+                             "seconds": round(time.perf_counter() - start, 1), "rows": result.rows,
+                             "skipped": [s["reason"] for s in result.skipped],
+                             "reencoded": [r["reason"] for r in result.reencoded]}))
+"""
+
+
+def memory_bench(giants: int, out: Path) -> int:
+    """Peak RSS of convert on giant images, defaults against no limits, each in a fresh process."""
+    import numpy as np
+    from PIL import Image
+
+    from pinstorm.pipeline.samples import make_imagenet_size_tree
+
+    results = {"machine": {"cpus": os.cpu_count(), "load_average_at_start": os.getloadavg()[0]}, "giants": giants}
+    with tempfile.TemporaryDirectory(prefix="bench-memory-") as tmp:
+        tmp = Path(tmp)
+        tree = tmp / "tree"
+        make_imagenet_size_tree(tree, classes=2, per_class=20, seed=0)
+        classes = sorted(p for p in (tree / "ILSVRC" / "Data" / "CLS-LOC" / "train").iterdir())
+        t0 = time.perf_counter()
+        side = 12000
+        ramp = np.linspace(0, 255, side, dtype=np.float32)
+        pixels = np.empty((side, side, 3), np.uint8)
+        pixels[..., 0] = ramp[None, :]
+        pixels[..., 1] = ramp[:, None]
+        pixels[..., 2] = 128
+        image = Image.fromarray(pixels)
+        del pixels
+        png, jpeg = tmp / "giant.png", tmp / "giant.jpg"
+        image.save(png, compress_level=1)
+        image.save(jpeg, quality=85)
+        del image
+        for i in range(giants):
+            shutil.copy(png, classes[i % 2] / f"giant_{i}.png")
+            shutil.copy(jpeg, classes[i % 2] / f"giant_{i}.JPEG")
+        results["tree"] = {"png_mb": round(png.stat().st_size / 2**20, 1), "jpeg_mb": round(jpeg.stat().st_size / 2**20, 1),
+                           "seconds_to_build": round(time.perf_counter() - t0, 1), "normal_images": 40,
+                           "giant_pngs": giants, "giant_jpegs": giants, "side": side}
+        print(f"tree: {giants} PNGs ({results['tree']['png_mb']} MB) and {giants} JPEGs "
+              f"({results['tree']['jpeg_mb']} MB) of {side}x{side}, 40 normal JPEGs", flush=True)
+        configs = {"defaults (40 MP, 1024 MB budget)": (40_000_000, 1024),
+                   "no limits (as before)": (None, 1e9)}
+        results["runs"] = {}
+        for label, (max_pixels, budget) in configs.items():
+            done = subprocess.run([sys.executable, "-c", _MEMORY_CHILD, str(tree), str(tmp / f"ds-{len(results['runs'])}"),
+                                   json.dumps(max_pixels), str(budget)], capture_output=True, text=True)
+            if done.returncode != 0:
+                results["runs"][label] = {"error": done.stderr[-1500:]}
+            else:
+                results["runs"][label] = json.loads(done.stdout.split("RESULT", 1)[1])
+            print(f"  {label}: {results['runs'][label]}", flush=True)
+    results["machine"]["load_average_at_end"] = os.getloadavg()[0]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "pipeline_memory.json").write_text(json.dumps(results, indent=2) + "\n")
+    print(f"wrote {out / 'pipeline_memory.json'}")
     return 0
 
 

@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str, str | None]] = {
     "repartition": ("pinstorm.pipeline.cli", "repartition", "pipeline"),
     "convert": ("pinstorm.pipeline.cli", "convert", "pipeline"),
     "inspect": ("pinstorm.pipeline.cli", "inspect", "pipeline"),
+    "verify": ("pinstorm.pipeline.cli", "verify", "pipeline"),
     "train": ("pinstorm.training.cli", "train", "training"),
     "demo": ("pinstorm.training.cli", "demo", "training"),
 }

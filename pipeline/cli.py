@@ -52,8 +52,12 @@ def repartition(root, board, zip_, parallel):
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the row shuffle.")
 @click.option("--parallel", type=int, default=None, help="Threads reading and checking images.")
 @click.option("--overwrite", is_flag=True, help="Replace a finished dataset built from other inputs.")
+@click.option("--max-pixels", type=int, default=None,
+              help="Per-image pixel budget (default 40000000): larger JPEGs are downscaled, other images skipped.")
+@click.option("--memory-budget-mb", type=float, default=None,
+              help="Decoded pixels all threads may hold at once (default 1024).")
 def convert(source, output, partitions, split, slice_, classes_from, row_group_size_mb, min_row_groups, seed,
-            parallel, overwrite):
+            parallel, overwrite, max_pixels, memory_budget_mb):
     """Convert SOURCE (an image folder or board://<board>) to a Parquet dataset at OUTPUT.
 
     OUTPUT: a folder, any fsspec URL (s3://, gs://, ...), or board://<board>/<pin>.
@@ -73,16 +77,22 @@ def convert(source, output, partitions, split, slice_, classes_from, row_group_s
             raise click.BadParameter("--partition needs a board:// SOURCE", param_hint="--partition")
         source_obj = source
     classes = dataset_info(classes_from)["classes"] if classes_from else None
+    limits = {key: value for key, value in (("max_pixels", max_pixels), ("memory_budget_mb", memory_budget_mb))
+              if value is not None}
     result = run(source_obj, output, partitions=partitions, split=split, classes=classes, seed=seed,
                  row_group_size_mb=row_group_size_mb, min_row_groups=min_row_groups, parallel=parallel,
-                 overwrite=overwrite)
+                 overwrite=overwrite, **limits)
     click.echo(f"{result.url}: {result.rows} rows, {len(result.classes)} classes, {result.row_groups} row groups "
                f"in {result.partitions} part(s), {result.bytes / 2**20:.1f} MB"
                + (f", {result.images_per_second:.0f} images/s" if result.images_read else " (already complete)"))
     if result.parts_reused:
         click.echo(f"resumed: kept {result.parts_reused} part(s) from an interrupted run")
-    click.echo(f"re-encoded {len(result.reencoded)} (CMYK/grayscale/non-JPEG), skipped {len(result.skipped)} "
-               f"undecodable; report: {result.report_url}")
+    click.echo(f"re-encoded {len(result.reencoded)} (CMYK/grayscale/non-JPEG/16-bit/downscaled; "
+               f"{result.reoriented} for their EXIF orientation), skipped {len(result.skipped)}; "
+               f"report: {result.report_url}")
+    if result.empty_classes:
+        click.echo(f"{len(result.empty_classes)} class(es) without images keep their label: "
+                   f"{', '.join(result.empty_classes[:10])}{' ...' if len(result.empty_classes) > 10 else ''}")
     for entry in result.skipped[:20]:
         click.echo(f"  skipped {entry['path']}: {entry['reason']}")
     if len(result.skipped) > 20:
@@ -111,3 +121,15 @@ def inspect(dataset, sheet, no_sheet, samples, as_json):
         click.echo(json.dumps(summary, indent=1))
     else:
         click.echo(format_summary(summary))
+
+
+@click.command()
+@click.argument("dataset")
+@click.option("--decode", is_flag=True, help="Also decode every image (slow: Pillow, one thread).")
+def verify(dataset, decode):
+    """Check every part and row group of DATASET against the checksums recorded at conversion."""
+    from .verify import verify_dataset
+
+    found = verify_dataset(dataset, decode=decode)
+    click.echo(f"{dataset}: {found['parts']} part(s), {found['row_groups']} row groups, {found['rows']} rows: "
+               f"all checksums match" + (", every image decodes" if decode else ""))

@@ -9,8 +9,17 @@ in `classes`), ``wnid``, ``filename`` (the original file name), ``height``, ``wi
   at least `min_row_groups` (row groups are the unit readers shard and shuffle by), a multiple of
   `partitions`. Part file *p* holds the p-th slice of row groups, so N partitions are N balanced
   shards.
+* Labels are the index of the wnid in `classes`, an explicit list recorded in the metadata; classes
+  without a single row keep their label and are reported (`ConvertResult.empty_classes`, a warning).
 * Files that do not decode to an image are skipped and listed in ``_pinstorm_report.json`` and in
-  the returned `ConvertResult` - never a crash, never a silent drop.
+  the returned `ConvertResult` - never a crash, never a silent drop. Re-encoded images are listed
+  with the reason (mode, format, EXIF orientation, high bit depth, downscaled).
+* Memory is bounded whatever the inputs: an image over `max_pixels` is refused from its header
+  (or, a JPEG, decoded at a reduced DCT scale), and the threads together hold at most
+  `memory_budget_mb` of decoded pixels (`_MemoryBudget`), so one thread per CPU cannot add up to
+  gigabytes on a tree of giant PNGs.
+* Each part's size, footer checksum and per-row-group content checksums are recorded (see
+  `pipeline.verify`); readers check them before delivering rows.
 * Each part is written under a temporary name and renamed when whole; progress is recorded in
   ``_pinstorm_progress.json``; ``_common_metadata``, written last, is what makes the folder a
   dataset. Re-running an interrupted conversion with the same inputs keeps the finished parts and
@@ -19,6 +28,7 @@ in `classes`), ``wnid``, ``filename`` (the original file name), ``height``, ``wi
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -27,25 +37,30 @@ import os
 import random
 import shutil
 import tempfile
+import threading
 import time
+import warnings
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-from .images import UndecodableImage, check_image
-from .layout import Layout, scan
+from .images import DEFAULT_MAX_PIXELS, UndecodableImage, check_image, decode_cost, read_header
+from .layout import EmptyClassesWarning, Layout, scan
 from .metadata import (ARROW_SCHEMA, COMMON_METADATA, FORMAT_VERSION, PART_PREFIX, PROGRESS, REPORT, TMP_PREFIX,
                        part_name, read_info, write_common_metadata)
 from pinstorm.progress import progress_bar
 from .storage import is_board_url, parse_board_url, resolve
+from .verify import CHECKSUM, footer_digest, table_digest, writer_options
 from pinstorm.errors import PinstormError
 
 log = logging.getLogger(__name__)
 
-PLAN_VERSION = 1
+PLAN_VERSION = 2
+DEFAULT_MEMORY_BUDGET_MB = 1024   # decoded pixels held by all threads at once
 
 
 class DatasetExistsError(PinstormError, FileExistsError):
@@ -63,11 +78,17 @@ class ConvertResult:
     bytes: int
     classes: list[str]
     skipped: list[dict] = field(default_factory=list)     # {"path", "reason"}
-    reencoded: list[dict] = field(default_factory=list)   # {"path", "format", "mode"}
+    reencoded: list[dict] = field(default_factory=list)   # {"path", "format", "mode", "reason"}
     seconds: float = 0.0
     images_read: int = 0          # images read in this run (0 when the dataset was already complete)
     parts_reused: int = 0         # parts kept from an interrupted earlier run
     report_url: str = ""
+    empty_classes: list[str] = field(default_factory=list)   # classes that got no row (labels kept)
+
+    @property
+    def reoriented(self) -> int:
+        """Images re-encoded to apply their EXIF orientation."""
+        return sum("EXIF orientation" in r.get("reason", "") for r in self.reencoded)
 
     @property
     def images_per_second(self) -> float:
@@ -82,13 +103,18 @@ class ConvertResult:
 
 
 def _source_items(source, classes, split):
-    """(items [(path, wnid)], classes, names, description) from a Layout, a data map or a folder."""
+    """(items [(path, wnid)], classes, names, description, scope) from a Layout, a data map or a folder.
+
+    `scope`: the classes this source is expected to fill (a slice's own categories), for reporting
+    empty classes; `classes`: every label, possibly more.
+    """
     if isinstance(source, (str, os.PathLike)) and not is_board_url(source):
         source = scan(source)
     if isinstance(source, Layout):
         items = source.items(split)
         default_classes, names = source.classes, dict(source.names)
         description = f"{source.root} ({source.kind}, {split})"
+        scope = None
     elif isinstance(source, Mapping):
         missing = {"image", "category"} - set(source)
         if missing:
@@ -98,9 +124,14 @@ def _source_items(source, classes, split):
             raise ValueError(f"data map: {len(images)} images but {len(categories)} categories")
         items = [(os.fspath(p), str(c)) for p, c in zip(images, categories)]
         # `classes` (all wnids, set by imagenet_partition) keeps labels global when one slice is converted.
-        default_classes = list(source.get("classes") or source.get("categories") or sorted(set(categories)))
+        default_classes = list(source.get("classes") or source.get("categories") or [])
+        if not default_classes and classes is None:
+            default_classes = sorted(set(categories))
+            log.warning("data map without `classes`: labels number its own %d categories; pass classes= (or "
+                        "a map from imagenet_partition) so that other conversions agree", len(default_classes))
         names = dict(source.get("names") or {})
         description = f"data map of {len(items)} images"
+        scope = [str(c) for c in source["categories"]] if source.get("categories") is not None else None
     else:
         raise TypeError(f"source must be a Layout, a data map or a folder, not {type(source).__name__}")
     if not items:
@@ -114,7 +145,7 @@ def _source_items(source, classes, split):
         raise ValueError(f"{description}: images of classes missing from `classes`: "
                          f"{', '.join(unknown[:5])}{' ...' if len(unknown) > 5 else ''}")
     names = {wnid: names.get(wnid, wnid) for wnid in classes}
-    return items, classes, names, description
+    return items, classes, names, description, (classes if scope is None else scope)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -133,7 +164,7 @@ class _Plan:
         return range(part * per_part, (part + 1) * per_part)
 
 
-def _plan(items, classes, partitions, row_group_size_mb, min_row_groups, seed) -> _Plan:
+def _plan(items, classes, partitions, row_group_size_mb, min_row_groups, seed, limits=()) -> _Plan:
     if partitions < 1:
         raise ValueError(f"partitions must be at least 1, got {partitions}")
     n = len(items)
@@ -158,7 +189,7 @@ def _plan(items, classes, partitions, row_group_size_mb, min_row_groups, seed) -
     bounds = [(g * n // groups, (g + 1) * n // groups) for g in range(groups)]
 
     digest = hashlib.sha256()
-    digest.update(json.dumps([PLAN_VERSION, classes, partitions, bounds]).encode())
+    digest.update(json.dumps([PLAN_VERSION, classes, partitions, bounds, limits]).encode())
     for path, _, label in rows:
         digest.update(f"{path}\0{label}\n".encode())
     return _Plan(rows, bounds, partitions, digest.hexdigest()[:32])
@@ -168,20 +199,57 @@ def _plan(items, classes, partitions, row_group_size_mb, min_row_groups, seed) -
 # Writing
 
 
-def _load(row):
-    """Read and check one file: (row, CheckedImage) or (row, reason it was skipped)."""
+class _MemoryBudget:
+    """Bytes of decoded pixels the reading threads may hold at once; a thread waits for its share.
+
+    One image costs what `images.decode_cost` estimates from its header (12 bytes a pixel for a full
+    decode, 1/64 of that for the 1/8-scale check of a normal JPEG). A cost over the whole budget
+    waits until it runs alone.
+    """
+
+    def __init__(self, limit_bytes: int):
+        self.limit, self.used, self.peak = max(1, int(limit_bytes)), 0, 0
+        self._cond = threading.Condition()
+
+    @contextmanager
+    def hold(self, cost: int):
+        cost = min(max(0, int(cost)), self.limit)
+        with self._cond:
+            self._cond.wait_for(lambda: self.used + cost <= self.limit)
+            self.used += cost
+            self.peak = max(self.peak, self.used)
+        try:
+            yield
+        finally:
+            with self._cond:
+                self.used -= cost
+                self._cond.notify_all()
+
+
+def _load(row, max_pixels, budget):
+    """Read and check one file: (row, CheckedImage) or (row, reason it was skipped).
+
+    The header is read first, so an image too large for `max_pixels` is refused without reading it
+    whole, and the decode waits for its share of the memory budget.
+    """
     path = row[0]
+    name = os.path.basename(path)
     try:
         with open(path, "rb") as handle:
-            data = handle.read()
-        return row, check_image(data, name=os.path.basename(path))
+            if os.fstat(handle.fileno()).st_size == 0:
+                return row, "empty file"
+            header = read_header(handle, name=name)
+            with budget.hold(decode_cost(header, max_pixels)):
+                handle.seek(0)
+                data = handle.read()
+                return row, check_image(data, name=name, max_pixels=max_pixels)
     except UndecodableImage as error:
         return row, str(error).split(": ", 1)[-1]
     except OSError as error:
         return row, f"unreadable: {error.strerror or error}"
 
 
-def _write_part(location, plan, part, pool, advance) -> dict:
+def _write_part(location, plan, part, pool, advance, load) -> dict:
     """Write one part file (temporary name, then rename); return its entry for the progress file."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -189,18 +257,20 @@ def _write_part(location, plan, part, pool, advance) -> dict:
     name = part_name(part, plan.partitions)
     tmp = location.join(TMP_PREFIX + name)
     groups = list(plan.part_groups(part))
-    entry = {"rows": 0, "row_group_rows": [], "skipped": [], "reencoded": [], "class_rows": {}}
+    entry = {"rows": 0, "row_group_rows": [], "row_group_xxh3": [], "skipped": [], "reencoded": [],
+             "class_rows": {}}
 
     def submit(g):
         start, stop = plan.bounds[g]
-        return [pool.submit(_load, row) for row in plan.rows[start:stop]]
+        return [pool.submit(load, row) for row in plan.rows[start:stop]]
 
     pending = submit(groups[0]) if groups else []
     # A native file for local folders: pyarrow then writes without Python file objects (or the GIL).
     with (pa.OSFile(tmp, "wb") if location.is_local else location.fs.open(tmp, "wb")) as handle:
         writer = pq.ParquetWriter(handle, ARROW_SCHEMA, compression={"image": "NONE", "label": "SNAPPY",
                                   "wnid": "SNAPPY", "filename": "SNAPPY", "height": "SNAPPY", "width": "SNAPPY"},
-                                  use_dictionary=["wnid"], write_statistics=["label", "height", "width"])
+                                  use_dictionary=["wnid"], write_statistics=["label", "height", "width"],
+                                  **writer_options())
         try:
             for position, g in enumerate(groups):
                 current = pending
@@ -214,7 +284,7 @@ def _write_part(location, plan, part, pool, advance) -> dict:
                         continue
                     if checked.reencoded:
                         entry["reencoded"].append({"path": path, "format": checked.original_format,
-                                                   "mode": checked.original_mode})
+                                                   "mode": checked.original_mode, "reason": checked.reason})
                     columns["image"].append(checked.data)
                     columns["label"].append(label)
                     columns["wnid"].append(wnid)
@@ -228,12 +298,14 @@ def _write_part(location, plan, part, pool, advance) -> dict:
                 writer.write_table(table, row_group_size=len(table))
                 entry["rows"] += len(table)
                 entry["row_group_rows"].append(len(table))
+                entry["row_group_xxh3"].append(table_digest(table))
         finally:
             writer.close()
             for future in pending:
                 future.cancel()
     location.fs.mv(tmp, location.join(name))
     entry["bytes"] = location.fs.size(location.join(name))
+    entry["footer_xxh3"] = footer_digest(location.fs, location.join(name), entry["bytes"])
     return entry
 
 
@@ -289,7 +361,9 @@ def _prepare_output(location, plan, overwrite):
     done = {}
     if progress and progress.get("plan") == plan.digest and not overwrite:
         for name, entry in progress.get("parts", {}).items():
-            if name in names and location.fs.size(location.join(name)) == entry.get("bytes"):
+            path = location.join(name)
+            if name in names and location.fs.size(path) == entry.get("bytes") and \
+                    _footer_or_none(location, path, entry["bytes"]) == entry.get("footer_xxh3"):
                 done[name] = entry
     stale = [n for n in names if _ours(n) and n not in done and n != PROGRESS]
     _clear(location, stale)
@@ -298,11 +372,19 @@ def _prepare_output(location, plan, overwrite):
     return None, done
 
 
+def _footer_or_none(location, path, size):
+    try:
+        return footer_digest(location.fs, path, size)
+    except (OSError, ValueError):
+        return None
+
+
 def convert(source, output_url, *, partitions: int = 1, row_group_size_mb: float = 32,
             min_row_groups: int = 16, classes=None, split: str = "train", seed: int = 0,
             parallel: int | None = None, overwrite: bool = False, storage_options: dict | None = None,
             progress: bool | None = None, on_part: Callable[[str, dict], None] | None = None,
-            description: str | None = None) -> ConvertResult:
+            description: str | None = None, max_pixels: int | None = DEFAULT_MAX_PIXELS,
+            memory_budget_mb: float = DEFAULT_MEMORY_BUDGET_MB) -> ConvertResult:
     """Convert images to a petastorm-format Parquet dataset at `output_url`; return a `ConvertResult`.
 
     `source`: a `Layout` (from `scan`), a data map ``{image: [paths], category: [wnids], ...}`` (from
@@ -315,33 +397,51 @@ def convert(source, output_url, *, partitions: int = 1, row_group_size_mb: float
     `storage_options`), or ``board://<board>/<pin>`` to pin the finished folder to a board.
     `partitions` part files of balanced row groups; `parallel` threads read and check images
     (default: CPU count). `on_part(name, entry)` is called after each part is safely stored.
+
+    `max_pixels` (default 40 MP, None: no limit): a larger JPEG is decoded at a reduced DCT scale and
+    re-encoded, a larger image of another format skipped ("too large"). `memory_budget_mb` (default
+    1024): decoded pixels all threads may hold at once; with both, peak memory stays near 1.5 GB
+    whatever the tree holds.
     """
     started = time.monotonic()
-    items, classes, names, source_description = _source_items(source, classes, split)
-    plan = _plan(items, classes, partitions, row_group_size_mb, min_row_groups, seed)
+    if max_pixels is not None and max_pixels < 1:
+        raise ValueError(f"max_pixels must be None or positive, got {max_pixels!r}")
+    if memory_budget_mb <= 0:
+        raise ValueError(f"memory_budget_mb must be positive, got {memory_budget_mb!r}")
+    items, classes, names, source_description, scope = _source_items(source, classes, split)
+    plan = _plan(items, classes, partitions, row_group_size_mb, min_row_groups, seed, [max_pixels])
+    budget = _MemoryBudget(memory_budget_mb * 2**20)
+    load = functools.partial(_load, max_pixels=max_pixels, budget=budget)
     if is_board_url(output_url):
         result = _convert_to_board(plan, classes, names, split, output_url, parallel=parallel,
                                    overwrite=overwrite, progress=progress, on_part=on_part,
-                                   description=description or source_description, started=started, seed=seed)
+                                   description=description or source_description, started=started, seed=seed,
+                                   load=load)
     else:
         result = _convert(plan, classes, names, split, resolve(output_url, storage_options), parallel=parallel,
                           overwrite=overwrite, progress=progress, on_part=on_part,
-                          source=description or source_description, started=started, seed=seed)
+                          source=description or source_description, started=started, seed=seed, load=load)
     if result.skipped and result.images_read:
-        log.warning("%s: skipped %d undecodable file(s), listed in %s", result.url, len(result.skipped),
-                    result.report_url)
+        log.warning("%s: skipped %d file(s), listed in %s", result.url, len(result.skipped), result.report_url)
+    in_scope = set(scope)
+    empty = result.empty_classes = [wnid for wnid in result.empty_classes if wnid in in_scope]
+    if empty and result.images_read:
+        message = (f"{result.url}: {len(empty)} of {len(scope)} classes have no row and keep their "
+                   f"label: {', '.join(empty[:5])}{' ...' if len(empty) > 5 else ''}")
+        warnings.warn(message, EmptyClassesWarning, stacklevel=2)
+        log.warning(message)
     return result
 
 
 def _convert(plan, classes, names, split, location, *, parallel, overwrite, progress, on_part, source,
-             started, seed) -> ConvertResult:
+             started, seed, load) -> ConvertResult:
     existing, done = _prepare_output(location, plan, overwrite)
     if existing is not None:
         report = _read_json(location, REPORT) or {}
         return ConvertResult(location.url, existing["rows"], existing["row_groups"], existing["partitions"],
                              existing["bytes"], existing["classes"], report.get("skipped", []),
                              report.get("reencoded", []), time.monotonic() - started, 0, plan.partitions,
-                             location.join(REPORT))
+                             location.join(REPORT), existing.get("empty_classes", []))
 
     todo = [p for p in range(plan.partitions) if part_name(p, plan.partitions) not in done]
     total = sum(plan.bounds[g][1] - plan.bounds[g][0] for p in todo for g in plan.part_groups(p))
@@ -350,7 +450,7 @@ def _convert(plan, classes, names, split, location, *, parallel, overwrite, prog
             progress_bar("convert", total, unit="images", enabled=progress) as advance:
         for part in todo:
             name = part_name(part, plan.partitions)
-            parts[name] = _write_part(location, plan, part, pool, advance)
+            parts[name] = _write_part(location, plan, part, pool, advance, load)
             _write_json(location, PROGRESS, {"plan": plan.digest, "parts": parts})
             if on_part is not None:
                 on_part(name, parts[name])
@@ -363,14 +463,18 @@ def _convert(plan, classes, names, split, location, *, parallel, overwrite, prog
     if rows == 0:
         raise ValueError(f"none of the {len(plan.rows)} images could be read; see {location.join(PROGRESS)}")
     files = {n: {"rows": parts[n]["rows"], "row_groups": len(parts[n]["row_group_rows"]),
-                 "bytes": parts[n]["bytes"]} for n in ordered}
+                 "bytes": parts[n]["bytes"], "footer_xxh3": parts[n]["footer_xxh3"],
+                 "row_group_xxh3": parts[n]["row_group_xxh3"]} for n in ordered}
+    empty_classes = [wnid for wnid in classes if not class_rows[wnid]]
     info = {
         "format": FORMAT_VERSION, "rows": rows, "num_classes": len(classes), "classes": classes,
         "names": names, "class_rows": [class_rows[w] for w in classes], "split": split,
         "partitions": plan.partitions, "row_groups": sum(f["row_groups"] for f in files.values()),
         "row_group_rows": [r for n in ordered for r in parts[n]["row_group_rows"]],
         "files": files, "bytes": sum(f["bytes"] for f in files.values()),
-        "skipped": len(skipped), "reencoded": len(reencoded), "seed": seed, "plan": plan.digest,
+        "skipped": len(skipped), "reencoded": len(reencoded), "empty_classes": empty_classes,
+        "reoriented": sum("EXIF orientation" in r.get("reason", "") for r in reencoded),
+        "checksum": CHECKSUM, "seed": seed, "plan": plan.digest,
         "source": source, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
     _write_json(location, REPORT, {"rows": rows, "skipped": skipped, "reencoded": reencoded})
@@ -379,29 +483,36 @@ def _convert(plan, classes, names, split, location, *, parallel, overwrite, prog
     images_read = sum(plan.bounds[g][1] - plan.bounds[g][0] for p in todo for g in plan.part_groups(p))
     return ConvertResult(location.url, rows, info["row_groups"], plan.partitions, info["bytes"], classes,
                          skipped, reencoded, time.monotonic() - started, images_read, len(done),
-                         location.join(REPORT))
+                         location.join(REPORT), empty_classes)
 
 
 def _convert_to_board(plan, classes, names, split, url, *, parallel, overwrite, progress, on_part,
-                      description, started, seed) -> ConvertResult:
-    """Convert into a stable local folder (so an interrupted run resumes), then pin it unzipped.
+                      description, started, seed, load) -> ConvertResult:
+    """Convert into a private staging folder, then pin it unzipped.
 
+    The staging folder is a fresh `tempfile.mkdtemp` (mode 0700, unpredictable name), removed
+    afterwards: a fixed name in a shared /tmp let another local user plant files that were then
+    published inside the pin. An interrupted board conversion therefore starts over; to resume a
+    long one, convert to a folder (which resumes) and pin that.
     The dataset sits in a subfolder of the pin (``<pin>/part-*.parquet``): the pin's own version
     folder also holds its ``data.txt``, which petastorm would take for a Parquet file.
     """
     from pinstorm import boards
     board, pin = parse_board_url(url)
-    staging = Path(tempfile.gettempdir()) / f"pinstorm-convert-{board}-{pin}"
-    result = _convert(plan, classes, names, split, resolve(staging / pin), parallel=parallel, overwrite=overwrite,
-                      progress=progress, on_part=on_part, source=description, started=started, seed=seed)
-    info = read_info(resolve(staging / pin))
-    boards.pin(str(staging), name=pin, board=board, zip=False,
-               description=f"pinstorm dataset: {info['rows']} images of {info['num_classes']} classes "
-                           f"({split}) from {description}",
-               metadata={"pinstorm": {"rows": info["rows"], "num_classes": info["num_classes"],
-                                      "partitions": info["partitions"], "row_groups": info["row_groups"],
-                                      "split": split}})
-    shutil.rmtree(staging, ignore_errors=True)
+    staging = Path(tempfile.mkdtemp(prefix="pinstorm-convert-"))
+    try:
+        result = _convert(plan, classes, names, split, resolve(staging / pin), parallel=parallel,
+                          overwrite=overwrite, progress=progress, on_part=on_part, source=description,
+                          started=started, seed=seed, load=load)
+        info = read_info(resolve(staging / pin))
+        boards.pin(str(staging), name=pin, board=board, zip=False,
+                   description=f"pinstorm dataset: {info['rows']} images of {info['num_classes']} classes "
+                               f"({split}) from {description}",
+                   metadata={"pinstorm": {"rows": info["rows"], "num_classes": info["num_classes"],
+                                          "partitions": info["partitions"], "row_groups": info["row_groups"],
+                                          "split": split}})
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     result.url = url
     result.report_url = f"{url}/{REPORT}"
     return result

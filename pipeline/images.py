@@ -1,15 +1,23 @@
-"""Check that bytes hold a whole image, and make the few odd ones into plain RGB JPEGs.
+"""Check that bytes hold a whole image, and make the few odd ones into plain RGB JPEGs a reader sees right.
 
 Real ImageNet train holds CMYK JPEGs, one-channel JPEGs, a PNG named ``.JPEG``, and crawls also leave
-truncated and empty files. The stored column promises one thing to every reader (petastorm's
-``CompressedImageCodec``, ``tf.io.decode_jpeg``/``decode_and_crop_jpeg``, Pillow, Spark UDFs):
-*a 3-channel JPEG*. So:
+truncated and empty files, 16-bit scans, phone photos with an EXIF orientation and giant images. The
+stored column promises one thing to every reader (petastorm's ``CompressedImageCodec``,
+``tf.io.decode_jpeg``/``decode_and_crop_jpeg``, Pillow, Spark UDFs): *a 3-channel JPEG whose pixels
+are the ones a careful viewer shows*. So:
 
-* a three-channel (YCbCr or RGB) JPEG is kept byte for byte — the normal case, no quality lost;
-* any other decodable image (CMYK/YCCK or grayscale JPEG, PNG, GIF, ...) is converted to RGB and
-  re-encoded once as JPEG at quality 95, and reported as re-encoded. Grayscale is re-encoded too
-  because OpenCV (petastorm's decoder) would hand back a 2-D array, and PNG because
-  ``decode_and_crop_jpeg`` refuses it;
+* a three-channel (YCbCr or RGB) JPEG without a rotating EXIF orientation, within the pixel budget,
+  is kept byte for byte — the normal case, no quality lost;
+* any other decodable image is converted to RGB and re-encoded once as JPEG at quality 95, and
+  reported as re-encoded with the reason: CMYK/YCCK or grayscale JPEG, PNG, GIF, ... (grayscale
+  because OpenCV, petastorm's decoder, would hand back a 2-D array; PNG because
+  ``decode_and_crop_jpeg`` refuses it); an EXIF orientation other than 1 (applied, so
+  ``tf.io.decode_jpeg``, which ignores EXIF, sees what a browser shows); high bit depth (16-bit
+  ``I;16`` PNGs, mode ``I``/``F`` TIFFs: *scaled* to 8 bits, never clipped); transparency
+  (composited on white);
+* an image over `max_pixels` is a JPEG decoded at a reduced DCT scale (Pillow ``draft``: the full
+  image is never in memory) and re-encoded, or any other format skipped — decoding a 12000x12000
+  PNG takes ~1.1 GB;
 * anything that does not decode completely raises `UndecodableImage`; the converter skips it and
   lists it in its report.
 
@@ -21,18 +29,25 @@ work but none of the reading.
 from __future__ import annotations
 
 import io
+import math
 import warnings
 from dataclasses import dataclass
 
-from PIL import Image
+from PIL import Image, ImageOps
+
 from pinstorm.errors import PinstormError
 
 REENCODE_QUALITY = 95
+DEFAULT_MAX_PIXELS = 40_000_000   # 40 MP: above every ILSVRC image; ~0.5 GB at most to decode and convert
 _JPEG_FORMATS = {"JPEG", "MPO"}  # MPO: a JPEG with extra pictures appended; its first is the image
+_ORIENTATION = 0x0112
+_HIGH_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I", "F")
+# Bytes per pixel Pillow holds while an image is decoded and converted (decode + RGB copy + headroom).
+_BYTES_PER_PIXEL = 12
 
 
 class UndecodableImage(PinstormError, ValueError):
-    """Bytes that are empty, not an image, or an image cut short."""
+    """Bytes that are empty, not an image, an image cut short, or one too large to decode."""
 
 
 @dataclass(frozen=True)
@@ -41,25 +56,122 @@ class CheckedImage:
     width: int
     height: int
     original_format: str   # as Pillow names it: JPEG, PNG, ...
-    original_mode: str     # RGB, L, CMYK, ...
+    original_mode: str     # RGB, L, CMYK, I;16, ...
     reencoded: bool
+    reason: str = ""       # why it was re-encoded: "mode CMYK", "format PNG", "EXIF orientation 6", ...
 
 
-def check_image(data: bytes, *, name: str = "image") -> CheckedImage:
-    """Return the bytes to store for one image file, or raise `UndecodableImage` saying why."""
+@dataclass(frozen=True)
+class ImageHeader:
+    """What the header says, before any pixel is decoded: enough to budget memory."""
+
+    format: str
+    mode: str
+    width: int
+    height: int
+
+    @property
+    def pixels(self) -> int:
+        return self.width * self.height
+
+
+_SIGNATURES = {b"\xff\xd8\xff": "JPEG", b"\x89PNG": "PNG", b"GIF8": "GIF", b"II*\x00": "TIFF", b"MM\x00*": "TIFF",
+               b"BM": "BMP", b"RIFF": "WebP"}
+
+
+def _not_an_image(data: bytes) -> str:
+    """Why Pillow could not identify `data` (its first bytes at least): a cut-off or broken header of a
+    known format, or not an image at all."""
+    for magic, fmt in _SIGNATURES.items():
+        if data.startswith(magic):
+            return f"truncated or broken {fmt} header (first bytes: {data[:16]!r})"
+    return f"not an image (first bytes: {data[:16]!r})"
+
+
+def read_header(data_or_file, *, name: str = "image") -> ImageHeader:
+    """Format, mode and size from the header alone (no pixels decoded), or `UndecodableImage`."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            source = io.BytesIO(data_or_file) if isinstance(data_or_file, (bytes, bytearray)) else data_or_file
+            with Image.open(source) as image:
+                return ImageHeader(image.format or "?", image.mode, image.size[0], image.size[1])
+    except Image.UnidentifiedImageError:
+        if isinstance(data_or_file, (bytes, bytearray)):
+            first = bytes(data_or_file[:16])
+        else:
+            data_or_file.seek(0)
+            first = data_or_file.read(16)
+        raise UndecodableImage(f"{name}: {_not_an_image(first)}") from None
+    except Exception as error:
+        raise UndecodableImage(f"{name}: {error or type(error).__name__}") from None
+
+
+def decode_cost(header: ImageHeader, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> int:
+    """Bytes of memory checking this image may take (for the converter's global budget)."""
+    pixels = header.pixels
+    if header.format in _JPEG_FORMATS:
+        if max_pixels and pixels > max_pixels:
+            pixels //= _draft_factor(header.width, header.height, max_pixels) ** 2
+        elif header.mode == "RGB":
+            pixels = max(pixels // 64, 1)   # the 1/8-scale check; an EXIF rotation decodes in full, rare
+    elif max_pixels and pixels > max_pixels:
+        return 0   # refused from its header
+    return pixels * _BYTES_PER_PIXEL
+
+
+def _draft_factor(width: int, height: int, max_pixels: int) -> int:
+    """The smallest JPEG DCT reduction (1, 2, 4, 8) that brings the image within `max_pixels`."""
+    for factor in (1, 2, 4, 8):
+        if math.ceil(width / factor) * math.ceil(height / factor) <= max_pixels:
+            return factor
+    return 8
+
+
+def _orientation(image: Image.Image) -> int:
+    try:
+        return int(image.getexif().get(_ORIENTATION, 1) or 1)
+    except Exception:   # a broken EXIF block is no reason to refuse the image
+        return 1
+
+
+def check_image(data: bytes, *, name: str = "image", max_pixels: int | None = DEFAULT_MAX_PIXELS) -> CheckedImage:
+    """Return the bytes to store for one image file, or raise `UndecodableImage` saying why.
+
+    `max_pixels` (width x height, None: no limit): larger JPEGs are decoded at a reduced scale and
+    re-encoded, larger images of other formats refused ("too large").
+    """
     if not data:
         raise UndecodableImage(f"{name}: empty file")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            image = Image.open(io.BytesIO(data))
-            original_format, original_mode, size = image.format or "?", image.mode, image.size
-            if original_format in _JPEG_FORMATS and original_mode == "RGB":
-                image.draft("RGB", (max(1, size[0] // 8), max(1, size[1] // 8)))
+            try:
+                image = Image.open(io.BytesIO(data))
+            except Image.UnidentifiedImageError:
+                raise UndecodableImage(f"{name}: {_not_an_image(data)}") from None
+            fmt, mode, (width, height) = image.format or "?", image.mode, image.size
+            over = bool(max_pixels) and width * height > max_pixels
+            if fmt in _JPEG_FORMATS:
+                if over:
+                    factor = _draft_factor(width, height, max_pixels)
+                    image.draft("RGB", (math.ceil(width / factor), math.ceil(height / factor)))
+                    image.load()
+                    return _reencode(image, fmt, mode, f"downscaled from {width}x{height} (max_pixels "
+                                                       f"{max_pixels})", max_pixels=max_pixels)
+                orientation = _orientation(image)
+                if mode == "RGB" and orientation == 1:
+                    image.draft("RGB", (max(1, width // 8), max(1, height // 8)))
+                    image.load()
+                    return CheckedImage(data, width, height, "JPEG", mode, False)
                 image.load()
-                return CheckedImage(data, size[0], size[1], "JPEG", original_mode, False)
+                reason = f"EXIF orientation {orientation}" if orientation != 1 else f"mode {mode}"
+                return _reencode(image, fmt, mode, reason)
+            if over:
+                raise UndecodableImage(f"{name}: too large: {width}x{height} = {width * height / 1e6:.1f} MP, "
+                                       f"over max_pixels {max_pixels / 1e6:.1f} MP")
             image.load()
-            return _reencode(image, original_format, original_mode)
+            return _reencode(image, fmt, mode, f"format {fmt}" + (f", mode {mode}" if mode != "RGB" else ""))
     except UndecodableImage:
         raise
     except Exception as error:  # Pillow raises OSError, SyntaxError, ValueError... for broken files
@@ -67,7 +179,45 @@ def check_image(data: bytes, *, name: str = "image") -> CheckedImage:
         raise UndecodableImage(f"{name}: {reason}") from None
 
 
-def _reencode(image: Image.Image, original_format: str, original_mode: str) -> CheckedImage:
+def _to_8bit(image: Image.Image) -> Image.Image:
+    """A one-channel high-bit-depth image scaled to 8 bits over its nominal range (not clipped at 255)."""
+    import numpy as np
+
+    pixels = np.asarray(image)
+    if image.mode.startswith("I;16"):
+        top = 65535
+    else:   # mode I (32-bit TIFFs mostly hold 16-bit data) or F: judge the nominal range by the values
+        low, high = (float(pixels.min()), float(pixels.max())) if pixels.size else (0.0, 0.0)
+        if image.mode == "F" and low >= 0 and high <= 1:
+            top = 1.0
+        elif low >= 0 and high <= 255:
+            top = 255
+        elif low >= 0 and high <= 65535:
+            top = 65535
+        else:   # values outside any nominal range: stretch what is there
+            span = high - low or 1.0
+            scaled = ((pixels.astype(np.float32) - low) * (255.0 / span) + 0.5).astype(np.uint8)
+            return Image.fromarray(scaled, "L")
+    if isinstance(top, int):
+        wide = pixels.astype(np.uint32)   # in place from here: 4 bytes a pixel at most
+        wide *= 255
+        wide += top // 2
+        wide //= top
+        scaled = wide.astype(np.uint8)
+    else:
+        scaled = (np.clip(pixels, 0, 1) * 255.0 + 0.5).astype(np.uint8)
+    return Image.fromarray(scaled, "L")
+
+
+def _reencode(image: Image.Image, original_format: str, original_mode: str, reason: str, *,
+              max_pixels: int | None = None) -> CheckedImage:
+    if _orientation(image) != 1:   # exif_transpose copies even when there is nothing to do: ask first
+        image = ImageOps.exif_transpose(image)
+        if "EXIF orientation" not in reason:
+            reason += ", EXIF orientation applied"
+    if image.mode in _HIGH_BIT_MODES:
+        image = _to_8bit(image)
+        reason += ", high bit depth scaled to 8 bits"
     if image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info):
         # Composite on white, as a browser shows a transparent image on a page, rather than on black.
         rgba = image.convert("RGBA")
@@ -75,9 +225,12 @@ def _reencode(image: Image.Image, original_format: str, original_mode: str) -> C
         rgb.paste(rgba, mask=rgba.getchannel("A"))
     else:
         rgb = image.convert("RGB")
+    if max_pixels and rgb.width * rgb.height > max_pixels:   # a DCT scale step overshot: finish the job
+        factor = math.sqrt(max_pixels / (rgb.width * rgb.height))
+        rgb = rgb.resize((max(1, int(rgb.width * factor)), max(1, int(rgb.height * factor))), Image.LANCZOS)
     buffer = io.BytesIO()
     rgb.save(buffer, "JPEG", quality=REENCODE_QUALITY)
-    return CheckedImage(buffer.getvalue(), rgb.width, rgb.height, original_format, original_mode, True)
+    return CheckedImage(buffer.getvalue(), rgb.width, rgb.height, original_format, original_mode, True, reason)
 
 
 def decode_rgb(data: bytes):

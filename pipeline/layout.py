@@ -10,13 +10,20 @@ Three shapes are understood, tried in this order:
   PyTorch's ImageNet scripts produce);
 * a plain folder per class: ``<root>/<class>/*``, all of it train.
 
+The class list is explicit and stable: it is the train class *folders* (``LOC_synset_mapping.txt``
+when there is one), sorted, empty folders included — an empty class keeps its label and is reported
+with an `EmptyClassesWarning`, so no later class is silently renumbered and two trees (or two splits,
+or two slices of one tree) with the same folders always agree.
+
 Only file names are read (no image is opened), so scanning 1.28 M files takes seconds.
 """
 
 from __future__ import annotations
 
 import csv
+import logging
 import os
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from pinstorm.errors import PinstormError
@@ -26,16 +33,25 @@ VAL_SOLUTION = "LOC_val_solution.csv"
 SYNSET_MAPPING = "LOC_synset_mapping.txt"
 
 
+log = logging.getLogger(__name__)
+
+
 class LayoutError(PinstormError, ValueError):
     """A folder that is not an image tree we understand, or whose label files contradict it."""
+
+
+class EmptyClassesWarning(UserWarning):
+    """Class folders (or mapping entries) without a single image: they keep their label, but no row has it."""
 
 
 @dataclass
 class Layout:
     """The images of a tree: `train` and `val` as (path, wnid) pairs, sorted by path.
 
-    `classes` are the sorted class ids (wnids) of train (of val when there is no train);
-    `names` maps each to a human name (the wnid itself when no mapping file exists).
+    `classes` are the sorted class ids (wnids): every train class folder, empty ones included, or the
+    wnids of ``LOC_synset_mapping.txt`` when it exists (val's when there is no train folder);
+    `empty_classes` those without a train image. `names` maps each to a human name (the wnid itself
+    when no mapping file exists).
     `unlabelled` lists val images the solution file does not mention; they are not in `val`.
     """
 
@@ -46,6 +62,7 @@ class Layout:
     classes: list[str]
     names: dict[str, str]
     unlabelled: list[str] = field(default_factory=list)
+    empty_classes: list[str] = field(default_factory=list)
 
     def items(self, split: str = "train") -> list[tuple[str, str]]:
         """The (path, wnid) pairs of one split, or a clear error when the split has none."""
@@ -93,12 +110,13 @@ def _subfolders(folder: Path) -> list[Path]:
     return sorted(Path(e.path) for e in os.scandir(folder) if e.is_dir() and not e.name.startswith("."))
 
 
-def _class_tree(folder: Path) -> list[tuple[str, str]]:
-    """(path, class) for every image below each subfolder of `folder`."""
-    items = []
+def _class_tree(folder: Path) -> tuple[list[tuple[str, str]], list[str]]:
+    """(path, class) for every image below each subfolder of `folder`, and every class folder's name."""
+    items, folders = [], []
     for class_dir in _subfolders(folder):
+        folders.append(class_dir.name)
         items += [(path, class_dir.name) for path in _image_files(class_dir, recursive=True)]
-    return sorted(items)
+    return sorted(items), folders
 
 
 def _find_cls_loc(root: Path) -> Path | None:
@@ -149,7 +167,7 @@ def read_val_solution(path) -> dict[str, str]:
 
 
 def _scan_ilsvrc(root: Path, cls_loc: Path) -> Layout:
-    train = _class_tree(cls_loc / "train")
+    train, folders = _class_tree(cls_loc / "train")
     mapping_file = _find_file(SYNSET_MAPPING, cls_loc, root)
     names = read_synset_mapping(mapping_file) if mapping_file else {}
     val: list[tuple[str, str]] = []
@@ -165,19 +183,32 @@ def _scan_ilsvrc(root: Path, cls_loc: Path) -> Layout:
                 unlabelled.append(path)
             else:
                 val.append((path, wnid))
-    return _finish(root, "ilsvrc", train, val, names, unlabelled)
+    return _finish(root, "ilsvrc", train, val, names, unlabelled, folders=folders, mapping=mapping_file)
 
 
-def _finish(root, kind, train, val, names, unlabelled=()) -> Layout:
-    classes = sorted({wnid for _, wnid in train} or {wnid for _, wnid in val})
+def _finish(root, kind, train, val, names, unlabelled=(), *, folders=(), mapping=None) -> Layout:
+    if mapping is not None and names:
+        extra = sorted(set(folders) - set(names))
+        if extra:
+            raise LayoutError(f"{root}: class folders missing from {mapping}: "
+                              f"{', '.join(extra[:5])}{' ...' if len(extra) > 5 else ''}")
+        classes = sorted(names)
+    else:
+        classes = sorted(set(folders)) or sorted({wnid for _, wnid in val})
     unknown = sorted({wnid for _, wnid in val} - set(classes))
-    if train and unknown:
+    if (train or folders) and unknown:
         raise LayoutError(f"{root}: val images are labelled with classes that have no train folder: "
                           f"{', '.join(unknown[:5])}{' ...' if len(unknown) > 5 else ''}")
     if not train and not val:
         raise LayoutError(f"{root}: no images found (looked for {', '.join(sorted(IMAGE_SUFFIXES))} files)")
     names = {wnid: names.get(wnid, wnid) for wnid in classes}
-    return Layout(Path(root), kind, train, val, classes, names, list(unlabelled))
+    empty = [wnid for wnid in classes if wnid not in {w for _, w in train}] if train or folders else []
+    if empty:
+        message = (f"{root}: {len(empty)} of {len(classes)} classes have no train image and keep their label: "
+                   f"{', '.join(empty[:5])}{' ...' if len(empty) > 5 else ''}")
+        warnings.warn(message, EmptyClassesWarning, stacklevel=3)
+        log.warning(message)
+    return Layout(Path(root), kind, train, val, classes, names, list(unlabelled), empty)
 
 
 def scan(root) -> Layout:
@@ -192,10 +223,13 @@ def scan(root) -> Layout:
     split_names = {"train", "val", "validation"}
     if "train" in subfolders and subfolders <= split_names and _subfolders(root / "train"):
         val_name = "val" if "val" in subfolders else "validation" if "validation" in subfolders else None
-        val = _class_tree(root / val_name) if val_name else []
+        val = _class_tree(root / val_name)[0] if val_name else []
         mapping_file = root / SYNSET_MAPPING
         names = read_synset_mapping(mapping_file) if mapping_file.is_file() else {}
-        return _finish(root, "split-folders", _class_tree(root / "train"), val, names)
+        train, folders = _class_tree(root / "train")
+        return _finish(root, "split-folders", train, val, names, folders=folders,
+                       mapping=mapping_file if names else None)
     mapping_file = root / SYNSET_MAPPING
     names = read_synset_mapping(mapping_file) if mapping_file.is_file() else {}
-    return _finish(root, "folders", _class_tree(root), [], names)
+    train, folders = _class_tree(root)
+    return _finish(root, "folders", train, [], names, folders=folders, mapping=mapping_file if names else None)

@@ -18,6 +18,14 @@ global row-group index % shard count) and both are counted the same way:
 Epochs are counted, not trusted: each epoch is read by a fresh reader and its rows are counted
 against the dataset's metadata (or the shard's share of it). A reader that yields nothing is
 retried; one that stops short or runs over raises `IncompleteEpochError`.
+
+Parts are verified (`pipeline.verify`): `make_dataset` and then every epoch, before its first row,
+check that the shard's parts all exist with their recorded sizes (`MissingPartError`); each part's
+footer checksum is checked when it is opened and each row group's content checksum before its rows
+are handed on (`CorruptPartError`, naming part and row group). The petastorm engine reads row groups
+itself, so each batch it returns must match one of the shard's row-group checksums; on a mismatch
+the shard is re-read with pyarrow to name the part and row group. A stored value that is not a JPEG
+at all is refused naming its part, row group and original file name.
 TensorFlow is imported inside the functions, so ``import pipeline`` stays light.
 """
 
@@ -31,6 +39,7 @@ import numpy as np
 
 from .metadata import read_info
 from .storage import locate, petastorm_filesystem
+from .verify import (CorruptPartError, check_parts, open_part, read_row_group, rows_digest, verified)
 from pinstorm.errors import PinstormError
 
 log = logging.getLogger(__name__)
@@ -80,8 +89,14 @@ class _EpochSource:
         self.shuffle, self.base_seed, self.engine = shuffle, base_seed, engine
         self.retries, self.workers = retries, workers
 
+    def part_names(self) -> list[str]:
+        names = sorted(self.info["files"])
+        where = [name for name in names for _ in range(self.info["files"][name]["row_groups"])]
+        return sorted({where[g] for g in self.groups})
+
     def __call__(self, epoch):
         epoch = int(epoch)
+        check_parts(self.location, self.info, self.part_names())   # a missing part: before the first row
         for attempt in range(self.retries + 1):
             delivered = 0
             for images, labels in self._batches(epoch):
@@ -107,6 +122,11 @@ class _EpochSource:
         from petastorm import make_batch_reader
 
         sharded = self.shard is not None and self.shard[1] > 1
+        expected = None
+        if verified(self.info):
+            names = sorted(self.info["files"])
+            digests = [d for name in names for d in self.info["files"][name]["row_group_xxh3"]]
+            expected = {digests[g] for g in self.groups}
         _quiet_petastorm()
         reader = make_batch_reader(
             self.location.url, schema_fields=["image", "label"], num_epochs=1,
@@ -118,32 +138,61 @@ class _EpochSource:
             filesystem=petastorm_filesystem(self.location))
         try:
             for batch in reader:
-                yield np.asarray(batch.image, dtype=object), np.asarray(batch.label, dtype=np.int32)
+                images = np.asarray(batch.image, dtype=object)
+                labels = np.asarray(batch.label, dtype=np.int32)
+                if expected is not None and rows_digest(images, labels) not in expected:
+                    self._name_corruption()
+                _check_jpegs(images, self.location, self.info, None, None)
+                yield images, labels
         finally:
             reader.stop()
             reader.join()
 
-    def _arrow_batches(self, seed):
-        import pyarrow.parquet as pq
+    def _name_corruption(self):
+        """A petastorm batch matched no recorded checksum: find the part and row group with pyarrow."""
+        for _ in self._arrow_batches(None):
+            pass
+        raise CorruptPartError(f"{self.location.url}: a row group read by petastorm matches no recorded checksum "
+                               "(but pyarrow reads every row group intact: did petastorm split a row group?)")
 
+    def _arrow_batches(self, seed):
         names = sorted(self.info["files"])
         where = [(name, rg) for name in names for rg in range(self.info["files"][name]["row_groups"])]
         order = [where[g] for g in self.groups]
-        if self.shuffle:
+        if self.shuffle and seed is not None:
             random.Random(seed).shuffle(order)
         files = {}
         try:
             for name, rg in order:
-                if name not in files:   # local parts are memory-mapped: ~40 % less CPU per row than reads
-                    path = self.location.join(name)
-                    files[name] = (pq.ParquetFile(path, memory_map=True) if self.location.is_local
-                                   else pq.ParquetFile(self.location.fs.open(path, "rb")))
-                table = files[name].read_row_group(rg, columns=["image", "label"])
-                yield (table.column("image").to_numpy(zero_copy_only=False),
-                       table.column("label").to_numpy().astype(np.int32))
+                if name not in files:
+                    files[name] = open_part(self.location, self.info, name)
+                table = read_row_group(files[name], self.location, self.info, name, rg)
+                images = table.column("image").to_numpy(zero_copy_only=False)
+                _check_jpegs(images, self.location, self.info, name, rg, files[name])
+                yield images, table.column("label").to_numpy().astype(np.int32)
         finally:
             for handle in files.values():
                 handle.close()
+
+
+def _check_jpegs(images, location, info, name, rg, handle=None) -> None:
+    """Every stored value starts like a JPEG; else name part, row group and original file name.
+
+    Row groups with checksums hold exactly the bytes `convert` decoded, so this catches datasets
+    without checksums (and foreign ones) before libjpeg's "Invalid JPEG data" names nothing.
+    """
+    bad = [i for i, image in enumerate(images) if not bytes(image[:3]) == b"\xff\xd8\xff"]
+    if not bad:
+        return
+    filename = "?"
+    if handle is not None:
+        try:
+            filename = handle.read_row_group(rg, columns=["filename"]).column("filename")[bad[0]].as_py()
+        except Exception:
+            pass
+    where = f"{location.url}/{name} row group {rg}" if name else f"{location.url} (petastorm engine)"
+    raise CorruptPartError(f"{where}: row {bad[0]} ({filename}) is not a JPEG "
+                           f"(first bytes: {bytes(images[bad[0]][:16])!r}); {len(bad)} such row(s)")
 
 
 def _preprocess_fns(tf, image_size, training, crop_area, flip, eval_crop):
@@ -194,7 +243,7 @@ def make_dataset(url, *, batch_size: int, image_size=(224, 224), training: bool 
                  parallel: int | None = None, drop_remainder: bool = False, shuffle_buffer: int | None = None,
                  crop_area=(0.25, 1.0), flip: bool = True, eval_crop: float = 0.875, engine: str = "pyarrow",
                  reader_workers: int = 0, prefetch_rows: int | None = None, retries: int = 2,
-                 storage_options: dict | None = None):
+                 storage_options: dict | None = None, verify: bool = True):
     """A ``tf.data.Dataset`` of ``(images, labels)`` batches from a converted dataset.
 
     images: float32 ``[B, H, W, 3]`` with values in [0, 1]; labels: int32 ``[B]`` class indexes
@@ -216,6 +265,8 @@ def make_dataset(url, *, batch_size: int, image_size=(224, 224), training: bool 
     * `engine`: ``"pyarrow"`` (default, faster) or ``"petastorm"`` (petastorm's ``make_batch_reader``;
       `reader_workers=0` uses its dummy pool, N > 0 its thread pool, seen to end epochs early).
     * `prefetch_rows`: encoded rows queued ahead of decoding, across epoch boundaries (default 512).
+    * `verify`: check footer and row-group checksums (default; see `pipeline.verify`). Parts are
+      checked for presence and size before every epoch either way.
 
     `url`: a local folder, an fsspec URL (with `storage_options`), or ``board://<board>/<pin>``.
     Ready for ``model.fit`` and ``strategy.experimental_distribute_dataset`` (batch by the
@@ -240,10 +291,17 @@ def make_dataset(url, *, batch_size: int, image_size=(224, 224), training: bool 
     info = read_info(location)
     info["url"] = location.url
     groups = shard_row_groups(info, shard)
+    if not verify:
+        info["files"] = {name: {k: v for k, v in entry.items() if k not in ("footer_xxh3", "row_group_xxh3")}
+                         for name, entry in info["files"].items()}
+    elif not verified(info):
+        log.warning("%s: written by an older pinstorm, without checksums; convert it again to have its parts "
+                    "verified", location.url)
     shard = None if shard is None else (int(shard[0]), int(shard[1]))
     base_seed = seed if seed is not None else random.SystemRandom().randrange(2**31)
     source = _EpochSource(location, info, shard, groups, shuffle=shuffle, base_seed=base_seed, engine=engine,
                           retries=retries, workers=reader_workers)
+    check_parts(location, info, source.part_names())   # a missing part fails here, not mid-epoch
     if shuffle_buffer is None:
         mean_rows = max(1, source.expected // max(1, len(groups)))
         mean_bytes = max(1, info["bytes"] // max(1, info["rows"]))

@@ -25,8 +25,9 @@ CATEGORIES_PIN = "categories"
 def repartition(root, board, zip: bool = True, parallel: int | None = None, *, progress: bool | None = None):
     """Pin each train category of the tree at `root` (a folder or a `Layout`) to `board`; return the categories.
 
-    Pins: one per category, named by its wnid, holding its image files (a zip when `zip=True`), with
-    the human name as description; then ``categories``, a DataFrame of ``id``, ``name``, ``images``,
+    Pins: one per non-empty category, named by its wnid, holding its image files (a zip when
+    `zip=True`), with the human name as description; then ``categories`` (every class of the layout,
+    empty ones with 0 images, so labels stay the layout's), a DataFrame of ``id``, ``name``, ``images``,
     written last so a reader never sees a categories list whose pins are not all there.
     `parallel` categories are pinned at once (threads; default 4). Returns the categories DataFrame.
     Validation images are not pinned: convert them straight from the layout (``split="val"``).
@@ -36,18 +37,21 @@ def repartition(root, board, zip: bool = True, parallel: int | None = None, *, p
 
     layout = root if isinstance(root, Layout) else scan(root)
     items = layout.items("train")
-    by_class: dict[str, list[str]] = {}
+    by_class: dict[str, list[str]] = {wnid: [] for wnid in layout.classes}
     for path, wnid in items:
         by_class.setdefault(wnid, []).append(path)
+    # Every class of the layout is listed, empty ones included (with 0 images, and no pin): labels are
+    # indexes into this list, so dropping one would renumber every later class.
     classes = sorted(by_class)
+    filled = [wnid for wnid in classes if by_class[wnid]]
 
     def pin_one(wnid: str) -> None:
         boards.pin(by_class[wnid], name=wnid, board=board, zip=zip, description=layout.names.get(wnid, wnid),
                    metadata={"wnid": wnid, "name": layout.names.get(wnid, wnid), "images": len(by_class[wnid])})
 
-    with progress_bar("repartition", len(classes), unit="categories", enabled=progress) as advance, \
+    with progress_bar("repartition", len(filled), unit="categories", enabled=progress) as advance, \
             ThreadPoolExecutor(max_workers=parallel or 4) as pool:
-        for future in [pool.submit(pin_one, wnid) for wnid in classes]:
+        for future in [pool.submit(pin_one, wnid) for wnid in filled]:
             future.result()
             advance(1)
     categories = pd.DataFrame({"id": classes, "name": [layout.names.get(w, w) for w in classes],
@@ -81,9 +85,11 @@ def imagenet_partition(partition: int, partitions: int, board, parallel=None, *,
         raise ValueError(f"{partitions} partitions of {len(classes)} categories would leave some empty")
     start, stop = partition * len(classes) // partitions, (partition + 1) * len(classes) // partitions
     mine = classes[start:stop]
-    fetched = boards.pin_get_many(mine, board=board, parallel=parallel, extract=extract)
+    counts = dict(zip(classes, table["images"])) if "images" in table.columns else {}
+    wanted = [wnid for wnid in mine if counts.get(wnid, 1) > 0]   # empty categories have no pin
+    fetched = boards.pin_get_many(wanted, board=board, parallel=parallel, extract=extract)
     image, category = [], []
-    for wnid in mine:
+    for wnid in wanted:
         paths = fetched[wnid]
         if isinstance(paths, (str, os.PathLike)):
             paths = [paths]

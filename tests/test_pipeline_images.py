@@ -66,12 +66,12 @@ def test_transparent_png_is_composited_on_white():
 def test_truncated_empty_and_garbage_bytes_are_refused_with_a_reason():
     data = next(imagenet_size_jpegs(1, seed=2))
     for cut in (len(data) - 1, len(data) - 50, len(data) // 2, 700, 100, 3):
-        with pytest.raises(UndecodableImage, match="truncated|Truncated|cannot identify|broken"):
+        with pytest.raises(UndecodableImage, match="truncated|Truncated|broken"):
             check_image(data[:cut], name="cut.JPEG")
     with pytest.raises(UndecodableImage, match="x.JPEG: empty file"):
         check_image(b"", name="x.JPEG")
-    with pytest.raises(UndecodableImage, match="cannot identify"):
-        check_image(b"<html>404 not found</html>")
+    with pytest.raises(UndecodableImage, match=r"^page.html: not an image \(first bytes: b'<html>404 not fo'\)$"):
+        check_image(b"<html>404 not found</html>", name="page.html")
     png = _encode(_stripes(), "PNG")
     with pytest.raises(UndecodableImage):
         check_image(png[: len(png) // 2])

@@ -1,0 +1,205 @@
+"""Checksums of part files, checked before any of their rows reach a reader.
+
+Bytes flipped in a part file decode to a wrong image without a word (libjpeg only prints "Corrupt
+JPEG data"), and a missing part used to show only mid-epoch. So `convert` records, per part, its
+size, an xxh3-128 of its Parquet footer, and an xxh3-128 of every row group's *content* (image
+lengths, image bytes, labels); and every reader of pinstorm checks:
+
+* before an epoch starts: every part of the shard exists with its recorded size (one listing);
+* when a part is opened: its footer checksum (a small ranged read);
+* when a row group is read: its content checksum, before any of its rows is handed on.
+
+A content checksum (rather than one over file bytes) is the same whichever engine reads the row group
+(pyarrow's batches or petastorm's), costs one pass of a hash running at several GB/s over bytes
+already in memory, and stays valid under any pyarrow version. On pyarrow >= 15, parts are also
+written with Parquet page CRCs and read with their verification on (`PAGE_CRC`), which covers the
+columns the content checksum does not (wnid, filename, height, width) for every reader that checks
+them.
+
+Errors name the dataset, the part and the row group: `MissingPartError`, `CorruptPartError`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import xxhash
+
+from pinstorm.errors import PinstormError
+
+CHECKSUM = "xxh3_128 of image lengths (int32 LE), image bytes, labels (int32 LE)"
+PAGE_CRC = tuple(int(v) for v in pa.__version__.split(".")[:2]) >= (15, 0)
+_TAIL = 8   # Parquet ends with <footer length: uint32 LE> "PAR1"
+
+
+class CorruptPartError(PinstormError, OSError):
+    """A part file whose bytes differ from what `convert` wrote (size, footer or a row group)."""
+
+
+class MissingPartError(PinstormError, FileNotFoundError):
+    """A part file the dataset's metadata lists is not there."""
+
+
+def writer_options() -> dict:
+    """Extra `pq.ParquetWriter` keywords: page CRCs where pyarrow has them."""
+    return {"write_page_checksum": True} if PAGE_CRC else {}
+
+
+def reader_options() -> dict:
+    """Extra `pq.ParquetFile` keywords: verify page CRCs where pyarrow can."""
+    return {"page_checksum_verification": True} if PAGE_CRC else {}
+
+
+def _binary_parts(column):
+    """(lengths int32 array, [memoryviews of the bytes]) of a binary column, without a copy per row."""
+    lengths, data = [], []
+    for chunk in (column.chunks if isinstance(column, pa.ChunkedArray) else [column]):
+        if len(chunk) == 0:
+            continue
+        width = np.int64 if pa.types.is_large_binary(chunk.type) else np.int32
+        buffers = chunk.buffers()
+        offsets = np.frombuffer(buffers[1], dtype=width)[chunk.offset:chunk.offset + len(chunk) + 1]
+        lengths.append(np.diff(offsets).astype("<i4"))
+        if buffers[2] is not None and offsets[-1] > offsets[0]:
+            data.append(memoryview(buffers[2])[int(offsets[0]):int(offsets[-1])])
+    return (np.concatenate(lengths) if lengths else np.zeros(0, "<i4")), data
+
+
+def table_digest(table) -> str:
+    """Content checksum of a row group read as an Arrow table with ``image`` and ``label``."""
+    lengths, data = _binary_parts(table.column("image"))
+    digest = xxhash.xxh3_128()
+    digest.update(lengths.tobytes())
+    for piece in data:
+        digest.update(piece)
+    digest.update(np.asarray(table.column("label").to_numpy(), dtype="<i4").tobytes())
+    return digest.hexdigest()
+
+
+def rows_digest(images, labels) -> str:
+    """The same checksum over Python bytes and labels (what petastorm's batch reader hands back)."""
+    digest = xxhash.xxh3_128()
+    digest.update(np.fromiter((len(b) for b in images), dtype="<i4", count=len(images)).tobytes())
+    for image in images:
+        digest.update(image)
+    digest.update(np.asarray(labels, dtype="<i4").tobytes())
+    return digest.hexdigest()
+
+
+def footer_digest(fs, path: str, size: int | None = None) -> str:
+    """xxh3-128 of a Parquet file's footer and tail, read with two small ranged reads."""
+    size = fs.size(path) if size is None else size
+    with fs.open(path, "rb") as handle:
+        if size < 12:
+            raise ValueError(f"{size} bytes is too small for a Parquet file")
+        handle.seek(size - _TAIL)
+        tail = handle.read(_TAIL)
+        if tail[4:] != b"PAR1":
+            raise ValueError("no Parquet magic at the end of the file")
+        length = int.from_bytes(tail[:4], "little")
+        if length > size - 12:
+            raise ValueError(f"footer length {length} larger than the file")
+        handle.seek(size - _TAIL - length)
+        footer = handle.read(length)
+    return xxhash.xxh3_128(footer + tail).hexdigest()
+
+
+def verified(info: dict) -> bool:
+    """Whether the dataset carries checksums (pinstorm format 2 and later)."""
+    return all("row_group_xxh3" in entry for entry in info["files"].values())
+
+
+def check_parts(location, info: dict, names=None) -> None:
+    """Every listed part (or `names`) exists with its recorded size: one listing, no part opened."""
+    names = sorted(info["files"]) if names is None else sorted(names)
+    location.fs.invalidate_cache(location.path)
+    try:
+        listing = {entry["name"].rstrip("/").rsplit("/", 1)[-1]: entry.get("size")
+                   for entry in location.fs.ls(location.path, detail=True)}
+    except FileNotFoundError:
+        listing = {}
+    missing = [n for n in names if n not in listing]
+    if missing:
+        raise MissingPartError(f"{location.url}: {len(missing)} of {len(info['files'])} part file(s) missing: "
+                               f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''} (the dataset lost "
+                               "files after conversion; restore them or convert again)")
+    for name in names:
+        expected = info["files"][name].get("bytes")
+        if expected is not None and listing[name] is not None and listing[name] != expected:
+            raise CorruptPartError(f"{location.url}/{name}: {listing[name]} bytes, but conversion wrote {expected}: "
+                                   "the part changed after conversion")
+
+
+def open_part(location, info: dict, name: str):
+    """A `pq.ParquetFile` for one part, after its footer checksum matched (when recorded)."""
+    import pyarrow.parquet as pq
+
+    entry = info["files"][name]
+    path = location.join(name)
+    try:
+        if "footer_xxh3" in entry:
+            found = footer_digest(location.fs, path, entry.get("bytes"))
+            if found != entry["footer_xxh3"]:
+                raise CorruptPartError(f"{location.url}/{name}: footer checksum mismatch (the part changed after "
+                                       "conversion)")
+        if location.is_local:   # memory-mapped: ~40 % less CPU per row than reads
+            return pq.ParquetFile(path, memory_map=True, **reader_options())
+        return pq.ParquetFile(location.fs.open(path, "rb"), **reader_options())
+    except FileNotFoundError:
+        raise MissingPartError(f"{location.url}/{name}: part file missing") from None
+    except PinstormError:
+        raise
+    except Exception as error:
+        raise CorruptPartError(f"{location.url}/{name}: cannot be read as Parquet: {error}") from None
+
+
+def read_row_group(handle, location, info: dict, name: str, rg: int, columns=("image", "label")):
+    """Row group `rg` of an open part, after its content checksum matched (when recorded)."""
+    entry = info["files"][name]
+    columns = list(columns)
+    digests = entry.get("row_group_xxh3")
+    if digests is not None:
+        columns += [c for c in ("image", "label") if c not in columns]
+    try:
+        table = handle.read_row_group(rg, columns=columns)
+    except Exception as error:
+        raise CorruptPartError(f"{location.url}/{name} row group {rg}: cannot be read: {error}") from None
+    if digests is not None:
+        if rg >= len(digests) or table_digest(table) != digests[rg]:
+            raise CorruptPartError(f"{location.url}/{name} row group {rg}: checksum mismatch (the part changed "
+                                   "after conversion); none of its rows was delivered")
+    return table
+
+
+def verify_dataset(url, *, decode: bool = False, storage_options: dict | None = None) -> dict:
+    """Check every part and row group of a dataset; with `decode`, also decode every image (Pillow).
+
+    Returns ``{"parts": n, "row_groups": n, "rows": n}``; raises `MissingPartError`,
+    `CorruptPartError` or `UndecodableImage` naming the part, row group and original file name.
+    """
+    from .images import UndecodableImage, check_image
+    from .metadata import read_info
+    from .storage import locate
+
+    location = locate(url, storage_options)
+    info = read_info(location)
+    check_parts(location, info)
+    groups = rows = 0
+    for name in sorted(info["files"]):
+        handle = open_part(location, info, name)
+        try:
+            for rg in range(info["files"][name]["row_groups"]):
+                table = read_row_group(handle, location, info, name, rg,
+                                       columns=("image", "label", "filename") if decode else ("image", "label"))
+                if decode:
+                    for image, filename in zip(table.column("image").to_pylist(),
+                                               table.column("filename").to_pylist()):
+                        try:
+                            check_image(image, name=filename, max_pixels=None)
+                        except UndecodableImage as error:
+                            raise UndecodableImage(f"{location.url}/{name} row group {rg}: {error}") from None
+                groups += 1
+                rows += table.num_rows
+        finally:
+            handle.close()
+    return {"parts": len(info["files"]), "row_groups": groups, "rows": rows}
