@@ -3,6 +3,13 @@
 Archives come from boards anyone may write to, so every member is checked before anything is
 written: no absolute paths, no `..`, no links pointing out of the folder, no device files. The whole
 archive is unpacked into a temporary sibling folder that is renamed into place only when complete.
+
+Extraction is bounded (`ExtractLimits`): total bytes written, and the ratio of bytes written to the
+archive's size once past a small floor. Both are counted on the bytes actually written, never on
+what headers claim, so a zip or gzip bomb stops at the limit with `ArchiveTooLarge` and leaves
+nothing behind. Defaults: 64 GiB and 200:1 (deflate tops out near 1000:1 on zeros; real data
+sets compress 1.5-20:1). Raise them per call (`extract(..., limits=)`,
+`board.pin_get(..., extract_limits=)`) or per board (`max_extract_bytes=`, `max_extract_ratio=`).
 """
 
 from __future__ import annotations
@@ -13,11 +20,60 @@ import shutil
 import tarfile
 import uuid
 import zipfile
+import zlib
+from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 
-from .errors import UnsafeArchive
+from .errors import ArchiveTooLarge, UnsafeArchive
 
 ARCHIVE_SUFFIXES = (".zip", ".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".gz")
+
+
+_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class ExtractLimits:
+    """Bounds on one extraction. `None` switches a bound off (only do that for trusted archives)."""
+
+    max_bytes: int | None = 64 << 30  # total bytes written, all members together
+    max_ratio: float | None = 200.0  # bytes written / archive size ...
+    ratio_floor: int = 64 << 20  # ... checked once this many bytes were written (small files compress well)
+
+    @classmethod
+    def of(cls, value: "ExtractLimits | dict | None" = None, **overrides) -> "ExtractLimits":
+        """Limits from an ExtractLimits, a dict of its fields, or None (defaults), then `overrides`
+        that are not None (board options `max_extract_bytes=`, `max_extract_ratio=`)."""
+        base = value if isinstance(value, ExtractLimits) else cls(**(value or {}))
+        return replace(base, **{k: v for k, v in overrides.items() if v is not None})
+
+
+class _Budget:
+    """Counts bytes as they are written and stops the extraction at the first limit crossed."""
+
+    def __init__(self, archive: Path, limits: ExtractLimits):
+        self.archive, self.limits = archive, limits
+        self.size = max(archive.stat().st_size, 1)
+        self.written = 0
+
+    def add(self, n: int, member: str) -> None:
+        self.written += n
+        lim = self.limits
+        if lim.max_bytes is not None and self.written > lim.max_bytes:
+            raise ArchiveTooLarge(f"{self.archive.name}: extracting {member!r} passed {lim.max_bytes} bytes "
+                                  "(max_bytes); raise the limit with extract_limits= / max_extract_bytes= "
+                                  "if the archive is trusted")
+        if lim.max_ratio is not None and self.written > lim.ratio_floor \
+                and self.written > lim.max_ratio * self.size:
+            raise ArchiveTooLarge(f"{self.archive.name}: extracting {member!r} passed {self.written} bytes from a "
+                                  f"{self.size}-byte archive, more than {lim.max_ratio:g}:1 (max_ratio; an archive "
+                                  "bomb?); raise it with extract_limits= / max_extract_ratio= if trusted")
+
+    def copy(self, src, target: Path, member: str) -> None:
+        with open(target, "wb") as out:
+            while block := src.read(_CHUNK):
+                self.add(len(block), member)
+                out.write(block)
 
 
 def is_archive(path: str | Path) -> bool:
@@ -53,14 +109,43 @@ def _check_zip(archive: Path, zf: zipfile.ZipFile) -> None:
             raise UnsafeArchive(f"{archive.name}: member {info.filename!r} is a symbolic link")
 
 
-def extract(archive: str | Path, dest: str | Path) -> list[Path]:
+def _extract_zip(zf: zipfile.ZipFile, tmp: Path, budget: _Budget) -> None:
+    for info in zf.infolist():
+        target = tmp / info.filename.replace("\\", "/")
+        if info.is_dir():
+            target.mkdir(parents=True, exist_ok=True)
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with zf.open(info) as src:
+            budget.copy(src, target, info.filename)
+
+
+def _extract_tar(tf: tarfile.TarFile, tmp: Path, budget: _Budget) -> None:
+    for m in tf:  # streaming: one pass over a compressed tar
+        target = tmp / m.name
+        if m.isdir():
+            target.mkdir(parents=True, exist_ok=True)
+        elif m.isfile():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            src = tf.extractfile(m)
+            budget.copy(src, target, m.name)
+            os.chmod(target, 0o755 if m.mode & 0o100 else 0o644)
+        else:  # a link checked by _check_tar: let tarfile's "data" filter make it
+            budget.add(0, m.name)
+            tf.extract(m, tmp, filter="data")
+
+
+def extract(archive: str | Path, dest: str | Path, *, limits: ExtractLimits | dict | None = None) -> list[Path]:
     """Unpack `archive` into `dest` (created atomically) and return the extracted files, sorted.
 
     If `dest` already exists it is assumed complete (it only ever appears by rename) and reused.
+    `limits` bounds the bytes written (see `ExtractLimits`); crossing one raises `ArchiveTooLarge`
+    and removes everything written so far.
     """
     archive, dest = Path(archive), Path(dest)
     if dest.exists():
         return sorted(p for p in dest.rglob("*") if p.is_file())
+    budget = _Budget(archive, ExtractLimits.of(limits))
     tmp = dest.with_name(f".{dest.name}.tmp-{uuid.uuid4().hex[:8]}")
     tmp.mkdir(parents=True)
     try:
@@ -68,14 +153,14 @@ def extract(archive: str | Path, dest: str | Path) -> list[Path]:
         if name.endswith(".zip"):
             with zipfile.ZipFile(archive) as zf:
                 _check_zip(archive, zf)
-                zf.extractall(tmp)
+                _extract_zip(zf, tmp, budget)
         elif name.endswith((".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz")):
             with tarfile.open(archive) as tf:
                 _check_tar(archive, tf)
-                tf.extractall(tmp, filter="data")
+                _extract_tar(tf, tmp, budget)
         elif name.endswith(".gz"):
-            with gzip.open(archive, "rb") as src, open(tmp / archive.name[: -len(".gz")], "wb") as out:
-                shutil.copyfileobj(src, out, 1 << 20)
+            with gzip.open(archive, "rb") as src:
+                budget.copy(src, tmp / archive.name[: -len(".gz")], archive.name)
         else:
             raise UnsafeArchive(f"{archive.name}: not a zip, tar, tar.gz or gz archive")
         try:
@@ -83,7 +168,7 @@ def extract(archive: str | Path, dest: str | Path) -> list[Path]:
         except OSError:
             if not dest.exists():  # someone else may have finished first: theirs is as good as ours
                 raise
-    except (zipfile.BadZipFile, tarfile.TarError, EOFError, gzip.BadGzipFile) as e:
+    except (zipfile.BadZipFile, tarfile.TarError, EOFError, gzip.BadGzipFile, zlib.error) as e:
         raise UnsafeArchive(f"{archive.name}: damaged archive ({e})") from e
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -62,3 +62,18 @@ class DownloadError(BoardError, OSError):
 
 class CredentialsError(BoardError):
     """Credentials for a cloud board are missing or rejected."""
+
+
+class UnsafePath(BoardError, ValueError):
+    """A path or URL named by remote metadata that would land outside its cache folder or board.
+
+    Raised before anything is written; the message names the pin, the offending entry and the board.
+    """
+
+
+class LimitExceeded(BoardError, ValueError):
+    """Untrusted input larger than a configured bound (index size, YAML expansion, extracted bytes)."""
+
+
+class ArchiveTooLarge(LimitExceeded, UnsafeArchive):
+    """An archive that expands past the extraction limits (a zip or gzip bomb, or just too big)."""

@@ -6,25 +6,18 @@ did) and reuses the cached copy while Kaggle reports no newer version: a dataset
 Kaggle version numbers (`000001`, `000002`, ...; `version=3` works too), a competition's version is
 named after its newest file's date and a hash of its file list.
 
-Everything goes through `kaggle.api.KaggleApi` and `kagglesdk` (sign-in, requests, redirects,
-resumable downloads). The client has no setting for its base URL; `endpoint=` (or
-`$PINSTORM_KAGGLE_ENDPOINT`) sets it on the client's own HTTP-client object, for mirrors, proxies
-and tests. Credentials follow the client's chain (`KAGGLE_API_TOKEN`, `~/.kaggle/access_token`,
-`kaggle.json` in `$KAGGLE_CONFIG_DIR` / `~/.kaggle` / `~/.config/kaggle`, `KAGGLE_USERNAME` +
-`KAGGLE_KEY`) unless `token=` names a kaggle.json or access-token file. Where the client would print
-help and `exit(1)`, this board raises `CredentialsError`.
+Everything goes through the official client, wrapped by `kaggle_client.py` (endpoint, sign-in,
+credential chain, error translation); this module only decides what to ask for and how Kaggle's
+answers become pins. File names in Kaggle's listings come from the server, so each is checked to stay
+inside the pin's cache folder before anything is downloaded (`paths.py`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
-import io
 import json
 import os
 import re
-import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -32,68 +25,18 @@ from typing import Any, Callable
 import pandas as pd
 import xxhash
 
+from . import paths
 from .board import FIND_COLUMNS, Board
 from .cache import Cache
-from .errors import (BoardError, CredentialsError, DownloadError, InvalidPinName, PinNotFound, ReadOnlyBoard,
-                     VersionNotFound)
+from .errors import CredentialsError, InvalidPinName, PinNotFound, ReadOnlyBoard, UnsafePath, VersionNotFound
+from .kaggle_client import (COMPETITION_PREFIX, ENV_ENDPOINT, PRODUCTION, KaggleClient,  # noqa: F401
+                            _kaggle_api_class, competition_of, normalise_endpoint)
 from .meta import TIME_FORMAT, PinMeta
 
-ENV_ENDPOINT = "PINSTORM_KAGGLE_ENDPOINT"
-PRODUCTION = "https://api.kaggle.com"
-COMPETITION_PREFIX = "c"
 _OWNER = re.compile(r"^[A-Za-z0-9]+(?:[_-][A-Za-z0-9]+)*$")  # Kaggle allows '_' in owner slugs only
 _SLUG = re.compile(r"^[A-Za-z0-9]+(?:-[A-Za-z0-9]+)*$")
 _MAX_SLUG = 100
 _INFO_TTL = 60.0  # seconds a GetDataset / ListDataFiles answer is reused between list_versions and read_meta
-
-_import_lock = threading.Lock()
-_api_class: type | None = None
-
-
-def _kaggle_api_class() -> type:
-    """`KaggleApi` with a settable base URL.
-
-    Importing `kaggle` signs in with the default credentials and prints help when there are none;
-    that output is swallowed here (the board reports credentials problems itself).
-    """
-    global _api_class
-    with _import_lock:
-        if _api_class is not None:
-            return _api_class
-        with contextlib.redirect_stdout(io.StringIO()):
-            from kaggle.api.kaggle_api_extended import KaggleApi
-            from kagglesdk import KaggleEnv
-
-        class EndpointKaggleApi(KaggleApi):
-            """The official API object; only the base URL of the clients it builds can change."""
-
-            endpoint: str | None = None
-
-            def build_kaggle_client(self):
-                client = super().build_kaggle_client()
-                if self.endpoint:
-                    http = client.http_client()
-                    if not hasattr(http, "_endpoint"):
-                        raise BoardError("this kagglesdk version has no endpoint attribute on its HTTP "
-                                         "client; endpoint= is not supported with it")
-                    http._endpoint = self.endpoint
-                    http._env = KaggleEnv.PROD  # PROD's URL shape: {endpoint}/v1/{service}/{method}
-                return client
-
-        _api_class = EndpointKaggleApi
-        return _api_class
-
-
-def _kaggle_config_dir() -> str:
-    """Where the client looks for kaggle.json, by its rules, evaluated now (not at its import)."""
-    configured = os.environ.get("KAGGLE_CONFIG_DIR")
-    if configured:
-        return configured
-    home = os.path.join(os.path.expanduser("~"), ".kaggle")
-    if sys.platform.startswith("linux") and not os.path.exists(home):
-        return os.path.join(os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config"),
-                            "kaggle")
-    return home
 
 
 def _utc(t: dt.datetime | None) -> dt.datetime | None:
@@ -114,36 +57,32 @@ class KaggleBoard(Board):
 
     def __init__(self, name: str = "kaggle", token: str | os.PathLike | None = None, endpoint: str | None = None,
                  cache: str | Path | Cache | None = None, versions: bool = True, retries: int = 2,
-                 page_size: int = 20):
-        super().__init__(name, cache=cache, versions=versions)
-        endpoint = endpoint or os.environ.get(ENV_ENDPOINT) or None
-        if endpoint is not None:
-            endpoint = str(endpoint).rstrip("/")
-            if not endpoint.startswith(("http://", "https://")):
-                raise BoardError(f"kaggle board {name!r}: endpoint must be an http(s) URL, got {endpoint!r}")
-            endpoint = endpoint[: -len("/v1")] if endpoint.endswith("/v1") else endpoint
-        self.endpoint = endpoint
+                 page_size: int = 20, max_extract_bytes: int | None = None,
+                 max_extract_ratio: float | None = None):
+        super().__init__(name, cache=cache, versions=versions, max_extract_bytes=max_extract_bytes,
+                         max_extract_ratio=max_extract_ratio)
+        self.endpoint = normalise_endpoint(endpoint, name)
         self.token = Path(token).expanduser() if token else None
         if self.token is not None and not self.token.is_file():
             raise CredentialsError(f"kaggle board {name!r}: token file {str(self.token)!r} does not exist "
                                    "(expected a kaggle.json with username and key, or an access-token file)")
         self.retries = int(retries)
         self.page_size = int(page_size)
-        self._api = None
-        self._lock = threading.RLock()
+        self._client = KaggleClient(name, endpoint=self.endpoint, token=self.token)
         self._info: dict[str, tuple[float, Any]] = {}
 
     def describe(self) -> str:
         return f"kaggle ({self.endpoint or PRODUCTION})"
 
-    def __getstate__(self) -> dict:  # picklable for process pools: sign in again on the other side
+    def __getstate__(self) -> dict:  # picklable for process pools: the client signs in again there
         state = dict(self.__dict__)
-        state.update(_api=None, _lock=None, _info={})
+        state["_info"] = {}
         return state
 
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-        self._lock = threading.RLock()
+    @property
+    def _api(self):
+        """The signed-in KaggleApi, or None before the first call."""
+        return self._client._api
 
     # ---- names ----------------------------------------------------------------------------
     def check_name(self, name: str) -> str:
@@ -157,104 +96,11 @@ class KaggleBoard(Board):
 
     @staticmethod
     def _competition(name: str) -> str | None:
-        owner, slug = name.split("/")
-        return slug if owner == COMPETITION_PREFIX else None
-
-    # ---- the official client --------------------------------------------------------------
-    def _kaggle(self):
-        """The signed-in `KaggleApi`, created on first use (so a cached pin loads offline)."""
-        with self._lock:
-            if self._api is None:
-                self._api = self._sign_in()
-            return self._api
-
-    def _sign_in(self):
-        api = _kaggle_api_class()()
-        api.endpoint = self.endpoint
-        api.config_dir = _kaggle_config_dir()
-        api.config = os.path.join(api.config_dir, api.config_file)
-        if self.token is not None:
-            api.config_values = self._read_token_file(api)
-            return api
-        try:
-            with contextlib.redirect_stdout(io.StringIO()):
-                api.authenticate()
-        except SystemExit as e:
-            raise CredentialsError(
-                f"kaggle board {self.name!r}: no Kaggle credentials found. Set KAGGLE_API_TOKEN (or save it "
-                "to ~/.kaggle/access_token), or put kaggle.json in $KAGGLE_CONFIG_DIR, ~/.kaggle or "
-                "~/.config/kaggle, or set KAGGLE_USERNAME and KAGGLE_KEY, or register the board with "
-                "token='path/to/kaggle.json'") from e
-        except Exception as e:  # token sign-in calls the server
-            raise self._translate(e, "sign in", None) from e
-        return api
-
-    def _read_token_file(self, api) -> dict:
-        text = self.token.read_text().strip()
-        if not text:
-            raise CredentialsError(f"kaggle board {self.name!r}: token file {str(self.token)!r} is empty")
-        if text.startswith("{"):
-            try:
-                data = json.loads(text)
-                return {api.CONFIG_NAME_USER: str(data["username"]), api.CONFIG_NAME_KEY: str(data["key"])}
-            except (ValueError, KeyError, TypeError) as e:
-                raise CredentialsError(f"kaggle board {self.name!r}: token file {str(self.token)!r} is not a "
-                                       "kaggle.json with 'username' and 'key'") from e
-        if any(c.isspace() for c in text):
-            raise CredentialsError(f"kaggle board {self.name!r}: token file {str(self.token)!r} is neither a "
-                                   "kaggle.json nor a single access token")
-        return {api.CONFIG_NAME_TOKEN: text}
-
-    def _translate(self, e: BaseException, action: str, name: str | None) -> Exception:
-        import requests
-
-        base = self.endpoint or PRODUCTION
-        if isinstance(e, BoardError):
-            return e
-        if isinstance(e, requests.HTTPError):
-            response = getattr(e, "response", None)
-            status = getattr(response, "status_code", None)
-            url = getattr(response, "url", None) or base
-            detail = str(e).splitlines()[0][:200] if str(e) else ""
-            if status in (401, 403):
-                hint = (" (for a competition, also accept its rules on kaggle.com)"
-                        if name and self._competition(name) else "")
-                return CredentialsError(f"kaggle board {self.name!r}: HTTP {status} from {url} while trying to "
-                                        f"{action}: Kaggle refused the credentials{hint}: {detail}")
-            if status == 404 and "/v1/" not in str(url):  # the file behind Kaggle's redirect is gone
-                return DownloadError(f"kaggle board {self.name!r}: HTTP 404 from {url} while trying to {action} "
-                                     "(the file Kaggle redirected to is missing)", url=url, status=404)
-            if status == 404:
-                what = (f"competition {self._competition(name)!r}" if name and self._competition(name)
-                        else f"dataset {name!r}" if name else "resource")
-                return PinNotFound(f"kaggle board {self.name!r}: no {what} (HTTP 404 from {url}): {detail}")
-            return DownloadError(f"kaggle board {self.name!r}: HTTP {status} from {url} while trying to "
-                                 f"{action}: {detail}", url=url, status=status)
-        if isinstance(e, (requests.ConnectionError, requests.Timeout)):
-            return DownloadError(f"kaggle board {self.name!r}: cannot reach {base} to {action}: "
-                                 f"{type(e).__name__}", url=base)
-        if isinstance(e, (requests.RequestException, OSError)) or \
-                (isinstance(e, ValueError) and "does not match expected size" in str(e)):
-            return DownloadError(f"kaggle board {self.name!r}: transfer failed while trying to {action} "
-                                 f"(truncated or broken body): {type(e).__name__}: {str(e)[:200]}", url=base)
-        return DownloadError(f"kaggle board {self.name!r}: {action} failed: {type(e).__name__}: {str(e)[:200]}",
-                             url=base)
+        return competition_of(name)
 
     def _call(self, action: str, name: str | None, fn: Callable[[Any], Any], *, raw_api: bool = False) -> Any:
-        """Run `fn(client)` with a fresh kagglesdk client (or `fn(api)`), translating the client's errors."""
-        try:
-            api = self._kaggle()
-            if raw_api:
-                return fn(api)
-            with api.build_kaggle_client() as client:
-                return fn(client)
-        except (BoardError, KeyboardInterrupt):
-            raise
-        except SystemExit as e:
-            raise CredentialsError(f"kaggle board {self.name!r}: the Kaggle client gave up while trying to "
-                                   f"{action} (exit {e.code})") from e
-        except Exception as e:  # noqa: BLE001 - the client raises requests' errors and ValueError
-            raise self._translate(e, action, name) from e
+        """Run `fn(client)` (or `fn(api)`) through the Kaggle adapter, which translates its errors."""
+        return self._client.call(action, name, fn, raw_api=raw_api)
 
     # ---- Kaggle facts ---------------------------------------------------------------------
     def _remember(self, name: str, value: Any) -> Any:
@@ -330,6 +176,12 @@ class KaggleBoard(Board):
             if version != current:
                 raise VersionNotFound(f"kaggle board {self.name!r}: competition {name!r} now has files version "
                                       f"{current}; {version} is no longer downloadable")
+            where = f"{self.describe()} (ListDataFiles)"
+            for f in files:  # names come from the server: each must stay inside the version folder
+                paths.check_relative(f.name, pin=name, board=where)
+                if f.name == "data.txt":
+                    raise UnsafePath(f"file name 'data.txt' (pin {name!r} of board {where}) is reserved for the "
+                                     "pin's metadata")
             meta = PinMeta(file=[f.name for f in files], file_size=[int(f.total_bytes) for f in files],
                            pin_hash="", type="file", title=f"Kaggle competition {self._competition(name)}",
                            description=f"data files of the Kaggle competition {self._competition(name)}",

@@ -249,3 +249,42 @@ def test_board_pickles_for_worker_processes_and_signs_in_again(board, kaggle_ser
     copy = pickle.loads(pickle.dumps(board))
     assert copy._api is None and copy.endpoint == board.endpoint and copy.cache.root == board.cache.root
     assert copy.pin_get("bob/imagenet-categories")[0].endswith("categories.csv")
+
+
+@pytest.mark.parametrize("evil", ["../../x.txt", "ABSOLUTE", "~/x.txt", "a/../../../x.txt", "data.txt"])
+def test_competition_file_names_cannot_escape_the_cache(board, kaggle_server, tmp_path, evil):
+    from pinstorm.boards.errors import UnsafePath
+
+    if evil == "ABSOLUTE":
+        evil = str(tmp_path / "outside" / "x.txt")
+    slug = f"evil-{abs(hash(evil)) % 10**6}"
+    kaggle_server.add_competition(slug, {"fine.csv": b"a\n1\n", evil: b"pwned"})
+    served = len(kaggle_server.file_downloads)
+    with pytest.raises(UnsafePath, match=rf"'c/{slug}'.*{kaggle_server.endpoint}"):
+        board.pin_get(f"c/{slug}")
+    assert len(kaggle_server.file_downloads) == served  # refused before any download
+    assert not (tmp_path / "outside").exists() and not (tmp_path / "x.txt").exists()
+    assert not [p for p in tmp_path.rglob("x.txt*") if p.is_file()]
+    pin_cache = tmp_path / "cache" / "kaggle" / f"c_{slug}"
+    assert not pin_cache.exists() or not [p for p in pin_cache.rglob("*") if p.is_file()]
+
+
+def test_kaggle_archives_extract_within_the_boards_limits(kaggle_server, token_file, tmp_path):
+    from pinstorm.boards.errors import ArchiveTooLarge
+
+    kaggle_server.add_dataset("alice/zeros", {"zeros.bin": bytes(6 << 20)}, title="zeros")
+    tight = KaggleBoard(name="tight", token=token_file, endpoint=kaggle_server.endpoint, cache=tmp_path / "cache",
+                        retries=0, max_extract_bytes=1 << 20)
+    with pytest.raises(ArchiveTooLarge, match="max_bytes"):
+        tight.pin_get("alice/zeros")  # Kaggle boards extract by default: within the limits
+    assert Path(tight.pin_get("alice/zeros", extract_limits={"max_bytes": 8 << 20})[0]).stat().st_size == 6 << 20
+
+
+def test_client_adapter_is_separate_from_the_board(board):
+    from pinstorm.boards import kaggle_client
+
+    assert isinstance(board._client, kaggle_client.KaggleClient)
+    assert kaggle_client.competition_of("c/titanic") == "titanic" and kaggle_client.competition_of("a/b") is None
+    with pytest.raises(boards.BoardError, match="http"):
+        kaggle_client.normalise_endpoint("ftp://x", "k")
+    assert kaggle_client.normalise_endpoint("http://h:1/v1/", "k") == "http://h:1"
