@@ -46,14 +46,17 @@ def pin(x: Any, name: str | None = None, board: str | Board | None = None, descr
 
 def pin_get(name: str | list[str], board: str | Board | None = None, cache: bool = True,
             extract: bool | None = None, version: str | None = None, files: bool = False,
-            download: bool = True) -> Any:
-    """Retrieve a pin: DataFrame / JSON value, or absolute local paths. A list of names fetches in parallel."""
+            download: bool = True, extract_limits: dict | None = None) -> Any:
+    """Retrieve a pin: DataFrame / JSON value, or absolute local paths. A list of names fetches in parallel.
+
+    `extract_limits` (e.g. `{"max_bytes": 2**40}`) adjusts the board's archive extraction bounds for this call."""
     if isinstance(name, (list, tuple)):
         from .parallel import pin_get_many
 
         return pin_get_many(list(name), board=board, extract=extract)
+    options = {} if extract_limits is None else {"extract_limits": extract_limits}
     return _board_holding(name, board).pin_get(name, cache=cache, extract=extract, version=version,
-                                               files=files, download=download)
+                                               files=files, download=download, **options)
 
 
 def pin_find(text: str = "", board: str | Board | list | None = None, name: str | None = None,
