@@ -45,7 +45,11 @@ class ExtractLimits:
         """Limits from an ExtractLimits, a dict of its fields, or None (defaults), then `overrides`
         that are not None (board options `max_extract_bytes=`, `max_extract_ratio=`)."""
         base = value if isinstance(value, ExtractLimits) else cls(**(value or {}))
-        return replace(base, **{k: v for k, v in overrides.items() if v is not None})
+        limits = replace(base, **{k: v for k, v in overrides.items() if v is not None})
+        # options may arrive as text (`pinstorm board register -o max_extract_bytes=...`)
+        return replace(limits, max_bytes=None if limits.max_bytes is None else int(limits.max_bytes),
+                       max_ratio=None if limits.max_ratio is None else float(limits.max_ratio),
+                       ratio_floor=int(limits.ratio_floor))
 
 
 class _Budget:

@@ -464,3 +464,53 @@ def test_property_archives_extract_inside_or_not_at_all(tmp_path, members, kind)
     for f in files:
         assert f.resolve().is_relative_to(dest.resolve())
     assert sorted(p.name for p in work.iterdir()) == [path.name, "out"]
+
+
+# ---- a colleague's bucket: legacy v0 data.txt on an S3 board (moto on 127.0.0.1) -------------------
+def test_cloud_board_legacy_paths_cannot_escape_the_cache(tmp_path, monkeypatch):
+    pytest.importorskip("s3fs")
+    from servers import s3
+
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    with s3.S3Server() as server:
+        opts = dict(server.storage_options(), config_kwargs={"retries": {"max_attempts": 1}})
+        writer = boards.board_register("s3", name="w", bucket="colleague", create_bucket=True,
+                                       cache=tmp_path / "wc", **opts)
+        writer.pin({"v": 1}, "obj")
+        version = writer.pin_versions("obj")["version"].iloc[-1]
+        root = f"{writer.root}/obj/{version}"
+        writer.fs.pipe_file(f"{root}/x.txt", b"pwned")
+        writer.fs.pipe_file(f"{root}/data.txt", b"path: ../../../../x.txt\ntype: files\n")  # a v0 data.txt
+        reader = boards.board_register("s3", name="r", bucket="colleague", cache=tmp_path / "rc", **opts)
+        with pytest.raises(UnsafePath, match=r"'../../../../x.txt'.*'obj'"):
+            reader.pin_get("obj", version=version)
+    assert not [p for p in tmp_path.rglob("x.txt*") if p.is_file()]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(name=st.one_of(_texts, st.text(max_size=12)))
+def test_property_accepted_pin_names_and_url_file_names_are_one_segment(tmp_path, name):
+    from pinstorm.boards.errors import InvalidPinName
+    from pinstorm.boards.names import check_pin_name
+
+    cache = boards.Cache(tmp_path / "c")
+    try:
+        check_pin_name(name)
+    except InvalidPinName:
+        pass
+    else:
+        folder = cache.version_dir("b", name, "v1")
+        assert folder.parent.parent == tmp_path / "c" / "b" and folder.resolve().is_relative_to(tmp_path / "c")
+    file_name = paths.url_file_name(f"http://h/x/{name}")
+    assert "/" not in file_name and not file_name.startswith(".") and file_name != "data.txt"
+    assert paths.contained(tmp_path, file_name).parent == tmp_path.resolve()
+
+
+def test_url_pin_file_names_are_single_safe_segments(served):
+    folder, url = served
+    (folder / "sub").mkdir()
+    (folder / "sub" / ".profile").write_text("a,b\n1,2\n")
+    got = boards.pin(f"{url}/sub/.profile", "dotted", type="csv")
+    assert got.shape == (1, 2)
+    assert [Path(p).name for p in boards.pin_get("dotted", files=True)] == ["profile"]
