@@ -80,20 +80,28 @@ def legacy_file(name: str, version: str) -> str:
     return posixpath.join(name, version, LEGACY_DIR, "data.txt")
 
 
-def publish_version(board, name: str, version: str, meta: PinMeta) -> str:
-    """Write the legacy view of `name`/`version` on FsBoard `board` unless it is there; return the
-    root index `path` for the pin. Skipped (and the plain version folder returned) when a file of
-    the pin itself lives under `r-legacy/`, which the view must never overwrite."""
-    if any(f == LEGACY_DIR or f.startswith(LEGACY_DIR + "/") for f in meta.file):
-        return f"{name}/{version}/"
+def publish_entry(board, entry: dict) -> dict:
+    """Write the legacy view of the version a root index `entry` of FsBoard `board` points at
+    (unless it is there already) and return the entry pointing at it. Called only when the index
+    is written, never on reads (a reader may lack write access). The entry must carry `name`,
+    `version`, `file` and `type`, as FsBoard's entries do; others are returned unchanged, as is a pin
+    with a file of its own under `r-legacy/`, which the view must never overwrite."""
+    name, version, files = entry.get("name"), entry.get("version"), entry.get("file")
+    if not (name and version and files and entry.get("type")):
+        return entry
+    files = [files] if isinstance(files, str) else [str(f) for f in files]
+    if any(f == LEGACY_DIR or f.startswith(LEGACY_DIR + "/") for f in files):
+        return entry
+    meta = PinMeta(file=files, file_size=[], pin_hash="", type=str(entry["type"]), title=entry.get("title"),
+                   description=entry.get("description"), created=entry.get("created"))
     path = board._path(legacy_file(name, version))
     text = legacy_yaml(meta)
     try:
-        current = board.fs.cat_file(path).decode()
+        current = board.fs.cat_file(path).decode("utf-8", "replace")
     except FileNotFoundError:
         current = None
     if current != text:
         if board.is_local:
             board.fs.makedirs(posixpath.dirname(path), exist_ok=True)
         board._write_text(path, text)
-    return entry_path(name, version)
+    return {**entry, "path": entry_path(name, version)}

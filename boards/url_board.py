@@ -68,6 +68,14 @@ class UrlBoard(DatatxtBoard):
                     raise
         return self._manifest_entries()
 
+    def _entry(self, name: str, *, revalidate: bool = True) -> dict:
+        try:
+            return super()._entry(name, revalidate=revalidate)
+        except PinNotFound:
+            if self._mode == MANIFEST:
+                raise PinNotFound(f"no pin named {name!r} in {self.manifest_url}") from None
+            raise
+
     def _manifest_entries(self) -> list[dict]:
         if self._parsed is not None and self._mode == MANIFEST \
                 and time.monotonic() - self._checked_at < self.index_max_age:

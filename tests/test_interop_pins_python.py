@@ -47,6 +47,8 @@ def test_pins_python_reads_pinstorm_folder_and_url(http_board, tmp_path):
     board.pin(FRAME, "frame_arrow", type="arrow")
     board.pin({"k": [1, 2]}, "obj_json", metadata={"owner": "ml"})
     board.pin([src / "one.txt", src / "two.txt"], "two_files")
+    board.pin(src / "one.txt", "one_file")
+    board.pin([src / "one.txt", src / "two.txt"], "zipped", zip=True)
     board.pin({"k": [3]}, "obj_json", metadata={"owner": "ml"})
 
     local = pins.board_folder(str(folder), allow_pickle_read=False)
@@ -58,9 +60,11 @@ def test_pins_python_reads_pinstorm_folder_and_url(http_board, tmp_path):
         pd.testing.assert_frame_equal(theirs.pin_read("frame_arrow"), FRAME)
         assert theirs.pin_read("obj_json") == {"k": [3]}
         assert theirs.pin_meta("obj_json").user == {"owner": "ml"}
+    assert _files_text(local.pin_download("one_file")) == ["one\n"]
     assert _files_text(local.pin_download("two_files")) == ["one\n", "two\n"]
-    with pytest.raises(NotImplementedError):  # pins-python 0.9's board_url downloads one-file pins only
-        web.pin_download("two_files")
+    assert [Path(p).name for p in local.pin_download("zipped")] == ["zipped.zip"]
+    with pytest.raises(NotImplementedError):  # pins-python 0.9's board_url downloads raw URLs, not pins
+        web.pin_download("one_file")
     assert len(local.pin_versions("obj_json")) == 2
     assert local.pin_read("obj_json", version=local.pin_versions("obj_json")["version"][0]) == {"k": [1, 2]}
 
@@ -79,6 +83,7 @@ def test_pinstorm_reads_pins_python_board(tmp_path):
     time.sleep(1.1)  # pins-python names versions by the second: keep the two apart
     theirs.pin_write({"x": 1}, "js", type="json", title="json")
     theirs.pin_upload([str(src / "a.txt"), str(src / "b.txt")], "files2", title="two files")
+    theirs.pin_upload(str(src / "a.txt"), "file1", title="one file")
     multi = theirs.pin_meta("files2")
     assert len(multi.pin_hash) == 16  # pins-python: xxh64 of the joined hashes
 
@@ -90,15 +95,19 @@ def test_pinstorm_reads_pins_python_board(tmp_path):
     assert len(local.list_versions("js")) == 2
     assert local.pin_get("js", version=local.list_versions("js")[0]) == {"x": 0}
     assert _files_text(local.pin_get("files2")) == ["aaa\n", "bbb\n"]
+    assert _files_text(local.pin_get("file1")) == ["aaa\n"]
     assert local.pin_meta("df_csv").user == {"k": "v"}
 
     written = boards.write_board_manifest(local)  # what R's write_board_manifest() writes
-    assert sorted(written) == ["df_arrow", "df_csv", "df_parquet", "files2", "js"]
+    assert sorted(written) == ["df_arrow", "df_csv", "df_parquet", "file1", "files2", "js"]
     with boards.serve_board(folder) as url:
         web = boards.board_register(url, name="py-web", cache=tmp_path / "cache")
         pd.testing.assert_frame_equal(web.pin_get("df_parquet"), FRAME)
         assert web.pin_get("js") == {"x": 1}
         assert _files_text(web.pin_get("files2")) == ["aaa\n", "bbb\n"]  # verified: joined-hash scheme
+        assert _files_text(web.pin_get("file1")) == ["aaa\n"]
+        pd.testing.assert_frame_equal(web.pin_get("df_csv"), FRAME)
+        assert web.pin_meta("df_csv").user == {"k": "v"}
         version = web.list_versions("files2")[-1]
         (folder / "files2" / version / "b.txt").write_text("BBB\n")
         fresh = boards.board_register(url, name="py-web-fresh", cache=tmp_path / "cache2")

@@ -197,6 +197,7 @@ pin_write(b, list(x = 2L), "js", type = "json")
 pin_write(b, data.frame(a = 1), "an_rds", type = "rds")
 writeLines("hello", file.path(tempdir(), "f1.txt")); writeLines("world", file.path(tempdir(), "f2.txt"))
 pin_upload(b, file.path(tempdir(), c("f1.txt", "f2.txt")), "up2")
+pin_upload(b, file.path(tempdir(), "f1.txt"), "up1")
 write_board_manifest(b)
 list(hash = pin_meta(b, "up2")$pin_hash, js = I(pin_versions(b, "js")$version))
 """, folder=str(folder))
@@ -208,7 +209,7 @@ def test_pinstorm_reads_r_1x_board_over_http_through_manifest(r1_board, tmp_path
     assert len(out["hash"]) == 32  # R's 128-bit hash of the two files' hashes
     with boards.serve_board(folder) as url:
         web = boards.board_register(url, name="r1", cache=tmp_path / "cache")  # no data.txt: _pins.yaml
-        assert boards.pin_find(board="r1")["name"].tolist() == ["an_rds", "df_csv", "js", "up2"]
+        assert boards.pin_find(board="r1")["name"].tolist() == ["an_rds", "df_csv", "js", "up1", "up2"]
         assert web.describe().endswith("/_pins.yaml")
         pd.testing.assert_frame_equal(web.pin_get("df_csv"), FRAME)
         assert web.pin_get("js") == {"x": 2}  # R writes JSON with auto_unbox
@@ -216,6 +217,7 @@ def test_pinstorm_reads_r_1x_board_over_http_through_manifest(r1_board, tmp_path
         assert web.pin_get("js", version=out["js"][0]) == {"x": 1}
         files = web.pin_get("up2")  # downloaded, then verified against R's multi-file hash
         assert [Path(p).read_text() for p in files] == ["hello\n", "world\n"]
+        assert [Path(p).read_text() for p in web.pin_get("up1")] == ["hello\n"]
         assert web.pin_meta("df_csv").user == {"k": "v"}
         assert web.pin_get("an_rds")[0].endswith(".rds")  # rds: only R reads it; the file comes back
         # the same board as a local folder
@@ -294,3 +296,35 @@ list(list = I(sort(pin_list(u))), csv = as.data.frame(pin_read(u, "frame_csv")),
 """, url=url, two_hash=two_hash)
     assert modern == {"list": ["frame_csv", "two_files", "zipped"], "csv": {"a": [1, 2, 3], "b": ["x", "y", "z"]},
                       "two": ["one.txt", "two.txt"]}
+
+
+@pytest.fixture(scope="module")
+def gcs_server():
+    from servers import gcs
+
+    yield from gcs.serve()
+
+
+@pytest.mark.slow
+def test_r_reads_a_board_pinstorm_wrote_to_gcs(gcs_server, tmp_path, r045, r110):
+    writer = boards.board_register("gcs", name="gbucket", bucket="interop-r", path="shared", create_bucket=True,
+                                   cache=tmp_path / "w", **gcs_server.storage_options())
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "one.txt").write_text("one\n")
+    (src / "two.txt").write_text("two\n")
+    writer.pin(FRAME, "frame_csv", type="csv")
+    writer.pin([src / "one.txt", src / "two.txt"], "zipped", zip=True)
+    url = f"{gcs_server.endpoint}/interop-r/shared"  # the emulator serves objects publicly, as GCS can
+    legacy = r045.run(r"""
+board_register_datatxt(url, name = "gcs")
+list(find = I(sort(pin_find(board = "gcs")$name)), csv = pin_get("frame_csv", board = "gcs"),
+     zipped = I(sort(basename(pin_get("zipped", board = "gcs", extract = TRUE)))))
+""", url=url)
+    assert legacy == {"find": ["frame_csv", "zipped"], "csv": {"a": [1, 2, 3], "b": ["x", "y", "z"]},
+                      "zipped": ["one.txt", "two.txt"]}
+    modern = r110.run(r"""
+u <- board_url(paste0(url, "/"))
+list(list = I(sort(pin_list(u))), csv = as.data.frame(pin_read(u, "frame_csv")))
+""", url=url)
+    assert modern == {"list": ["frame_csv", "zipped"], "csv": {"a": [1, 2, 3], "b": ["x", "y", "z"]}}
