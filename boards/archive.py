@@ -1,8 +1,9 @@
 """Safe extraction of zip, tar, tar.gz and gz archives.
 
-Archives come from boards anyone may write to, so every member is checked before anything is
-written: no absolute paths, no `..`, no links pointing out of the folder, no device files. The whole
-archive is unpacked into a temporary sibling folder that is renamed into place only when complete.
+Archives come from boards anyone may write to, so every member is checked before it is written: no
+absolute paths, no `..`, no links pointing out of the folder (nor paths through such links), no
+device files. The whole archive is unpacked into a temporary sibling folder that is renamed into
+place only when complete, and removed on any error: a refused archive leaves nothing behind.
 
 Extraction is bounded (`ExtractLimits`): total bytes written, and the ratio of bytes written to the
 archive's size once past a small floor. Both are counted on the bytes actually written, never on
@@ -30,6 +31,7 @@ ARCHIVE_SUFFIXES = (".zip", ".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".
 
 
 _CHUNK = 1 << 20
+_FILTER_ERROR = getattr(tarfile, "FilterError", ())  # Python >= 3.11.4 / 3.12
 
 
 @dataclass(frozen=True)
@@ -93,16 +95,15 @@ def _check_member(archive: Path, member: str) -> None:
         raise UnsafeArchive(f"{archive.name}: member {member!r} escapes the extraction folder ('..')")
 
 
-def _check_tar(archive: Path, tf: tarfile.TarFile) -> None:
-    for m in tf.getmembers():
-        _check_member(archive, m.name)
-        if m.issym() or m.islnk():
-            target = PurePosixPath(m.linkname)
-            resolved = PurePosixPath(m.name).parent / target if m.issym() else target
-            if target.is_absolute() or ".." in PurePosixPath(os.path.normpath(str(resolved))).parts:
-                raise UnsafeArchive(f"{archive.name}: link {m.name!r} -> {m.linkname!r} points outside the folder")
-        elif not (m.isfile() or m.isdir()):
-            raise UnsafeArchive(f"{archive.name}: member {m.name!r} is a device or fifo")
+def _check_tar_member(archive: Path, m: tarfile.TarInfo) -> None:
+    _check_member(archive, m.name)
+    if m.issym() or m.islnk():
+        target = PurePosixPath(m.linkname)
+        resolved = PurePosixPath(m.name).parent / target if m.issym() else target
+        if target.is_absolute() or ".." in PurePosixPath(os.path.normpath(str(resolved))).parts:
+            raise UnsafeArchive(f"{archive.name}: link {m.name!r} -> {m.linkname!r} points outside the folder")
+    elif not (m.isfile() or m.isdir()):
+        raise UnsafeArchive(f"{archive.name}: member {m.name!r} is a device or fifo")
 
 
 def _check_zip(archive: Path, zf: zipfile.ZipFile) -> None:
@@ -124,18 +125,28 @@ def _extract_zip(zf: zipfile.ZipFile, tmp: Path, budget: _Budget) -> None:
             budget.copy(src, target, info.filename)
 
 
-def _extract_tar(tf: tarfile.TarFile, tmp: Path, budget: _Budget) -> None:
-    for m in tf:  # streaming: one pass over a compressed tar
-        target = tmp / m.name
+def _inside(archive: Path, tmp: Path, member: str) -> Path:
+    """`tmp / member`, refusing one that resolves elsewhere through links extracted before it."""
+    target = tmp / member
+    if not target.resolve().is_relative_to(tmp.resolve()):
+        raise UnsafeArchive(f"{archive.name}: member {member!r} resolves outside the folder (through a link)")
+    return target
+
+
+def _extract_tar(archive: Path, tf: tarfile.TarFile, tmp: Path, budget: _Budget) -> None:
+    """One streaming pass: each member is checked, then written (a compressed tar is decompressed
+    once, and a bomb stops at the budget instead of being decompressed in full for a listing)."""
+    for m in tf:
+        _check_tar_member(archive, m)
         if m.isdir():
-            target.mkdir(parents=True, exist_ok=True)
+            _inside(archive, tmp, m.name).mkdir(parents=True, exist_ok=True)
         elif m.isfile():
+            target = _inside(archive, tmp, m.name)
             target.parent.mkdir(parents=True, exist_ok=True)
-            src = tf.extractfile(m)
-            budget.copy(src, target, m.name)
+            budget.copy(tf.extractfile(m), target, m.name)
             os.chmod(target, 0o755 if m.mode & 0o100 else 0o644)
-        else:  # a link checked by _check_tar: let tarfile's "data" filter make it
-            budget.add(0, m.name)
+        else:  # a link, checked above: tarfile's "data" filter makes it (and checks it again)
+            _inside(archive, tmp, m.name)
             tf.extract(m, tmp, filter="data")
 
 
@@ -159,9 +170,8 @@ def extract(archive: str | Path, dest: str | Path, *, limits: ExtractLimits | di
                 _check_zip(archive, zf)
                 _extract_zip(zf, tmp, budget)
         elif name.endswith((".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz")):
-            with tarfile.open(archive) as tf:
-                _check_tar(archive, tf)
-                _extract_tar(tf, tmp, budget)
+            with tarfile.open(archive, "r|*") as tf:
+                _extract_tar(archive, tf, tmp, budget)
         elif name.endswith(".gz"):
             with gzip.open(archive, "rb") as src:
                 budget.copy(src, tmp / archive.name[: -len(".gz")], archive.name)
@@ -172,6 +182,8 @@ def extract(archive: str | Path, dest: str | Path, *, limits: ExtractLimits | di
         except OSError:
             if not dest.exists():  # someone else may have finished first: theirs is as good as ours
                 raise
+    except _FILTER_ERROR as e:  # tarfile's own "data" filter refused a link
+        raise UnsafeArchive(f"{archive.name}: unsafe member, refused ({e})") from e
     except (zipfile.BadZipFile, tarfile.TarError, EOFError, gzip.BadGzipFile, zlib.error) as e:
         raise UnsafeArchive(f"{archive.name}: damaged archive ({e})") from e
     finally:

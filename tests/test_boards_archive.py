@@ -71,3 +71,31 @@ def test_damaged_archive_is_clear(tmp_path):
     z.write_bytes(b"PK\x03\x04 definitely not a zip")
     with pytest.raises(UnsafeArchive, match="damaged"):
         extract(z, tmp_path / "out")
+
+
+def test_tar_links_chained_out_of_the_folder_are_refused(tmp_path):
+    t = tmp_path / "chain.tar"
+    with tarfile.open(t, "w") as tf:
+        for name, target in [("l2", "."), ("l1", "l2/..")]:  # each looks harmless on its own
+            link = tarfile.TarInfo(name)
+            link.type = tarfile.SYMTYPE
+            link.linkname = target
+            tf.addfile(link)
+        evil = tarfile.TarInfo("l1/evil.txt")
+        evil.size = 5
+        tf.addfile(evil, io.BytesIO(b"pwned"))
+    with pytest.raises(UnsafeArchive, match="outside"):
+        extract(t, tmp_path / "out")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["chain.tar"]
+
+
+def test_tar_members_stream_in_one_pass_with_modes(tmp_path):
+    t = tmp_path / "tool.tar.gz"
+    script = tarfile.TarInfo("bin/run.sh")
+    script.size, script.mode = 9, 0o755
+    data = tarfile.TarInfo("data/x.csv")
+    data.size = 4
+    _tar(t, [(script, b"#!/bin/sh"), (data, b"a,b\n")])
+    files = {p.relative_to(tmp_path / "out").as_posix(): p for p in extract(t, tmp_path / "out")}
+    assert sorted(files) == ["bin/run.sh", "data/x.csv"]
+    assert files["bin/run.sh"].stat().st_mode & 0o111 and not files["data/x.csv"].stat().st_mode & 0o111
