@@ -18,6 +18,7 @@ pytest_plugins = ["conftest_training"]
 
 @pytest.mark.slow
 def test_demo_runs_end_to_end_and_writes_its_report(two_cpu_devices, tmp_path):
+    from pinstorm import boards
     from pinstorm.boards import registry
 
     boards_before = registry.board_specs()
@@ -36,15 +37,35 @@ def test_demo_runs_end_to_end_and_writes_its_report(two_cpu_devices, tmp_path):
     summary = json.loads((workdir / "summary.json").read_text())
     assert len(summary["stages"]) == 7 and all(s["seconds"] >= 0 for s in summary["stages"])
     assert summary["strategy"]["fallback_from"] == "NcclAllReduce" and summary["strategy"]["replicas"] == 2
-    assert 0.0 <= summary["val_accuracy"] <= 1.0
+    # 40 balanced validation digits, chance 0.1: P(>= 20 right by luck) ~ 1e-9
+    assert summary["train"]["num_classes"] == 10 and summary["val_accuracy"] >= 0.5, summary["history"]
     report = (workdir / "report.md").read_text()
     assert "| 7 | train AlexNet" in report and "fell back from NcclAllReduce" in report
     for image in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", report):
         assert (workdir / image).read_bytes()[:4] == b"\x89PNG"
     assert len(re.findall(r"!\[", report)) == 2                       # stage times + training curves
+
+    # the run is pinned to the demo board; the report links the version and its lineage
+    experiment = summary["experiment"]
+    assert f"pinned as alexnet-digits version {experiment['version']}" in out
+    version_dir = workdir / "board" / "alexnet-digits" / experiment["version"]
+    links = [link for _, link in re.findall(r"(?<!!)\[([^\]]+)\]\(([^)]+)\)", report)]
+    assert f"board/alexnet-digits/{experiment['version']}/" in links
+    assert (workdir / f"board/alexnet-digits/{experiment['version']}/lineage.json").is_file()
+    lineage = json.loads((version_dir / "lineage.json").read_text())
+    assert len(lineage["lineage"]["category_pins"]) == 10
+    assert all(p["version"] and p["url"].startswith("http://127.0.0.1:") for p in lineage["lineage"]["category_pins"])
+    assert lineage["strategy"]["fallback_from"] == "NcclAllReduce"
+
     # everything stayed in the workdir; the board registry is as it was
     assert registry.board_specs() == boards_before
     assert (workdir / "board" / "categories").is_dir() and (workdir / "cache").is_dir()
+
+    # one call loads the pinned run back (the board registered again, as a user would)
+    from pinstorm.training import load_experiment
+    boards.board_register("local", name="demo-again", path=workdir / "board", cache=tmp_path / "cache")
+    model = load_experiment("demo-again/alexnet-digits")
+    assert model.output_shape == (None, 10) and model.count_params() == lineage["model"]["parameters"]
 
 
 def test_train_command_reports_bad_input_clearly(two_cpu_devices, tmp_path):
@@ -56,23 +77,33 @@ def test_train_command_reports_bad_input_clearly(two_cpu_devices, tmp_path):
     assert unknown.exit_code == 2 and "vgg99" in unknown.output
 
 
-def test_train_command_trains_and_prints_json(two_cpu_devices, digits_parquet, tmp_path):
+def test_train_command_trains_pins_and_prints_json(two_cpu_devices, digits_parquet, tmp_path):
+    from pinstorm import boards
+
+    boards.board_register("local", name="runs", path=tmp_path / "board", cache=tmp_path / "cache")
     result = CliRunner().invoke(cli, [
         "train", "alexnet", digits_parquet["train"], "--val", digits_parquet["val"], "--strategy", "mirrored",
         "--devices", "2", "--cross-device-ops", "hierarchical", "--epochs", "1", "--batch-size", "8",
-        "--image-size", "32", "--width", "0.125", "--no-flip", "--json", "--output-dir", str(tmp_path / "out")],
-        catch_exceptions=False)
+        "--image-size", "32", "--width", "0.125", "--no-flip", "--json", "--output-dir", str(tmp_path / "out"),
+        "--pin", "runs/cli-run"], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     summary = json.loads(result.output.strip().splitlines()[-1])
     assert summary["strategy"]["cross_device_ops"] == "HierarchicalCopyAllReduce"
     assert summary["global_batch_size"] == 16 and summary["epochs"] == [0]
     assert Path(summary["metrics_csv"]).exists()
+    versions = boards.pin_versions("cli-run", board="runs")
+    assert list(versions["version"]) == [summary["experiment"]["version"]]
+    lineage = json.loads(Path(next(p for p in boards.pin_get("cli-run", board="runs", files=True)
+                                   if p.endswith("lineage.json"))).read_text())
+    assert lineage["data"]["url"] == digits_parquet["train"] and lineage["validation_data"]["url"] == digits_parquet["val"]
+    assert lineage["strategy"]["cross_device_ops"] == "HierarchicalCopyAllReduce"
 
 
 def test_cli_does_not_load_tensorflow_until_a_training_command_runs():
     code = ("import sys, pinstorm.cli; from click.testing import CliRunner; "
             "r = CliRunner().invoke(pinstorm.cli.cli, ['--help']); "
             "assert 'demo' in r.output and 'train' in r.output and 'convert' in r.output and 'board' in r.output; "
+            "assert 'profile' in r.output; "
             "print('tensorflow' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "False"

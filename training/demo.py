@@ -22,6 +22,7 @@ import os
 import tempfile
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
@@ -31,11 +32,15 @@ log = logging.getLogger("pinstorm.training")
 
 # full: ~1440 train / ~360 val digits, 64 px JPEGs, AlexNet at 1/4 width on 32 px crops.
 SIZES = {
-    "full": dict(per_class=None, tree_image_size=64, image_size=32, width=0.25, epochs=12, batch_size=32),
-    "small": dict(per_class=12, tree_image_size=32, image_size=32, width=0.125, epochs=2, batch_size=8),
+    "full": dict(per_class=None, tree_image_size=64, image_size=32, width=0.25, epochs=12, batch_size=32,
+                 learning_rate=1e-3, normalization="lrn", dropout=0.5),
+    # small: 160 train digits; without LRN and dropout AlexNet learns them in ~80 steps (>= 0.5 accuracy)
+    "small": dict(per_class=20, tree_image_size=32, image_size=32, width=0.125, epochs=8, batch_size=8,
+                  learning_rate=1e-3, normalization=None, dropout=0.0),
 }
 # A mirrored digit is another digit (or none): no flips; crops keep most of the stroke.
 DIGIT_AUGMENTATION = {"flip": False, "crop_area": (0.6, 1.0)}
+EXPERIMENT_PIN = "alexnet-digits"   # the demo's run, pinned to its local board
 
 
 class DemoError(PinstormError, RuntimeError):
@@ -67,7 +72,7 @@ def run_demo(workdir=None, *, size: str = "full", epochs: int | None = None, par
              echo: Callable[[str], None] | None = print) -> dict:
     """Run the demo in ``workdir`` (default: a new temporary folder, kept for the report).
 
-    ``size="small"`` is a quick end-to-end check (a few images per class, 2 epochs);
+    ``size="small"`` is a quicker end-to-end check (20 images per class, 8 short epochs, >= 0.5);
     ``"full"`` reaches >= 0.90 validation accuracy. Returns the stage timings, the strategy
     choice, the final validation metrics and the report's path.
     """
@@ -82,7 +87,7 @@ def run_demo(workdir=None, *, size: str = "full", epochs: int | None = None, par
 
     # Two logical CPU devices must exist before TensorFlow runs its first op (the pipeline's
     # conversions do not run TF ops, but a caller may have); fail now rather than after the fetch.
-    from .strategy import configure_cpu_devices, make_strategy, strategy_choice
+    from .strategy import configure_cpu_devices
 
     configure_cpu_devices(2)
 
@@ -112,38 +117,57 @@ def run_demo(workdir=None, *, size: str = "full", epochs: int | None = None, par
     board_dir, cache_dir = workdir / "board", workdir / "cache"
     boards.board_register("local", name=local_name, path=board_dir, cache=cache_dir / "local")
     try:
-        started = time.perf_counter()
-        pipeline.repartition(layout, local_name, zip=True, parallel=parallel, progress=False)
-        record(Stage("repartition: pin per category", time.perf_counter() - started, n_train, "images",
-                     f"{len(layout.classes)} zipped pins + categories on local board {board_dir}"))
-
-        with boards.serve_board(board_dir) as url:
-            started = time.perf_counter()
-            boards.board_register("datatxt", name=http_name, url=url, cache=cache_dir / "http")
-            record(Stage("serve + register data.txt", time.perf_counter() - started, 0, "", f"{url}/data.txt"))
-
-            started = time.perf_counter()
-            data_map = pipeline.imagenet_partition(0, 1, board=http_name, parallel=parallel)
-            seconds = time.perf_counter() - started
-            fetched_mb = _folder_bytes(data_map["image"]) / 1e6
-            record(Stage("fetch categories over HTTP", seconds, len(data_map["image"]), "images",
-                         f"{len(data_map['categories'])} pins, {parallel} in parallel, {fetched_mb:.1f} MB "
-                         f"({fetched_mb / seconds if seconds else 0:.1f} MB/s)"))
-
-        started = time.perf_counter()
-        train_url, val_url = workdir / "parquet" / "train", workdir / "parquet" / "val"
-        converted = pipeline.convert(data_map, str(train_url), split="train", parallel=parallel, progress=False)
-        converted_val = pipeline.convert(layout, str(val_url), split="val", classes=data_map["classes"],
-                                         parallel=parallel, progress=False)
-        rows = converted.rows + converted_val.rows
-        record(Stage("convert to Parquet", time.perf_counter() - started, rows, "images",
-                     f"{converted.rows} train rows in {converted.row_groups} row groups, {converted_val.rows} val"))
+        summary = _run_registered(workdir, settings, size, parallel, say, record, stages, layout, local_name,
+                                  http_name, board_dir, cache_dir)
     finally:
         for name in (http_name, local_name):
             try:
                 board_deregister(name, persist=False)
             except Exception:  # noqa: BLE001 - cleanup only; a failed registration leaves nothing behind
                 pass
+    say(f"final validation accuracy: {summary['val_accuracy']:.4f}")
+    say(f"experiment: pinned as {EXPERIMENT_PIN} version {summary['experiment']['version']} on the demo board "
+        f"({board_dir})")
+    say(f"report: {summary['report']}")
+    return summary
+
+
+def _run_registered(workdir, settings, size, parallel, say, record, stages, layout, local_name, http_name,
+                    board_dir, cache_dir) -> dict:
+    """Stages 2-7, while the demo's boards are registered (the run is pinned to the local one)."""
+    from pinstorm import boards
+    from pinstorm import pipeline
+    from .experiments import source_pins
+    from .strategy import make_strategy, strategy_choice
+
+    n_train = len(layout.items("train"))
+    started = time.perf_counter()
+    pipeline.repartition(layout, local_name, zip=True, parallel=parallel, progress=False)
+    record(Stage("repartition: pin per category", time.perf_counter() - started, n_train, "images",
+                 f"{len(layout.classes)} zipped pins + categories on local board {board_dir}"))
+
+    with boards.serve_board(board_dir) as url:
+        started = time.perf_counter()
+        boards.board_register("datatxt", name=http_name, url=url, cache=cache_dir / "http")
+        record(Stage("serve + register data.txt", time.perf_counter() - started, 0, "", f"{url}/data.txt"))
+
+        started = time.perf_counter()
+        data_map = pipeline.imagenet_partition(0, 1, board=http_name, parallel=parallel)
+        seconds = time.perf_counter() - started
+        sources = [dict(s, url=url) for s in source_pins(data_map["categories"], http_name)]
+        fetched_mb = _folder_bytes(data_map["image"]) / 1e6
+        record(Stage("fetch categories over HTTP", seconds, len(data_map["image"]), "images",
+                     f"{len(data_map['categories'])} pins, {parallel} in parallel, {fetched_mb:.1f} MB "
+                     f"({fetched_mb / seconds if seconds else 0:.1f} MB/s)"))
+
+    started = time.perf_counter()
+    train_url, val_url = workdir / "parquet" / "train", workdir / "parquet" / "val"
+    converted = pipeline.convert(data_map, str(train_url), split="train", parallel=parallel, progress=False)
+    converted_val = pipeline.convert(layout, str(val_url), split="val", classes=data_map["classes"],
+                                     parallel=parallel, progress=False)
+    rows = converted.rows + converted_val.rows
+    record(Stage("convert to Parquet", time.perf_counter() - started, rows, "images",
+                 f"{converted.rows} train rows in {converted.row_groups} row groups, {converted_val.rows} val"))
 
     started = time.perf_counter()
     strategy = make_strategy("mirrored", devices=2, cross_device_ops="nccl")
@@ -156,9 +180,11 @@ def run_demo(workdir=None, *, size: str = "full", epochs: int | None = None, par
     result = alexnet_train(
         str(train_url), strategy=strategy, epochs=settings["epochs"], batch_size=settings["batch_size"],
         image_size=settings["image_size"], parallel=parallel, width=settings["width"],
+        normalization=settings["normalization"], dropout=settings["dropout"],
         validation_data=str(val_url), output_dir=workdir / "run", checkpoint_dir=workdir / "backup",
-        input_options=DIGIT_AUGMENTATION, seed=0, verbose=0,
-        callbacks=[_epoch_printer(say)],
+        input_options=DIGIT_AUGMENTATION, seed=0, verbose=0, learning_rate=settings["learning_rate"],
+        callbacks=[_epoch_printer(say)], pin=f"{local_name}/{EXPERIMENT_PIN}",
+        lineage={"demo": size, "category_pins": sources},
     )
     accuracy = result.val_metrics.get("accuracy", float("nan"))
     trained = (result.steps_per_epoch or 0) * result.global_batch_size * len(result.epochs)
@@ -176,12 +202,55 @@ def run_demo(workdir=None, *, size: str = "full", epochs: int | None = None, par
         "val_accuracy": accuracy,
         "history": result.history,
         "train": result.summary(),
+        "experiment": dict(result.experiment, board=local_name, board_path=str(board_dir)),
     }
     summary["report"] = str(_write_report(workdir, summary, result))
     (workdir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
-    say(f"final validation accuracy: {accuracy:.4f}")
-    say(f"report: {summary['report']}")
     return summary
+
+
+@contextmanager
+def demo_data(workdir, *, size: str = "small", parallel: int = 4):
+    """The demo's board and dataset without the training, e.g. to ``profile`` them.
+
+    Builds (or reuses) the digits tree, pins one zip per category to a local board in
+    ``workdir/board``, converts the train and val splits to Parquet, serves the board over HTTP and
+    registers it as a data.txt board for the duration of the ``with`` block (in this process only).
+    Yields ``{"board": <data.txt board name>, "url": <its base URL>, "local_board": <name>,
+    "train": <Parquet folder>, "val": <Parquet folder>, "categories": [wnids]}``.
+    """
+    if size not in SIZES:
+        raise DemoError(f"size must be one of {sorted(SIZES)}, got {size!r}")
+    from pinstorm import boards
+    from pinstorm import pipeline
+    from pinstorm.boards.registry import board_deregister
+
+    settings = SIZES[size]
+    workdir = Path(workdir)
+    tree = workdir / "ilsvrc"
+    if not (tree / "LOC_synset_mapping.txt").exists():
+        pipeline.make_digits_tree(tree, image_size=settings["tree_image_size"], per_class=settings["per_class"])
+    layout = pipeline.scan(tree)
+    suffix = uuid.uuid4().hex[:6]
+    local_name, http_name = f"pinstorm-demo-{suffix}", f"pinstorm-demo-http-{suffix}"
+    board_dir, cache_dir = workdir / "board", workdir / "cache"
+    boards.board_register("local", name=local_name, path=board_dir, cache=cache_dir / "local")
+    try:
+        pipeline.repartition(layout, local_name, zip=True, parallel=parallel, progress=False)
+        # converted from the tree (the demo converts what it fetched: other inputs, other folders)
+        train_url, val_url = workdir / "parquet" / "tree-train", workdir / "parquet" / "tree-val"
+        pipeline.convert(layout, str(train_url), split="train", parallel=parallel, progress=False)
+        pipeline.convert(layout, str(val_url), split="val", parallel=parallel, progress=False)
+        with boards.serve_board(board_dir) as url:
+            boards.board_register("datatxt", name=http_name, url=url, cache=cache_dir / "http")
+            yield {"board": http_name, "url": url, "local_board": local_name, "train": str(train_url),
+                   "val": str(val_url), "categories": list(layout.classes)}
+    finally:
+        for name in (http_name, local_name):
+            try:
+                board_deregister(name, persist=False)
+            except Exception:  # noqa: BLE001 - cleanup only
+                pass
 
 
 def _epoch_printer(say):
@@ -238,6 +307,25 @@ def _write_report(workdir: Path, summary: dict, result) -> Path:
         lines += [f"![training curves]({os.path.relpath(result.plot_png, workdir)})", ""]
     lines += ["Per-epoch metrics: " + f"`{os.path.relpath(result.metrics_csv, workdir)}`; TensorBoard logs: "
               f"`{os.path.relpath(result.tensorboard_dir, workdir)}`.", ""]
+    experiment = summary["experiment"]
+    version_dir = Path(experiment["board_path"]) / experiment["name"] / experiment["version"]
+    lines += [
+        "## Pinned experiment",
+        "",
+        f"The run is pinned as **{experiment['name']}** version [{experiment['version']}]"
+        f"({os.path.relpath(version_dir, workdir)}/) on the demo board (`{experiment['board_path']}`): "
+        f"weights, metrics, curves, TensorBoard logs and its [lineage]({os.path.relpath(version_dir, workdir)}"
+        f"/lineage.json) (the category pins and versions it was trained from, arguments, strategy, packages). "
+        "Load it back:",
+        "",
+        "```python",
+        "from pinstorm.boards import board_register",
+        "from pinstorm.training import load_experiment",
+        f"board_register(\"local\", name=\"demo\", path={experiment['board_path']!r})",
+        f"model = load_experiment(\"demo/{experiment['name']}\", version={experiment['version']!r})",
+        "```",
+        "",
+    ]
     report = workdir / "report.md"
     temporary = workdir / ".report.md.tmp"
     temporary.write_text("\n".join(lines))

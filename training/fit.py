@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from . import keras_env  # noqa: F401  (must precede TensorFlow)
 
-import hashlib
 import json
 import logging
 import os
@@ -28,16 +27,14 @@ import tensorflow as tf
 import tf_keras as keras
 
 from . import multiworker
+from .inputs import TrainingError, is_data_map, map_classes, resolve_input
 from .models import build_model
 from .plots import plot_curves, read_metrics_csv
 from .strategy import make_strategy, strategy_choice, uses_gpus
-from pinstorm.errors import PinstormError
+
+__all__ = ["TrainResult", "TrainingError", "alexnet_train", "train"]
 
 log = logging.getLogger("pinstorm.training")
-
-
-class TrainingError(PinstormError, ValueError):
-    """Training cannot start with the arguments given (data, sizes, classes, ...)."""
 
 
 @dataclass
@@ -64,143 +61,12 @@ class TrainResult:
     num_classes: int = 0
     is_chief: bool = True
     input_shards: list = field(default_factory=list)
+    experiment: dict | None = None      # where ``pin=`` stored the run: board, name, version
 
     def summary(self) -> dict:
         """Everything but the model, JSON-serialisable (for reports and for Spark to send home)."""
         out = {k: v for k, v in self.__dict__.items() if k != "model"}
         return json.loads(json.dumps(out, default=float))
-
-
-# --------------------------------------------------------------------------- inputs
-
-@dataclass
-class _Input:
-    """A training or validation input ready for ``fit``: a dataset (maybe distributed) and its size."""
-
-    dataset: Any
-    rows: int | None
-    num_classes: int | None
-    classes: list | None = None
-    steps: int | None = None
-    shards: list = field(default_factory=list)   # (index, count) each input pipeline read, None = all rows
-
-
-def _is_data_map(data) -> bool:
-    return isinstance(data, dict) and "image" in data and "category" in data
-
-
-def _map_classes(data_map: dict) -> list | None:
-    """The wnids that fix a data map's labels: all of them (``classes``), else its ``categories``."""
-    return data_map.get("classes") or data_map.get("categories")
-
-
-def _convert_data_map(data_map: dict, cache_dir: Path, split: str, classes, parallel) -> str:
-    """Convert a data map to Parquet under ``cache_dir`` (the pipeline reuses a finished identical one)."""
-    from pinstorm import pipeline
-    digest = hashlib.sha1(json.dumps([list(map(str, data_map["image"])), list(map(str, data_map["category"])),
-                                      list(classes or [])]).encode()).hexdigest()[:12]
-    target = cache_dir / f"{split}-{digest}"
-    result = pipeline.convert(data_map, str(target), classes=classes, split=split, parallel=parallel)
-    log.info("converted %d %s images to %s", result.rows, split, target)
-    return str(target)
-
-
-def _prepare_images(dataset: tf.data.Dataset, image_size: int) -> tf.data.Dataset:
-    """Resize images to ``image_size`` when they are not already, and make labels int32."""
-    spec = dataset.element_spec
-    if not (isinstance(spec, tuple) and len(spec) == 2):
-        raise TrainingError("a tf.data.Dataset must yield (image, label) pairs")
-    shape = spec[0].shape
-    needs_resize = shape.rank is None or tuple(shape[-3:-1]) != (image_size, image_size)
-
-    def prepare(images, labels):
-        images = tf.cast(images, tf.float32)
-        if needs_resize:
-            images = tf.image.resize(images, (image_size, image_size))
-        return images, tf.cast(labels, tf.int32)
-
-    return dataset.map(prepare, num_parallel_calls=tf.data.AUTOTUNE)
-
-
-def _with_data_sharding(dataset: tf.data.Dataset) -> tf.data.Dataset:
-    """Shard by element across workers (in-memory datasets have no files to shard by)."""
-    options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
-    return dataset.with_options(options)
-
-
-def _dataset_input(dataset: tf.data.Dataset, *, global_batch, image_size, num_classes) -> _Input:
-    images_spec = dataset.element_spec[0] if isinstance(dataset.element_spec, tuple) else None
-    if images_spec is None:
-        raise TrainingError("a tf.data.Dataset must yield (image, label) pairs")
-    batched = images_spec.shape.rank == 4
-    dataset = _prepare_images(dataset, image_size)
-    cardinality = int(dataset.cardinality())
-    rows = None
-    if not batched:
-        rows = cardinality if cardinality >= 0 else None
-        dataset = dataset.batch(global_batch, drop_remainder=False)
-    dataset = _with_data_sharding(dataset.prefetch(tf.data.AUTOTUNE))
-    return _Input(dataset, rows, num_classes)
-
-
-def _parquet_train_input(strategy, url: str, info: dict, *, global_batch, image_size, parallel, seed,
-                         input_options):
-    """One endless ``make_dataset`` per worker over its own shard, batched per replica."""
-    from pinstorm import pipeline
-    rows = int(info["rows"])
-    steps = rows // global_batch
-    if steps < 1:
-        raise TrainingError(f"{url} has {rows} rows, fewer than one global batch of {global_batch}; "
-                            "lower batch_size")
-
-    shards: list = []
-
-    def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
-        shard = None
-        if context.num_input_pipelines > 1:
-            shard = (context.input_pipeline_id, context.num_input_pipelines)
-        shards.append(shard)
-        # endless: shards may differ by a row group, and every worker must run the same number of steps.
-        options = dict(shuffle=True, seed=seed, parallel=parallel)
-        options.update(input_options)
-        return pipeline.make_dataset(
-            url, batch_size=context.get_per_replica_batch_size(global_batch), image_size=(image_size, image_size),
-            training=True, shard=shard, num_epochs=None, drop_remainder=True, **options)
-
-    dataset = strategy.distribute_datasets_from_function(dataset_fn)
-    return _Input(dataset, rows, int(info["num_classes"]), list(info.get("classes") or []), steps, shards)
-
-
-def _parquet_eval_input(url: str, info: dict, *, global_batch, image_size, parallel, input_options) -> _Input:
-    """Every validation row once per evaluation (Keras splits each global batch across replicas)."""
-    from pinstorm import pipeline
-    options = {k: v for k, v in input_options.items() if k in ("eval_crop", "engine", "reader_workers")}
-    dataset = pipeline.make_dataset(url, batch_size=global_batch, image_size=(image_size, image_size),
-                                    training=False, num_epochs=1, shuffle=False, parallel=parallel, **options)
-    return _Input(_with_data_sharding(dataset), int(info["rows"]), int(info["num_classes"]),
-                  list(info.get("classes") or []))
-
-
-def _resolve_input(data, *, role, strategy, global_batch, image_size, parallel, seed, num_classes,
-                   cache_dir, classes, input_options) -> _Input:
-    training = role == "train"
-    if isinstance(data, tf.data.Dataset):
-        return _dataset_input(data, global_batch=global_batch, image_size=image_size, num_classes=num_classes)
-    if _is_data_map(data):
-        classes = classes or _map_classes(data)
-        data = _convert_data_map(data, cache_dir, "train" if training else "val", classes, parallel)
-    if isinstance(data, (str, os.PathLike)):
-        from pinstorm import pipeline
-        url = os.fspath(data)
-        info = pipeline.dataset_info(url)
-        if training:
-            return _parquet_train_input(strategy, url, info, global_batch=global_batch, image_size=image_size,
-                                        parallel=parallel, seed=seed, input_options=input_options)
-        return _parquet_eval_input(url, info, global_batch=global_batch, image_size=image_size, parallel=parallel,
-                                   input_options=input_options)
-    raise TrainingError(f"{role} data must be a Parquet dataset URL, a data map or a tf.data.Dataset, "
-                        f"not {type(data).__name__}")
 
 
 # --------------------------------------------------------------------------- callbacks
@@ -258,6 +124,8 @@ def train(
     callbacks: list | None = None,
     input_options: dict | None = None,
     verbose: int | str = 2,
+    pin: str | None = None,
+    lineage: dict | None = None,
 ) -> TrainResult:
     """Fit ``model_name`` on ``data``; return the history and the final validation metrics.
 
@@ -271,7 +139,13 @@ def train(
     ``input_options`` go to ``pipeline.make_dataset`` for Parquet inputs (e.g.
     ``{"flip": False, "crop_area": (0.8, 1.0)}`` for digits, which a mirror image would turn
     into other digits).
+
+    ``pin="board/name"`` (or ``"name"`` on the default board) pins the finished run as a new
+    version of that pin: weights, metrics.csv, curves.png, the TensorBoard logs zipped and a
+    lineage record, to which ``lineage`` (a JSON-able dict, e.g. the pins the data came from) is
+    added; ``result.experiment`` says where it went (see ``training.experiments``).
     """
+    wall_started, started_at = time.perf_counter(), datetime.now(timezone.utc)
     if data is None:
         raise TrainingError("train() needs data: a Parquet URL, a data map or a tf.data.Dataset")
     if epochs < 1 or batch_size < 1:
@@ -280,6 +154,9 @@ def train(
     in_cluster = isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
     config = multiworker.read_tf_config() if in_cluster else None
     chief = multiworker.is_chief(config)
+    if pin is not None and chief:   # a bad target fails now, not after hours of training
+        from .experiments import check_target
+        check_target(pin)
     output_dir = Path(output_dir) if output_dir else _default_output_dir(model_name)
     write_dir = multiworker.worker_output_dir(output_dir, config)
     write_dir.mkdir(parents=True, exist_ok=True)
@@ -290,7 +167,7 @@ def train(
     global_batch = batch_size * replicas
     common = dict(strategy=strategy, global_batch=global_batch, image_size=image_size, parallel=parallel,
                   seed=seed, cache_dir=cache_dir, input_options=dict(input_options or {}))
-    train_input = _resolve_input(data, role="train", num_classes=num_classes, classes=None, **common)
+    train_input = resolve_input(data, role="train", num_classes=num_classes, classes=None, **common)
     num_classes = num_classes or train_input.num_classes
     if not num_classes:
         raise TrainingError("num_classes is required when training on a tf.data.Dataset")
@@ -298,8 +175,8 @@ def train(
         raise TrainingError(f"num_classes={num_classes} but the training data has {train_input.num_classes} classes")
     val_input = None
     if validation_data is not None:
-        train_classes = train_input.classes or (_map_classes(data) if _is_data_map(data) else None)
-        val_input = _resolve_input(validation_data, role="val", num_classes=num_classes, classes=train_classes,
+        train_classes = train_input.classes or (map_classes(data) if is_data_map(data) else None)
+        val_input = resolve_input(validation_data, role="val", num_classes=num_classes, classes=train_classes,
                                    **common)
         if val_input.classes and train_input.classes and val_input.classes != train_input.classes:
             raise TrainingError("training and validation data label different classes; convert both with the "
@@ -340,7 +217,8 @@ def train(
         val_metrics = {k: float(v) for k, v in model.evaluate(val_input.dataset, verbose=0, return_dict=True).items()}
 
     weights_path = write_dir / "final.weights.h5"
-    temporary = write_dir / ".final.weights.tmp.h5"   # a crash never leaves half a weights file
+    temporary = write_dir / ".final-partial.weights.h5"   # a crash never leaves half a weights file; the
+    # ".weights.h5" ending selects the Keras weights format, the one load_weights expects of that name
     model.save_weights(str(temporary))
     os.replace(temporary, weights_path)
     plot_png = None
@@ -350,7 +228,7 @@ def train(
     images = sum(throughput.epoch_images)
     train_seconds = sum(throughput.epoch_seconds)
     choice = strategy_choice(strategy)
-    return TrainResult(
+    result = TrainResult(
         history={k: [float(x) for x in v] for k, v in history.history.items()},
         val_metrics=val_metrics, model=model, epochs=[int(e) for e in history.epoch],
         initial_epoch=(history.epoch[0] if history.epoch else epochs), global_batch_size=global_batch,
@@ -361,6 +239,29 @@ def train(
         checkpoint_dir=str(checkpoint_dir) if checkpoint_dir else None, weights_path=str(weights_path),
         num_classes=num_classes, is_chief=chief, input_shards=list(train_input.shards),
     )
+    if pin is not None and chief:
+        from . import experiments
+
+        record = {
+            "model": {"name": model_name, "image_size": image_size, "num_classes": num_classes,
+                      "kwargs": dict(model_kwargs or {}), "keras_name": model.name, "parameters": model.count_params()},
+            "data": experiments.dataset_lineage(data, train_input.url),
+            "validation_data": experiments.dataset_lineage(validation_data, val_input.url if val_input else None),
+            "arguments": {"epochs": epochs, "batch_size": batch_size, "image_size": image_size,
+                          "learning_rate": learning_rate, "optimizer": optimizer, "steps_per_epoch": steps_per_epoch,
+                          "mixed_precision": mixed_precision, "seed": seed, "parallel": parallel,
+                          "input_options": dict(input_options or {}), "output_dir": str(output_dir),
+                          "checkpoint_dir": str(checkpoint_dir) if checkpoint_dir else None},
+            "strategy": result.strategy or {"class": type(strategy).__name__, "replicas": replicas},
+            "global_batch_size": global_batch, "replicas": replicas, "epochs": result.epochs,
+            "initial_epoch": result.initial_epoch, "steps_per_epoch": steps, "history": result.history,
+            "val_metrics": val_metrics, "images_per_second": result.images_per_second,
+            "packages": experiments.package_versions(), "started": started_at.isoformat(timespec="seconds"),
+            "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"), "fit_seconds": fit_seconds,
+            "wall_seconds": time.perf_counter() - wall_started, "lineage": lineage or {},
+        }
+        result.experiment = experiments.pin_run(result, pin, record)
+    return result
 
 
 def _seed_python_and_numpy(seed: int) -> None:

@@ -1,0 +1,103 @@
+"""`pinstorm profile` end to end on the demo's board (served over HTTP) and dataset."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from pinstorm.cli import cli
+from pinstorm.training.profiling import ProfileError, ProfileReport, StageTime, _verdict
+
+pytest_plugins = ["conftest_training"]
+
+STAGES = ["board fetch", "raw fsspec copy (baseline)", "extraction", "parquet read", "decode (make_dataset)",
+          "train step (cached input)", "real fit"]
+
+
+@pytest.mark.slow
+def test_profile_measures_every_stage_of_the_demo(two_cpu_devices, tmp_path):
+    from pinstorm import boards
+    from pinstorm.training import make_strategy, profile
+    from pinstorm.training.demo import demo_data
+
+    before = boards.board_list()
+    with demo_data(tmp_path / "demo", size="small") as data:
+        report = profile(data["train"], board=data["board"], max_pins=4, model_name="alexnet",
+                         model_kwargs={"width": 0.125}, image_size=32, batch_size=8, steps=4, fetch_parallel=4,
+                         strategy=make_strategy("one-device"), input_options={"flip": False},
+                         output_dir=tmp_path / "report")
+        assert boards.board_list() == sorted(set(before) | {data["board"], data["local_board"]})
+    assert boards.board_list() == before                               # the cold-cache clone is gone too
+
+    assert [s.name for s in report.stages] == STAGES
+    fetch, raw, extraction = (report.stage(n) for n in STAGES[:3])
+    # the first four categories: four zips fetched, forty digits (10 train images each) extracted
+    assert fetch.detail.startswith("4 pins") and extraction.images == 40
+    assert fetch.amount == pytest.approx(raw.amount) and fetch.amount > 0
+    assert report.fetch_vs_raw == pytest.approx(raw.seconds / fetch.seconds)
+    rows = report.stage("parquet read")
+    assert rows.images >= 100 and rows.images % 100 == 0             # whole passes over the 100 stored rows
+    for name in STAGES[3:]:
+        assert report.stage(name).images_per_second > 0, name
+    assert 0.0 <= report.stall_share < 1.0
+    assert report.bound in STAGES[3:6] and report.advice
+    assert report.settings["replicas"] == 1 and report.settings["image_size"] == 32
+
+    saved = json.loads((tmp_path / "report" / "profile.json").read_text())
+    assert saved["bound"] == report.bound and [s["name"] for s in saved["stages"]] == STAGES
+    assert saved["stages"][0]["rate"] == pytest.approx(fetch.rate)
+    assert (tmp_path / "report" / "profile.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not [p for p in (tmp_path / "report").iterdir() if p.name.startswith("pinstorm-profile-scratch")]
+
+
+@pytest.mark.slow
+def test_profile_command_on_the_demo_prints_json(two_cpu_devices, tmp_path):
+    result = CliRunner().invoke(cli, ["profile", "--demo", "--output", str(tmp_path), "--steps", "3",
+                                      "--batch-size", "8", "--width", "0.125", "--max-pins", "2",
+                                      "--strategy", "one-device", "--json"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output.strip().splitlines()[-1])
+    assert [s["name"] for s in summary["stages"]] == STAGES and summary["bound"] in STAGES
+    assert summary["settings"]["pins"] and len(summary["settings"]["pins"]) == 2
+    assert (tmp_path / "profile.json").exists() and (tmp_path / "profile.png").exists()
+
+
+def test_profile_needs_something_to_measure(tmp_path):
+    from pinstorm.training import profile
+
+    with pytest.raises(ProfileError, match="needs a dataset"):
+        profile()
+    result = CliRunner().invoke(cli, ["profile"])
+    assert result.exit_code == 1 and "give a DATASET" in result.output
+    with pytest.raises(ProfileError, match="not registered"):
+        profile(board="no-such-board", output_dir=tmp_path)
+
+
+def _stage(name, images_per_second, per_epoch=True):
+    return StageTime(name, 1.0, images_per_second, "img", int(images_per_second), per_epoch=per_epoch)
+
+
+@pytest.mark.parametrize("decode, step, real, bound, says", [
+    (300, 1000, 290, "decode (make_dataset)", "more decode threads"),          # input-bound by its own speed
+    (5000, 1000, 600, "decode (make_dataset)", "compete for the same"),        # fast alone, slow together
+    (5000, 1000, 980, "train step (cached input)", "fewer replicas per host"),  # the step is the bound
+])
+def test_the_verdict_names_the_bound_and_what_to_change(decode, step, real, bound, says):
+    stages = [_stage("parquet read", 20000), _stage("decode (make_dataset)", decode),
+              _stage("train step (cached input)", step), _stage("real fit", real)]
+    stall = 1 - real / step
+    named, advice = _verdict(stages, stall, None, replicas=2, gpus=False, parallel=None, fetch_parallel=8)
+    assert named == bound and any(says in line for line in advice), advice
+    text = "\n".join(ProfileReport(stages, named, advice, stall).lines())
+    assert f"{named}" in text and "<- bound" in text
+
+
+def test_a_slow_fetch_against_the_raw_copy_asks_for_parallel_fetches():
+    fetch = StageTime("board fetch", 4.0, 100.0, "MB", per_epoch=False, detail="16 pins")
+    raw = StageTime("raw fsspec copy (baseline)", 1.0, 100.0, "MB", per_epoch=False)
+    _, advice = _verdict([fetch, raw], None, 0.25, replicas=1, gpus=False, parallel=None, fetch_parallel=8, pins=16)
+    assert any("0.25x a raw copy" in a and "parallel=16" in a for a in advice), advice
+    _, advice = _verdict([fetch, raw], None, 0.9, replicas=1, gpus=False, parallel=None, fetch_parallel=8, pins=16)
+    assert any("storage itself is the limit" in a and "local SSD" in a for a in advice), advice
