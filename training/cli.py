@@ -46,11 +46,13 @@ def _log_to_console(verbose: bool) -> None:
 @click.option("--seed", type=int, default=None)
 @click.option("--no-flip", is_flag=True, help="No random left-right flips (for digits, text, ...).")
 @click.option("--crop-min", type=float, default=None, help="Smallest random-crop area (0-1).")
+@click.option("--pin", "pin", default=None, metavar="BOARD/NAME",
+              help="Pin the finished run (weights, metrics, curves, TensorBoard, lineage) as a new version.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result summary as JSON.")
 @click.option("--verbose", "-v", is_flag=True)
 def train(model, data, validation, epochs, batch_size, image_size, width, kind, devices, cross_device_ops,
           no_fallback, probe_timeout, checkpoint_dir, output_dir, parallel, learning_rate, optimizer, seed, no_flip,
-          crop_min, as_json, verbose):
+          crop_min, pin, as_json, verbose):
     """Train MODEL on the Parquet dataset DATA (with TF_CONFIG set: one worker of a multi-worker run)."""
     _log_to_console(verbose)
     from .strategy import make_strategy, strategy_choice
@@ -69,7 +71,7 @@ def train(model, data, validation, epochs, batch_size, image_size, width, kind, 
     result = run_training(model, data, validation, strategy=strategy, epochs=epochs, batch_size=batch_size,
                           image_size=image_size, parallel=parallel, checkpoint_dir=checkpoint_dir,
                           output_dir=output_dir, learning_rate=learning_rate, optimizer=optimizer, seed=seed,
-                          model_kwargs=model_kwargs, input_options=input_options,
+                          model_kwargs=model_kwargs, input_options=input_options, pin=pin,
                           verbose=0 if as_json else 2)   # --json: stdout carries only the summary
     if as_json:
         click.echo(json.dumps(result.summary()))
@@ -77,6 +79,8 @@ def train(model, data, validation, epochs, batch_size, image_size, width, kind, 
     click.echo(f"validation: {json.dumps(result.val_metrics)}")
     click.echo(f"{result.images_per_second:,.0f} images/s, global batch {result.global_batch_size}; "
                f"outputs in {result.output_dir}")
+    if result.experiment:
+        click.echo(f"pinned as {result.experiment['pin']} version {result.experiment['version']}")
 
 
 @click.command()
@@ -94,3 +98,64 @@ def demo(workdir, size, epochs, parallel, verbose):
 
     run_demo(workdir, size=size, epochs=epochs, parallel=parallel, echo=click.echo)
 
+
+
+@click.command()
+@click.argument("dataset", required=False)
+@click.option("--board", default=None, help="Board to time fetching from: a registered name or a data.txt URL.")
+@click.option("--pins", default=None, help="Comma-separated pins to fetch (default: the board's first categories).")
+@click.option("--max-pins", type=int, default=8, show_default=True)
+@click.option("--demo", "use_demo", is_flag=True,
+              help="Profile the demo's board (served over HTTP) and dataset, built in --output.")
+@click.option("--size", type=click.Choice(["full", "small"]), default="small", show_default=True,
+              help="With --demo: the demo's size.")
+@click.option("--model", type=click.Choice(MODEL_NAMES, case_sensitive=False), default="alexnet", show_default=True)
+@click.option("--image-size", type=int, default=None, help="Default 224 (32 with --demo).")
+@click.option("--batch-size", type=int, default=32, show_default=True, help="Per replica.")
+@click.option("--width", type=float, default=None, help="AlexNet width multiplier (default 1.0; 0.25 with --demo).")
+@click.option("--steps", type=int, default=20, show_default=True, help="Training steps per timed epoch.")
+@click.option("--parallel", type=int, default=None, help="Parallel image decodes (default: AUTOTUNE).")
+@click.option("--fetch-parallel", type=int, default=8, show_default=True, help="Pins fetched at once.")
+@click.option("--strategy", "kind", type=click.Choice(["auto", "mirrored", "multiworker", "one-device"]),
+              default="auto", show_default=True)
+@click.option("--devices", type=int, default=None, help="GPUs to use, or logical CPU devices without GPUs.")
+@click.option("--cross-device-ops", default="auto", show_default=True)
+@click.option("--no-flip", is_flag=True, help="No random left-right flips (implied by --demo).")
+@click.option("--output", "output_dir", default=None, help="Folder for profile.json and profile.png.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("--verbose", "-v", is_flag=True)
+def profile(dataset, board, pins, max_pins, use_demo, size, model, image_size, batch_size, width, steps, parallel,
+            fetch_parallel, kind, devices, cross_device_ops, no_flip, output_dir, as_json, verbose):
+    """Time each stage from BOARD to a training step on DATASET; name the bound and what to change."""
+    import contextlib
+    import tempfile
+
+    _log_to_console(verbose)
+    from .profiling import ProfileError, profile as run_profile
+    from .strategy import make_strategy
+
+    if not (dataset or board or use_demo):
+        raise ProfileError("give a DATASET, a --board, or --demo")
+    output_dir = output_dir or tempfile.mkdtemp(prefix="pinstorm-profile-")
+    say = (lambda text: None) if as_json else click.echo
+    strategy = None
+    if dataset or use_demo:   # devices are fixed when TensorFlow starts: build the strategy first
+        strategy = make_strategy(kind, devices=devices, cross_device_ops=cross_device_ops)
+    with contextlib.ExitStack() as stack:
+        input_options = {"flip": False} if (no_flip or use_demo) else {}
+        if use_demo:
+            from .demo import demo_data
+
+            data = stack.enter_context(demo_data(os.path.join(output_dir, "demo"), size=size))
+            dataset, board = dataset or data["train"], board or data["board"]
+            image_size, width = image_size or 32, width or 0.25
+            input_options["crop_area"] = (0.6, 1.0)
+            say(f"demo board {data['url']} and dataset {dataset}")
+        model_kwargs = {"width": width or 1.0} if model.lower() == "alexnet" else {}
+        report = run_profile(dataset, board=board, pins=pins.split(",") if pins else None, max_pins=max_pins,
+                             model_name=model, model_kwargs=model_kwargs, image_size=image_size or 224,
+                             batch_size=batch_size, strategy=strategy, parallel=parallel,
+                             fetch_parallel=fetch_parallel, steps=steps, input_options=input_options,
+                             output_dir=output_dir, echo=say)
+    if as_json:
+        click.echo(json.dumps(report.summary()))
