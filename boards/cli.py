@@ -82,16 +82,18 @@ def board_remove_cmd(name):
 
 @board.command("repair")
 @click.argument("name", default="local")
-def board_repair_cmd(name):
-    """Rebuild a writable board's data.txt index from the pins it stores and remove temporaries
-    left by killed writers (after a crash, or writes by tools that do not keep the index)."""
+@click.option("--older-than", default=86400.0, show_default=True, type=float, metavar="SECONDS",
+              help="On buckets, remove unfinished versions (no data.txt) only when this old.")
+def board_repair_cmd(name, older_than):
+    """Rebuild a writable board's data.txt index from the pins it stores and remove what killed
+    writers left (after a crash, or writes by tools that do not keep the index)."""
     from .errors import ReadOnlyBoard
 
     b = registry.board_get(name)
     if not hasattr(b, "rebuild_index"):
         raise ReadOnlyBoard(f"board {name!r} ({b.kind}) has no index of its own to repair")
-    removed = b.sweep_temporaries()
-    count = b.rebuild_index()
+    removed = b.sweep_temporaries(older_than=older_than)
+    count = b.rebuild_index(sweep=False)
     extra = f"; removed {removed} abandoned temporary item(s)" if removed else ""
     click.echo(f"repaired board {name!r} ({b.describe()}): the index lists {count} pin(s){extra}")
 

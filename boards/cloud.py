@@ -125,9 +125,13 @@ class BucketBoard(FsBoard):
         with self._errors(f"remove pin {name!r}"):
             super().delete(name, versions)
 
-    def rebuild_index(self) -> int:
+    def rebuild_index(self, *args, **kwargs) -> int:
         with self._errors("rebuild the data.txt index"):
-            return super().rebuild_index()
+            return super().rebuild_index(*args, **kwargs)
+
+    def sweep_temporaries(self, *args, **kwargs) -> int:
+        with self._errors("remove unfinished versions"):
+            return super().sweep_temporaries(*args, **kwargs)
 
     def ensure_bucket(self) -> None:
         """Create the bucket unless it exists (needs the right to create buckets)."""

@@ -37,7 +37,7 @@ from .cache import verify, write_stamp
 from .errors import IntegrityError, InvalidPinName, PinNotFound
 from .meta import PinMeta, parse_version
 from .names import check_pin_name
-from .tempnames import TMP_MARK, is_temporary, sweep, tmp_name
+from .tempnames import FOREIGN_MAX_AGE, TMP_MARK, is_temporary, sweep, tmp_name
 
 INDEX_ROUNDS = 60  # reconciliation rounds before giving up (the versions are stored either way)
 
@@ -219,21 +219,46 @@ class FsBoard(Board):
                 "type": meta.type, "title": meta.title, "version": latest, "versions": list(versions),
                 "file": meta.file, "created": meta.created}
 
-    def rebuild_index(self) -> int:
+    def rebuild_index(self, sweep: bool = True) -> int:
         """Make the root data.txt list exactly the pins and versions stored (after a crash, or
-        another tool's writes) and remove temporaries that killed writers left; returns the number
-        of pins listed."""
-        self.sweep_temporaries()
+        another tool's writes) and, with `sweep`, remove what killed writers left (see
+        `sweep_temporaries`); returns the number of pins listed."""
+        if sweep:
+            self.sweep_temporaries()
         return self._update_index()
 
-    def sweep_temporaries(self) -> int:
-        """Remove abandoned temporary version folders and index files (local boards); returns how many."""
-        if not self.is_local:
-            return 0
-        removed = len(sweep(self.root))
-        for pin in Path(self.root).iterdir():
-            if pin.is_dir() and not pin.name.startswith("."):
-                removed += len(sweep(pin))
+    def sweep_temporaries(self, older_than: float = FOREIGN_MAX_AGE) -> int:
+        """Remove what killed writers left; returns how many folders went.
+
+        Local boards: temporary version folders and index files whose owner process is gone.
+        Object stores (no temporary names there: files go to their final keys, data.txt last): version
+        folders without a data.txt whose newest object is older than `older_than` seconds (a day by
+        default, so a writer still uploading is never disturbed).
+        """
+        if self.is_local:
+            removed = len(sweep(self.root))
+            for pin in Path(self.root).iterdir():
+                if pin.is_dir() and not pin.name.startswith("."):
+                    removed += len(sweep(pin))
+            return removed
+        self._fresh()
+        prefix = self.root.rstrip("/") + "/"
+        folders: dict[tuple[str, str], list] = {}
+        for key, info in self.fs.find(self.root, detail=True).items():
+            parts = key[len(prefix):].split("/") if key.startswith(prefix) else []
+            if len(parts) >= 3 and not parts[0].startswith("."):
+                folders.setdefault((parts[0], parts[1]), []).append((parts[2:], info))
+        now = time.time()
+        removed = 0
+        for (pin, version), objects in folders.items():
+            if parse_version(version) is None or any(rest == ["data.txt"] for rest, _ in objects):
+                continue  # a finished version, or a folder that is not a pins 1.x version: not ours
+            ages = [now - _modified(info) for _, info in objects]
+            if ages and min(ages) > older_than:
+                self.fs.rm(self._path(pin, version), recursive=True)
+                removed += 1
+        if removed:
+            self._fresh()
         return removed
 
     def _pin_names(self) -> list[str]:
@@ -380,3 +405,19 @@ def _precondition_failed(e: BaseException) -> bool:
         e = e.__cause__ or e.__context__
         seen += 1
     return False
+
+
+def _modified(info: dict) -> float:
+    """An object's modification time (epoch seconds) from an s3fs / gcsfs listing entry; now if unknown."""
+    import datetime as dt
+
+    for field in ("LastModified", "mtime", "updated", "last_modified"):
+        value = info.get(field)
+        if isinstance(value, dt.datetime):
+            return value.timestamp()
+        if isinstance(value, str):
+            with contextlib.suppress(ValueError):
+                return dt.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+        if isinstance(value, (int, float)):
+            return float(value)
+    return time.time()

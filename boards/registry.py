@@ -3,22 +3,27 @@
 A board named "local" always exists. Registrations made in Python last for the process unless
 `persist=True`; the CLI persists them in a YAML file (`$PINSTORM_CONFIG`, else `boards.yaml` in
 the user config folder) so later commands and processes see them. Secrets are never written there:
-options named like a password, secret or key stay in the process.
+options named like a password, secret, token or key stay in the process at any depth (inside
+`client_kwargs`, `storage_options`, ...), and so do the values of headers other than a few harmless
+ones (`Authorization`, cookies and API-key headers never reach the file). The file is created with
+mode 0600 and read, modified and rewritten under a file lock, so two processes registering at once
+both keep their boards.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import re
 import threading
-import uuid
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import platformdirs
 import yaml
+from filelock import FileLock
 
 from .board import Board
 from .errors import BoardError, BoardNotRegistered
@@ -32,19 +37,51 @@ KINDS = {
     "local": "pinstorm.boards.fs_board:local_board",
     "folder": "pinstorm.boards.fs_board:local_board",
     "datatxt": "pinstorm.boards.datatxt_board:DatatxtBoard",
+    "url": "pinstorm.boards.url_board:UrlBoard",  # data.txt, else pins 1.x _pins.yaml
     "s3": "pinstorm.boards.cloud:s3_board",
     "gcs": "pinstorm.boards.cloud:gcs_board",
     "gcloud": "pinstorm.boards.cloud:gcs_board",
     "kaggle": "pinstorm.boards.kaggle_board:KaggleBoard",
 }
-_SECRET = re.compile(r"secret|password|passwd|token|^key$|_key$|credentials?$", re.I)
+_SECRET = re.compile(r"secret|password|passwd|pwd|token|^key$|_key$|access_key|key_id|apikey|api-key|credentials?$|"
+                     r"auth|cookie|signature|session|private|bearer", re.I)
+# header values that may be saved; every other header (Authorization, Cookie, X-Api-Key...) is not
+_SAFE_HEADERS = {"accept", "accept-encoding", "accept-language", "user-agent", "cache-control"}
 
 
 def _is_secret(option: str, value: Any) -> bool:
     """Secret-looking options are kept out of the config file, except paths to credential files."""
-    if not _SECRET.search(option):
+    if not _SECRET.search(str(option)):
         return False
     return not (isinstance(value, (str, Path)) and Path(str(value)).expanduser().is_file())
+
+
+def _public(options: dict, where: str = "") -> tuple[dict, list[str]]:
+    """(options without secrets at any depth, the dotted names of what was left out)."""
+    kept: dict = {}
+    dropped: list[str] = []
+    for k, v in options.items():
+        dotted = f"{where}{k}"
+        if _is_secret(k, v):
+            dropped.append(dotted)
+        elif str(k).lower() == "headers" and isinstance(v, dict):
+            safe = {h: x for h, x in v.items() if str(h).lower() in _SAFE_HEADERS}
+            dropped += [f"{dotted}.{h}" for h in v if h not in safe]
+            kept[k] = safe
+        elif isinstance(v, dict):
+            kept[k], inner = _public(v, f"{dotted}.")
+            dropped += inner
+        elif isinstance(v, (list, tuple)):
+            items = []
+            for i, item in enumerate(v):
+                if isinstance(item, dict):
+                    item, inner = _public(item, f"{dotted}[{i}].")
+                    dropped += inner
+                items.append(item)
+            kept[k] = items
+        else:
+            kept[k] = str(v) if isinstance(v, Path) else v
+    return kept, dropped
 
 _lock = threading.RLock()
 _boards: dict[str, Board] = {}
@@ -75,11 +112,30 @@ def _read_config() -> dict[str, dict]:
 
 
 def _write_config(boards: dict[str, dict]) -> None:
+    """Replace the config file atomically with a file only its owner can read (mode 0600)."""
+    from .tempnames import tmp_name
+
     path = config_path()
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
-    tmp.write_text(yaml.safe_dump({"boards": boards}, sort_keys=True))
-    os.replace(tmp, path)
+    tmp = tmp_name(path.with_name("." + path.name))
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(yaml.safe_dump({"boards": boards}, sort_keys=True))
+        os.chmod(tmp, 0o600)  # whatever the umask
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+
+@contextlib.contextmanager
+def _config_locked() -> Iterator[None]:
+    """Serialise read-modify-write of the config file between processes."""
+    path = config_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(path.with_name(f".{path.name}.lock")), timeout=60):
+        yield
 
 
 def _ensure_loaded() -> None:
@@ -102,7 +158,7 @@ def _ensure_loaded() -> None:
 def _make(kind: str, name: str, options: dict) -> Board:
     if kind.startswith(("http://", "https://")):
         options = {**options, "url": kind}
-        kind = "datatxt"
+        kind = "url"
     if kind not in KINDS:
         raise BoardError(f"unknown board kind {kind!r}; use one of {', '.join(sorted(KINDS))} or an http(s) URL")
     module, factory = KINDS[kind].split(":")
@@ -126,18 +182,19 @@ def board_register(board: str = "local", name: str | None = None, *, persist: bo
     name = name or _default_name(board)
     with _lock:
         _ensure_loaded()
+        kept, dropped = _public(options)  # before the board exists: storage libraries mutate nested options
         instance = _make(board, name, dict(options))
         _boards[name] = instance
         _specs[name] = {"kind": board, **options}
         if persist:
-            kept = {k: v for k, v in options.items() if not _is_secret(k, v)}
-            if len(kept) != len(options):
-                warnings.warn(f"board {name!r}: secret options {sorted(set(options) - set(kept))} "
-                              "were not saved to the config file; pass them again or use the "
-                              "storage library's own credential chain", stacklevel=2)
-            config = _read_config()
-            config[name] = {"kind": board, **{k: (str(v) if isinstance(v, Path) else v) for k, v in kept.items()}}
-            _write_config(config)
+            if dropped:
+                warnings.warn(f"board {name!r}: secret options {sorted(dropped)} were not saved to the "
+                              "config file; pass them again or use the storage library's own "
+                              "credential chain", stacklevel=2)
+            with _config_locked():
+                config = _read_config()
+                config[name] = {"kind": board, **kept}
+                _write_config(config)
             _specs[name]["_persisted"] = True
         return instance
 
@@ -151,9 +208,10 @@ def board_deregister(name: str, *, persist: bool | None = None) -> None:
         _boards.pop(name, None)
         spec = _specs.pop(name, {})
         if persist or (persist is None and spec.get("_persisted")):
-            config = _read_config()
-            if config.pop(name, None) is not None:
-                _write_config(config)
+            with _config_locked():
+                config = _read_config()
+                if config.pop(name, None) is not None:
+                    _write_config(config)
 
 
 def board_names() -> list[str]:

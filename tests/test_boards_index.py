@@ -83,6 +83,7 @@ def _run(script: str, *args: str, check: bool = True) -> subprocess.CompletedPro
     return r
 
 
+@pytest.mark.slow
 def test_concurrent_writer_processes_lose_no_index_entry(cloud, tmp_path):
     options, board = cloud
     go = tmp_path / "go"
@@ -145,3 +146,37 @@ def test_repair_command_and_stale_entries(tmp_path):
     index = {e["name"]: e for e in yaml.safe_load(index_file.read_text())}
     assert set(index) == {"kept", "orphan", "legacy"}
     assert index["legacy"]["path"] == "https://example.org/legacy.csv"
+
+
+def test_s3_index_writes_are_conditional(s3_server, tmp_path):
+    """On S3 a writer that read an older index cannot overwrite a newer one (If-Match), and a writer
+    that saw no index cannot overwrite one created since (If-None-Match)."""
+    from pinstorm.boards.fs_board import _IndexConflict
+
+    bucket = f"cond-{uuid.uuid4().hex[:10]}"
+    one = boards.board_register("s3", name="one", bucket=bucket, create_bucket=True, **s3_server.storage_options())
+    two = boards.board_register("s3", name="two", bucket=bucket, **s3_server.storage_options())
+    entries, token = one._read_index()
+    assert entries is None and token is None
+    two.pin({"a": 1}, "a")
+    with pytest.raises(_IndexConflict):
+        one._write_index([], None, existed=False)
+    entries, token = one._read_index()
+    two.pin({"b": 1}, "b")
+    with pytest.raises(_IndexConflict):
+        one._write_index(entries, token, existed=True)
+    assert set(_index(one)) == {"a", "b"}
+
+
+def test_unfinished_bucket_versions_are_removed_only_when_old(cloud):
+    """A writer killed mid-upload leaves files without a data.txt (object stores have no temporary
+    names): repair removes them once they are old enough never to belong to a live writer."""
+    options, board = cloud
+    board.pin({"a": 1}, "done")
+    orphan = f"{board.root}/done/20200101T000000Z-abcde"
+    board.fs.pipe_file(f"{orphan}/part.bin", b"half an upload")
+    assert board.sweep_temporaries() == 0 and board.fs.exists(f"{orphan}/part.bin")  # recent: kept
+    assert board.sweep_temporaries(older_than=0) == 1
+    board._fresh()
+    assert not board.fs.exists(f"{orphan}/part.bin")
+    assert board.pin_get("done") == {"a": 1} and board.rebuild_index() == 1

@@ -161,3 +161,54 @@ def test_new_metadata_for_the_same_bytes_makes_a_new_version(tmp_path):
     info = boards.pin_info("x")
     assert info["title"] == "X" and info["versions"] == 4
     assert list(boards.pin_find("second")["name"]) == ["x"]  # the index shows the new description
+
+
+# ---- properties ------------------------------------------------------------------------------
+from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+
+from pinstorm.boards.meta import combine_hashes, hash_matches  # noqa: E402
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(contents=st.lists(st.binary(max_size=300), min_size=1, max_size=5), flip=st.data())
+def test_every_scheme_accepts_its_bytes_and_refuses_any_changed_byte(tmp_path_factory, contents, flip):
+    folder = tmp_path_factory.mktemp("files")
+    paths = []
+    for i, data in enumerate(contents):
+        p = folder / f"f{i}"
+        p.write_bytes(data)
+        paths.append(p)
+    hashes = [hash_file(p) for p in paths]
+    schemes = [combine_hashes(hashes)]  # pinstorm / R 1.x
+    if len(paths) > 1:
+        schemes.append(joined_hash(hashes))  # pins-python
+    for pin_hash in schemes:
+        assert hash_matches(pin_hash, paths) is True
+    i = flip.draw(st.integers(0, len(paths) - 1))
+    data = bytearray(contents[i]) or bytearray(b"\0")
+    j = flip.draw(st.integers(0, len(data) - 1))
+    data[j] ^= flip.draw(st.integers(1, 255))
+    paths[i].write_bytes(bytes(data))
+    for pin_hash in schemes:
+        assert hash_matches(pin_hash, paths) is False
+
+
+_secret_key = st.sampled_from(["secret", "aws_secret_access_key", "password", "token", "api_key",
+                               "aws_session_token", "key", "client_secret", "Authorization"])
+_plain_key = st.sampled_from(["region", "verify", "retries", "max_attempts", "path", "endpoint"])
+_secret_value = st.text("ABCDEFGHJKMNPQRSTUVWXYZ", min_size=12, max_size=20).map(lambda s: "S3CR3T" + s)
+_options = st.recursive(
+    st.dictionaries(_secret_key, _secret_value, max_size=2),
+    lambda inner: st.dictionaries(st.one_of(_plain_key, st.just("headers")), inner, max_size=3)
+    | st.dictionaries(_plain_key, st.lists(inner, max_size=2), max_size=2),
+    max_leaves=8)
+
+
+@settings(max_examples=60, deadline=None)
+@given(options=st.dictionaries(_plain_key, _options, max_size=3))
+def test_no_secret_value_survives_at_any_depth(options):
+    from pinstorm.boards.registry import _public
+
+    kept, dropped = _public(options)
+    assert "S3CR3T" not in yaml.safe_dump(kept)
+    assert ("S3CR3T" in repr(options)) == bool(dropped)

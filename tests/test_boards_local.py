@@ -176,6 +176,7 @@ def test_pins_python_reads_what_pinstorm_writes_and_back(tmp_path):
     assert boards.pin_get("json_pinstorm") == {"k": [1, 2]}
 
 
+@pytest.mark.slow
 def test_concurrent_registrations_from_processes_all_persist(tmp_path):
     import stat
     import subprocess
