@@ -171,13 +171,11 @@ class PinsApiMixin:
         tags = [str(t) for t in tags] if tags is not None else None
         if tags is not None:
             kwargs["tags"] = tags
-        saved = self.versions
-        if versioned is not None:
-            self.versions = bool(versioned)
-        try:
-            self.pin(x, name=name, **kwargs)
-        finally:
-            self.versions = saved
+        self.pin(x, name=name, **kwargs)
+        if versioned is False:  # keep only the version just written, as the board's versions=False does
+            older = self.list_versions(name)[:-1]
+            if older:
+                self.delete(name, older)
         return name
 
 

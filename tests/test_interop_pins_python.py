@@ -140,6 +140,11 @@ def test_pins_python_method_names_on_pinstorm_boards(tmp_path):
     boards.pin_write({"v": 1}, "obj", board="mine", type="json")
     assert boards.pin_read("obj", board="mine") == {"v": 1}
     assert boards.pin_meta("obj", board="mine").type == "json"
+    # `urls` (R pins 1.2+ writes them) come back as a list, like tags
+    version = board.list_versions("obj")[-1]
+    data_txt = tmp_path / "mine" / "obj" / version / "data.txt"
+    data_txt.write_text(data_txt.read_text() + "urls: https://example.org/obj.json\n")
+    assert board.pin_meta("obj").urls == ["https://example.org/obj.json"] and board.pin_meta("obj").tags is None
 
 
 def test_versions_prune_and_delete(tmp_path):
@@ -157,8 +162,12 @@ def test_versions_prune_and_delete(tmp_path):
     assert board.list_versions("obj") == versions[3:]
     assert board.pin_versions_prune("obj", n=1) == []  # the newest version is never deleted
     assert board.pin_versions_prune("obj", days=0) == []
+    board.pin_write({"i": 9}, "obj", type="json")
+    board.pin_write({"i": 10}, "obj", type="json", versioned=False)  # keeps only the new version
+    assert len(board.list_versions("obj")) == 1 and board.pin_read("obj") == {"i": 10}
+    versions = board.list_versions("obj")
     manifest = yaml.safe_load((tmp_path / "v" / "_pins.yaml").read_text())
-    assert manifest == {"obj": [f"obj/{versions[3]}/"]}  # kept current on every delete
+    assert manifest == {"obj": [f"obj/{versions[0]}/"]}  # kept current on every write and delete
 
 
 def test_cache_prune(tmp_path, http_board):

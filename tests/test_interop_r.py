@@ -218,7 +218,8 @@ def test_pinstorm_reads_r_1x_board_over_http_through_manifest(r1_board, tmp_path
         files = web.pin_get("up2")  # downloaded, then verified against R's multi-file hash
         assert [Path(p).read_text() for p in files] == ["hello\n", "world\n"]
         assert [Path(p).read_text() for p in web.pin_get("up1")] == ["hello\n"]
-        assert web.pin_meta("df_csv").user == {"k": "v"}
+        meta = web.pin_meta("df_csv")
+        assert (meta.user, meta.description, meta.urls) == ({"k": "v"}, "from R", None)  # 1.1.0 has no urls
         assert web.pin_get("an_rds")[0].endswith(".rds")  # rds: only R reads it; the file comes back
         # the same board as a local folder
         local = boards.board_register("local", name="r1-local", path=folder)
