@@ -1,5 +1,6 @@
 """Two workers on 127.0.0.1 through the real entry point (``pinstorm train`` with TF_CONFIG set):
-identical weights at the end, and a run whose worker is killed mid-fit resumes from the backup."""
+identical weights at the end, and a run whose worker is killed mid-fit resumes from the backup.
+The workers' TF_CONFIG and the connections they really made stay on loopback."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 
 from pinstorm.training.multiworker import (MultiWorkerError, cluster_size, is_chief, local_cluster, make_tf_config,
                                   read_tf_config, task_rank, worker_output_dir)
+from loopback_support import is_loopback, peers
 from training_support import finish
 
 pytest_plugins = ["conftest_training"]
@@ -67,6 +69,17 @@ def _assert_identical_weights(tmp_path):
         np.testing.assert_array_equal(a, b)
 
 
+def _assert_on_loopback(started):
+    """The TF_CONFIG each worker process got, and the peers it is connected to, are all 127.0.0.1."""
+    for process in started:
+        environ = dict(item.split("=", 1) for item in
+                       Path(f"/proc/{process.pid}/environ").read_bytes().decode().split("\0") if "=" in item)
+        addresses = json.loads(environ["TF_CONFIG"])["cluster"]["worker"]
+        assert all(address.startswith("127.0.0.1:") for address in addresses), addresses
+    connected = peers([process.pid for process in started])
+    assert connected and all(is_loopback(address) for address, _ in connected), connected
+
+
 @pytest.mark.slow
 def test_two_workers_finish_with_identical_weights(processes, digits_parquet, tmp_path):
     summaries = _summaries(_launch(processes, digits_parquet, tmp_path, epochs=2))
@@ -88,6 +101,7 @@ def test_a_killed_worker_run_resumes_from_the_backup(processes, digits_parquet, 
         assert time.monotonic() < deadline, "no backup was written"
         assert all(p.poll() is None for p in first), "a worker ended before its first backup"
         time.sleep(0.1)
+    _assert_on_loopback(first)
     first[1].kill()                                         # worker 1 dies mid-fit
     first[1].wait(10)
     try:

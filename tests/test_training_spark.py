@@ -1,5 +1,9 @@
-"""spark_train on local[2]: a barrier stage of two TensorFlow workers, each on its own shard, and a
-stage asking for more tasks than slots failing at once with a clear message."""
+"""spark_train on local[2]: a barrier stage of two TensorFlow workers, each on its own shard, a stage
+asking for more tasks than slots failing at once with a clear message, everything on 127.0.0.1; and
+the fast parts (argument checks, error messages, restart figures) without Spark.
+
+The standalone-cluster tests (relaunch after a killed worker, per-worker partitions, the command
+line) are in test_training_spark_cluster.py."""
 
 from __future__ import annotations
 
@@ -8,7 +12,10 @@ import time
 
 import pytest
 
-from pinstorm.training.spark import SparkTrainError, available_slots, local_spark_session, spark_train
+from loopback_support import is_loopback, listening
+from pinstorm.training.spark import (Attempt, SparkTrainError, SparkTrainResult, WorkerResult, _check_args,
+                                     available_slots, local_spark_session, spark_error_message, spark_train)
+from pinstorm.training.spark_session import master_is_local
 
 pytest_plugins = ["conftest_training"]
 
@@ -44,7 +51,17 @@ def test_barrier_tasks_exchange_addresses(spark):
     clusters = [r.result["tf_config"]["cluster"]["worker"] for r in results]
     assert clusters[0] == clusters[1] == [results[0].address, results[1].address]
     assert len(set(clusters[0])) == 2                                     # same host, different ports
+    assert all(address.startswith("127.0.0.1:") for address in clusters[0]), clusters[0]
     assert [r.result["tf_config"]["task"]["index"] for r in results] == [0, 1]
+
+
+@pytest.mark.slow
+def test_local_session_binds_only_loopback(spark):
+    conf = spark.sparkContext.getConf()
+    assert conf.get("spark.driver.host") == conf.get("spark.driver.bindAddress") == "127.0.0.1"
+    driver_jvm = spark.sparkContext._gateway.proc.pid
+    sockets = listening([driver_jvm])
+    assert sockets and all(is_loopback(address) for address, _ in sockets), sockets
 
 
 @pytest.mark.slow
@@ -52,7 +69,7 @@ def test_too_many_tasks_fail_fast(spark):
     started = time.monotonic()
     with pytest.raises(SparkTrainError, match="needs all 3 tasks running at once but this Spark cluster has 2"):
         spark_train(_whoami_function(), 3, spark)
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 60        # not Spark's default ten minutes of retries
 
 
 @pytest.mark.slow
@@ -70,3 +87,58 @@ def test_spark_barrier_trains_alexnet_on_shards(spark, digits_parquet, tmp_path)
     assert len(summaries[0]["history"]["loss"]) == 2 and "accuracy" in summaries[0]["val_metrics"]
     assert (tmp_path / "out" / "metrics.csv").exists() and (tmp_path / "out" / "curves.png").exists()
     assert (tmp_path / "out" / "workers" / "rank1" / "final.weights.h5").exists()
+
+
+# --------------------------------------------------------------------------- without Spark
+
+def test_arguments_are_checked_before_any_session_starts(tmp_path):
+    with pytest.raises(SparkTrainError, match="positive integer"):
+        spark_train({"data": "x"}, 0)
+    with pytest.raises(SparkTrainError, match="either data .* or partition_board"):
+        _check_args({"data": "x", "partition_board": "http://127.0.0.1:1/"}, 2)
+    with pytest.raises(SparkTrainError, match="needs data"):
+        _check_args({"epochs": 1}, 2)
+    with pytest.raises(SparkTrainError, match="needs a 'kind'"):
+        _check_args({"partition_board": {"url": "http://127.0.0.1:1/"}}, 2)
+    with pytest.raises(SparkTrainError, match="'nope' is not a registered board"):
+        _check_args({"partition_board": "nope"}, 2)
+    with pytest.raises(SparkTrainError, match="max_restarts"):
+        spark_train({"data": "x"}, 2, max_restarts=-1)
+    assert _check_args({"partition_board": "http://127.0.0.1:1/b"}, 2)["partition_board"] == {
+        "kind": "datatxt", "url": "http://127.0.0.1:1/b"}
+    from pinstorm import boards
+
+    boards.board_register("local", name="parts", path=tmp_path / "b")
+    assert _check_args({"partition_board": "parts"}, 2)["partition_board"] == {"kind": "local",
+                                                                               "path": str(tmp_path / "b")}
+
+
+def test_master_urls_on_this_machine():
+    assert master_is_local("local[2]") and master_is_local("local")
+    assert master_is_local("spark://127.0.0.1:7077") and master_is_local("spark://localhost:7077,127.0.0.2:7078")
+    assert not master_is_local("spark://10.0.0.5:7077") and not master_is_local("spark://127.0.0.1:1,10.0.0.5:2")
+    assert not master_is_local("yarn") and not master_is_local("k8s://https://127.0.0.1:6443")
+
+
+def test_restart_figures():
+    summary = {"initial_epoch": 2, "epochs": [2, 3], "seconds": 20.0}
+    run = SparkTrainResult([WorkerResult(0, 2, "127.0.0.1:1", 25.0, summary)],
+                           [Attempt(1, 45.0, "PythonException: worker crashed"), Attempt(2, 30.0)])
+    assert run.restarts == 1 and run.failed_seconds == 45.0 and run.resumed_from_epoch == 2
+    assert run.seconds_lost == pytest.approx(25.0)      # 45 s failed, 2 epochs of ~10 s kept
+    assert run[0].rank == 0 and len(run) == 1 and run.summary()["restarts"] == 1
+    clean = SparkTrainResult([WorkerResult(0, 1, "a:1", 1.0, {"epochs": [0], "seconds": 1.0})], [Attempt(1, 2.0)])
+    assert clean.restarts == 0 and clean.seconds_lost == 0.0
+
+
+def test_spark_error_messages_name_the_cause():
+    python_error = ("An error occurred while calling o77.collect.\n: org.apache.spark.SparkException: Job aborted\n"
+                    "org.apache.spark.api.python.PythonException: Traceback (most recent call last):\n"
+                    '  File "x.py", line 1, in f\n    raise ValueError("boom")\nValueError: boom 1\n SQLSTATE: 38000\n'
+                    "\tat org.apache.spark.Foo.bar(Foo.scala:1)\n")
+    assert spark_error_message(Exception(python_error)) == "ValueError: boom 1"
+    crashed = ("An error occurred while calling o90.collect.\n: org.apache.spark.SparkException: Job aborted due to "
+               "stage failure: Could not recover from a failed barrier ResultStage.\norg.apache.spark.SparkException: "
+               "Python worker exited unexpectedly (crashed)\n\tat org.apache.spark.Foo.bar(Foo.scala:1)\n")
+    assert spark_error_message(Exception(crashed)).startswith("org.apache.spark.SparkException: Python worker exited")
+    assert spark_error_message(Exception("")) == "Exception"

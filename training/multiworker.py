@@ -4,6 +4,11 @@ MultiWorkerMirroredStrategy learns the cluster from the ``TF_CONFIG`` environmen
 these helpers read and write it, tell the chief from the other workers (only the chief may
 write shared outputs), and pick free ports for workers started on one machine. Importing
 this module does not import TensorFlow.
+
+Workers started on one machine (``local_cluster``, tests, ``spark_train`` on a local master) are
+addressed as 127.0.0.1, so peers connect over loopback only. TensorFlow's gRPC server itself
+listens on every interface whatever ``TF_CONFIG`` says (TF has no bind-address setting); firewall
+the ports on a shared machine.
 """
 
 from __future__ import annotations

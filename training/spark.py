@@ -1,15 +1,20 @@
-"""``spark_train``: gang-schedule multi-worker training as one Spark barrier stage.
+"""``spark_train``: gang-schedule multi-worker training as one Spark barrier stage, and relaunch it.
 
 A barrier stage starts all of its tasks together or none, which is what MultiWorkerMirroredStrategy
-needs: every worker must join the collective before anyone can step. Each task binds a free port,
-shares ``host:port`` with the others through ``BarrierTaskContext.allGather`` (in local mode every
-task reports the same executor address, so ports, not hosts, tell them apart), writes
-``TF_CONFIG`` and trains; Parquet inputs are read as one shard per task. Results from every rank
-come back to the driver, rank 0 first.
+needs: every worker must join the collective before anyone can step. Each task binds a free port
+on its executor's address, shares ``host:port`` with the others through
+``BarrierTaskContext.allGather`` (in local mode every task reports the same address, so ports tell
+them apart), writes ``TF_CONFIG`` and trains.
 
-Spark retries a barrier stage that asks for more tasks than there are slots for about ten
-minutes by default; this module checks the slots first and fails at once with a clear message.
-Importing it does not import TensorFlow or pyspark.
+Before the stage, the executors are probed with a tiny ordinary job, so an executor Python without
+TensorFlow or pinstorm is named at once. When a task dies, Spark fails the whole barrier stage
+(a barrier result stage is never retried by Spark itself); ``max_restarts`` relaunches it, and
+``BackupAndRestore`` in ``checkpoint_dir`` makes the new attempt resume at the last finished epoch.
+
+The seed's flow is built in: with ``partition_board``, task ``rank`` of ``n`` fetches
+``imagenet_partition(rank, n)`` from that board, converts its slice to Parquet on its executor and
+trains on it alone; the workers agree on the steps per epoch (the smallest slice decides).
+Importing this module imports neither TensorFlow nor pyspark.
 """
 
 from __future__ import annotations
@@ -18,20 +23,21 @@ import json
 import logging
 import os
 import socket
-import sys
 import time
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any, Callable
-from pinstorm.errors import PinstormError
+
+from .spark_session import (SparkTrainError, available_slots, local_spark_session, probe_executors,
+                            spark_session, wait_for_slots)
+
+__all__ = ["Attempt", "SparkTrainError", "SparkTrainResult", "WorkerResult", "available_slots",
+           "local_spark_session", "spark_session", "spark_train"]
 
 log = logging.getLogger("pinstorm.training")
 
-PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
-
-
-class SparkTrainError(PinstormError, RuntimeError):
-    """The barrier stage cannot run (too few slots) or one of its tasks failed."""
+# spark_train(dict) keys that drive the partition flow rather than train()
+PARTITION_KEYS = ("partition_board", "partition_parallel", "partition_dir")
 
 
 @dataclass
@@ -45,48 +51,76 @@ class WorkerResult:
     result: Any
 
 
-def local_spark_session(slots: int = 2, app_name: str = "pinstorm-train", extra_conf: dict | None = None):
-    """A ``local[slots]`` SparkSession set up for barrier training on this machine.
+@dataclass
+class Attempt:
+    """One launch of the barrier stage: how long it ran and, when it failed, why."""
 
-    Executors run this interpreter (``PYSPARK_PYTHON``) with this checkout importable, a
-    Python worker is never reused (TensorFlow's runtime is configured once per process), and
-    a barrier stage that cannot get its slots fails in seconds instead of ten minutes.
+    number: int
+    seconds: float
+    error: str | None = None
+
+
+@dataclass
+class SparkTrainResult(Sequence):
+    """Every rank's ``WorkerResult`` (rank 0 first; indexable like a list) and the launch history.
+
+    ``restarts``: relaunches after a failed attempt. ``failed_seconds``: wall time of the failed
+    attempts. ``seconds_lost``: the part of it that was thrown away, i.e. ``failed_seconds`` minus
+    the epochs those attempts finished and the backup kept (estimated from the final attempt's
+    time per epoch; equal to ``failed_seconds`` when the result carries no epochs).
+    ``resumed_from_epoch``: where the final attempt started (0 without a restart or a backup).
     """
-    from pyspark.sql import SparkSession
 
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    _add_to_pythonpath(PACKAGE_ROOT)
-    builder = (SparkSession.builder.master(f"local[{slots}]").appName(app_name)
-               .config("spark.python.worker.reuse", "false")
-               .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
-               .config("spark.executorEnv.PYTHONPATH", os.environ["PYTHONPATH"])
-               .config("spark.scheduler.barrier.maxConcurrentTasksCheck.interval", "1s")
-               .config("spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures", "2")
-               .config("spark.ui.enabled", "false")
-               .config("spark.ui.showConsoleProgress", "false"))
-    for key, value in (extra_conf or {}).items():
-        builder = builder.config(key, value)
-    session = builder.getOrCreate()
-    session.sparkContext.setLogLevel("ERROR")
-    return session
+    workers: list[WorkerResult]
+    attempts: list[Attempt] = field(default_factory=list)
+    executors: list[dict] = field(default_factory=list)
+
+    def __getitem__(self, index):
+        return self.workers[index]
+
+    def __len__(self) -> int:
+        return len(self.workers)
+
+    @property
+    def restarts(self) -> int:
+        return max(len(self.attempts) - 1, 0)
+
+    @property
+    def failed_seconds(self) -> float:
+        return sum(attempt.seconds for attempt in self.attempts if attempt.error)
+
+    @property
+    def resumed_from_epoch(self) -> int:
+        summary = self.workers[0].result if self.workers else None
+        return int(summary.get("initial_epoch", 0)) if isinstance(summary, dict) else 0
+
+    @property
+    def seconds_lost(self) -> float:
+        summary = self.workers[0].result if self.workers else None
+        if not (self.restarts and isinstance(summary, dict) and summary.get("epochs")):
+            return self.failed_seconds
+        per_epoch = float(summary.get("seconds", 0.0)) / len(summary["epochs"])
+        return max(self.failed_seconds - self.resumed_from_epoch * per_epoch, 0.0)
+
+    def summary(self) -> dict:
+        """JSON-able: the ranks' results, the attempts and the restart figures."""
+        return {"workers": [dict(rank=w.rank, num_workers=w.num_workers, address=w.address, seconds=w.seconds,
+                                 result=w.result) for w in self.workers],
+                "attempts": [dict(number=a.number, seconds=a.seconds, error=a.error) for a in self.attempts],
+                "restarts": self.restarts, "failed_seconds": self.failed_seconds,
+                "seconds_lost": self.seconds_lost, "resumed_from_epoch": self.resumed_from_epoch}
 
 
-def _add_to_pythonpath(path: str) -> None:
-    parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if path not in parts:
-        os.environ["PYTHONPATH"] = os.pathsep.join([path, *parts])
-
-
-def available_slots(spark) -> int:
-    """Tasks the cluster can run at once (``sc.defaultParallelism``: local[N] -> N, else total cores)."""
-    return int(spark.sparkContext.defaultParallelism)
-
-
-def _bind_free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("", 0))
-        return sock.getsockname()[1]
+def _bind_free_port(host: str) -> int:
+    """A port free on ``host`` a moment ago (bound on that address only, never on all of them)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            return sock.getsockname()[1]
+    except OSError:      # a host name that is not an address of this machine as written: let the OS choose
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("", 0))
+            return sock.getsockname()[1]
 
 
 class _BarrierTask:
@@ -98,12 +132,12 @@ class _BarrierTask:
     def __call__(self, _partition):
         from pyspark import BarrierTaskContext
 
-        from pinstorm.training.multiworker import make_tf_config
+        from .multiworker import make_tf_config
 
         context = BarrierTaskContext.get()
         rank = context.partitionId()
         host = context.getTaskInfos()[rank].address.rsplit(":", 1)[0]
-        address = f"{host}:{_bind_free_port()}"
+        address = f"{host}:{_bind_free_port(host)}"
         gathered = [json.loads(item) for item in context.allGather(json.dumps({"rank": rank, "address": address}))]
         workers = [entry["address"] for entry in sorted(gathered, key=lambda entry: entry["rank"])]
         os.environ.update(self.extra_env)
@@ -112,69 +146,210 @@ class _BarrierTask:
         if callable(self.train_fn_or_args):
             result = self.train_fn_or_args(rank, self.num_workers)
         else:
-            result = _train_from_args(dict(self.train_fn_or_args))
+            args = dict(self.train_fn_or_args)
+            partition = None
+            if args.get("partition_board") is not None:
+                partition = _fetch_partition(args, rank, self.num_workers, context)
+            for key in PARTITION_KEYS:
+                args.pop(key, None)
+            result = _train_from_args(args)
+            if partition is not None:
+                result["partition"] = partition
         yield WorkerResult(rank, self.num_workers, address, time.perf_counter() - started, result)
+
+
+def _fetch_partition(args: dict, rank: int, num_workers: int, context) -> dict:
+    """Fetch and convert this rank's categories; point ``args`` at them; agree on steps per epoch.
+
+    Runs in the barrier task. Every worker reads only its own slice (``input_options["shard"] =
+    None``), and all must run the same number of steps, so the workers share their row counts and
+    take the smallest slice's.
+    """
+    from pinstorm import boards, pipeline
+
+    from .multiworker import read_tf_config, worker_output_dir
+
+    spec = dict(args["partition_board"])
+    name = f"pinstorm-spark-partition-{rank}-{os.getpid()}"
+    boards.board_register(spec.pop("kind"), name=name, **spec)
+    try:
+        started = time.perf_counter()
+        data_map = pipeline.imagenet_partition(rank, num_workers, board=name, parallel=args.get("partition_parallel"))
+        fetch_seconds = time.perf_counter() - started
+    finally:
+        boards.board_deregister(name, persist=False)
+    base = args.get("partition_dir") or args.get("cache_dir")
+    if not base:
+        base = worker_output_dir(args.get("output_dir") or "runs/spark", read_tf_config()) / "data"
+    target = os.path.join(os.fspath(base), f"partition-{rank}-of-{num_workers}")
+    converted = pipeline.convert(data_map, target, split="train", classes=data_map["classes"], progress=False,
+                                 parallel=args.get("parallel"))
+    counts = [int(item) for item in context.allGather(str(converted.rows))]
+    args.update(data=converted.url, input_options={**(args.get("input_options") or {}), "shard": None})
+    args["_per_worker_rows"] = min(counts)
+    return {"index": rank, "of": num_workers, "categories": list(data_map["categories"]),
+            "rows": converted.rows, "rows_per_worker": counts, "url": converted.url,
+            "fetch_seconds": fetch_seconds, "convert_seconds": converted.seconds}
 
 
 def _train_from_args(args: dict) -> dict:
     """``train(**args)`` under a MultiWorkerMirroredStrategy; returns the JSON-able summary."""
-    from pinstorm.training.strategy import make_strategy
-    from pinstorm.training.fit import train
+    from .fit import train
+    from .multiworker import cluster_size, read_tf_config
+    from .strategy import make_strategy
 
     strategy_args = args.pop("strategy_args", {}) or {}
+    min_rows = args.pop("_per_worker_rows", None)
     strategy = make_strategy("multiworker", **strategy_args)
+    if min_rows is not None and not args.get("steps_per_epoch"):
+        # each worker reads its own slice: a step takes batch_size rows per local replica from it
+        local_replicas = max(strategy.num_replicas_in_sync // cluster_size(read_tf_config()), 1)
+        steps = min_rows // (int(args.get("batch_size", 32)) * local_replicas)
+        if steps < 1:
+            from .inputs import TrainingError
+
+            raise TrainingError(f"the smallest worker partition has {min_rows} rows, fewer than one batch of "
+                                f"{args.get('batch_size', 32)} x {local_replicas} replica(s); lower batch_size")
+        args["steps_per_epoch"] = steps
     model_name = args.pop("model_name", "alexnet")
     return train(model_name, strategy=strategy, **args).summary()
 
 
-def spark_train(train_fn_or_args: Callable[[int, int], Any] | dict, num_workers: int, spark=None,
-                *, env: dict | None = None) -> list[WorkerResult]:
+def _partition_board_spec(board) -> dict:
+    """What an executor needs to open the partition board itself: ``{"kind": ..., options}``.
+
+    An http(s) URL is a data.txt board; a dict is used as is (``kind`` plus ``board_register``
+    options such as ``url``, ``cache``, ``bucket``); a name is looked up in this process's registry.
+    """
+    if isinstance(board, dict):
+        if "kind" not in board:
+            raise SparkTrainError("a partition_board dict needs a 'kind' (datatxt, s3, gcs, local, ...) and the "
+                                  "options board_register takes")
+        return dict(board)
+    if isinstance(board, str) and board.startswith(("http://", "https://")):
+        return {"kind": "datatxt", "url": board}
+    if isinstance(board, str):
+        from pinstorm.boards.registry import board_specs
+
+        specs = board_specs()
+        if board not in specs:
+            raise SparkTrainError(f"partition_board {board!r} is not a registered board, a data.txt URL or a "
+                                  f"board spec dict (registered: {', '.join(sorted(specs))})")
+        return {k: (os.fspath(v) if isinstance(v, os.PathLike) else v) for k, v in specs[board].items()}
+    raise SparkTrainError(f"partition_board must be a data.txt URL, a registered board name or a spec dict, "
+                          f"not {type(board).__name__}")
+
+
+def _check_args(train_fn_or_args, num_workers) -> Callable | dict:
+    if not isinstance(num_workers, int) or num_workers < 1:
+        raise SparkTrainError(f"num_workers must be a positive integer, got {num_workers!r}")
+    if callable(train_fn_or_args):
+        return train_fn_or_args
+    if not isinstance(train_fn_or_args, dict):
+        raise SparkTrainError("train_fn_or_args must be a function fn(rank, num_workers) or a dict of train() args")
+    args = dict(train_fn_or_args)
+    if args.get("partition_board") is not None:
+        if args.get("data") is not None:
+            raise SparkTrainError("give either data (one dataset sharded across workers) or partition_board "
+                                  "(each worker fetches its own categories), not both")
+        args["partition_board"] = _partition_board_spec(args["partition_board"])
+    elif args.get("data") is None:
+        raise SparkTrainError("spark_train needs data (a Parquet URL every executor can read) or partition_board")
+    return args
+
+
+def spark_train(train_fn_or_args: Callable[[int, int], Any] | dict, num_workers: int, spark=None, *,
+                env: dict | None = None, max_restarts: int = 0, probe: bool = True,
+                slots_timeout: float = 120.0) -> SparkTrainResult:
     """Run ``num_workers`` training workers as one Spark barrier stage; return every rank's result.
 
     ``train_fn_or_args``: a function ``fn(rank, num_workers)`` run in each task with ``TF_CONFIG``
-    set (it must build its own ``make_strategy("multiworker")``), or a dict of ``train()``
-    arguments (``model_name``, ``data``, ``validation_data``, ``epochs``, ... and optional
-    ``strategy_args`` for ``make_strategy``); Parquet data is read as one shard per task. Paths
-    must be visible to every executor (shared storage on a real cluster). ``spark``: a session
-    (its executors must be able to import pinstorm and run one Python worker per task: set
-    ``spark.python.worker.reuse=false``); None starts ``local_spark_session(num_workers)``.
-    ``env``: environment variables for the tasks.
+    set (it builds its own ``make_strategy("multiworker")``), or a dict of ``train()`` arguments
+    (``model_name``, ``data``, ``validation_data``, ``epochs``, ... and optional ``strategy_args``
+    for ``make_strategy``); ``data`` is read as one shard per task. Instead of ``data``,
+    ``partition_board`` (a data.txt URL, a registered board name or ``{"kind": ..., options}``)
+    makes each task fetch ``imagenet_partition(rank, num_workers)`` from that board and train on
+    its own slice (``partition_parallel``: parallel fetches; ``partition_dir``: where each executor
+    converts, default ``<output_dir>[/workers/rank<N>]/data``). Paths must be visible to every
+    executor (shared storage on a real cluster).
+
+    ``spark``: a session (``spark_session(master)`` sets one up right); None starts
+    ``local_spark_session(num_workers)`` and stops it at the end. ``env``: environment variables
+    for the tasks. ``max_restarts``: relaunch the stage up to this many times when it fails (a
+    worker died, a node was lost); with ``checkpoint_dir`` in the args each relaunch resumes from
+    the last finished epoch. ``probe``: check first that the executors import pinstorm and
+    TensorFlow. ``slots_timeout``: seconds to wait for executors to register.
+
+    Returns a ``SparkTrainResult`` (indexable like the list of ``WorkerResult``, rank 0 first, plus
+    ``restarts``, ``attempts``, ``seconds_lost``). Raises ``SparkTrainError`` listing every
+    attempt's cause when all ``max_restarts + 1`` attempts failed.
     """
-    if not isinstance(num_workers, int) or num_workers < 1:
-        raise SparkTrainError(f"num_workers must be a positive integer, got {num_workers!r}")
-    if not callable(train_fn_or_args) and not isinstance(train_fn_or_args, dict):
-        raise SparkTrainError("train_fn_or_args must be a function fn(rank, num_workers) or a dict of train() args")
+    train_fn_or_args = _check_args(train_fn_or_args, num_workers)
+    if not isinstance(max_restarts, int) or max_restarts < 0:
+        raise SparkTrainError(f"max_restarts must be a non-negative integer, got {max_restarts!r}")
     own_session = spark is None
     if own_session:
         spark = local_spark_session(num_workers)
     try:
-        slots = available_slots(spark)
-        if num_workers > slots:
-            raise SparkTrainError(
-                f"a barrier stage needs all {num_workers} tasks running at once but this Spark cluster has "
-                f"{slots} task slot(s) (spark.default.parallelism); use num_workers <= {slots} or add executors"
-            )
-        task_env = {"TF_USE_LEGACY_KERAS": "1", **(env or {})}
-        rdd = spark.sparkContext.parallelize(range(num_workers), num_workers)
-        try:
-            results = rdd.barrier().mapPartitions(_BarrierTask(train_fn_or_args, num_workers, task_env)).collect()
-        except Exception as exc:  # py4j wraps the executors' errors; keep the first useful lines
-            raise SparkTrainError(f"the barrier training stage failed: {_spark_message(exc)}") from exc
-        return sorted(results, key=lambda result: result.rank)
+        wait_for_slots(spark, num_workers, slots_timeout)
+        executors = probe_executors(spark, num_workers) if probe else []
+        task = _BarrierTask(train_fn_or_args, num_workers, {"TF_USE_LEGACY_KERAS": "1", **(env or {})})
+        attempts: list[Attempt] = []
+        for number in range(1, max_restarts + 2):
+            if number > 1:
+                wait_for_slots(spark, num_workers, slots_timeout)
+            started = time.monotonic()
+            try:
+                results = _run_stage(spark, task, num_workers, number)
+            except SparkTrainError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - py4j wraps the executors' errors; keep the useful lines
+                cause = spark_error_message(exc)
+                attempts.append(Attempt(number, time.monotonic() - started, cause))
+                if number <= max_restarts:
+                    log.warning("spark_train: attempt %d of %d failed after %.1f s (%s); relaunching the barrier "
+                                "stage", number, max_restarts + 1, attempts[-1].seconds, cause)
+                continue
+            attempts.append(Attempt(number, time.monotonic() - started))
+            return SparkTrainResult(sorted(results, key=lambda result: result.rank), attempts, executors)
+        if len(attempts) == 1:
+            raise SparkTrainError(f"the barrier training stage failed: {attempts[0].error}")
+        listing = "\n".join(f"  attempt {a.number} ({a.seconds:.1f} s): {a.error}" for a in attempts)
+        raise SparkTrainError(f"the barrier training stage failed {len(attempts)} times "
+                              f"(max_restarts={max_restarts}):\n{listing}")
     finally:
         if own_session:
             spark.stop()
 
 
-def _spark_message(exc: BaseException) -> str:
+def _run_stage(spark, task: _BarrierTask, num_workers: int, number: int) -> list[WorkerResult]:
+    sc = spark.sparkContext
+    sc.setJobDescription(f"pinstorm: barrier training, {num_workers} workers, attempt {number}")
+    try:
+        rdd = sc.parallelize(range(num_workers), num_workers)
+        return rdd.barrier().mapPartitions(task).collect()
+    finally:
+        sc.setJobDescription(None)
+
+
+def spark_error_message(exc: BaseException) -> str:
+    """The line of a py4j/Spark error that says what went wrong (the Python exception, or Spark's reason)."""
     text = str(exc)
-    for marker in ("Traceback (most recent call last)", "org.apache.spark.scheduler.BarrierJobSlotsNumberCheckFailed",
-                   "BarrierJobSlotsNumberCheckFailed"):
-        if marker in text:
-            start = text.index(marker)
-            if marker.startswith("Traceback"):
-                lines = [line for line in text[start:].splitlines() if line.strip()]
-                errors = [line for line in lines if not line.startswith((" ", "\t")) and ":" in line]
-                return errors[-1].strip() if errors else lines[-1].strip()
-            return "not enough task slots for the barrier stage (" + text[start:].splitlines()[0] + ")"
+    if "BarrierJobSlotsNumberCheckFailed" in text:
+        start = text.index("BarrierJobSlotsNumberCheckFailed")
+        return "not enough task slots for the barrier stage (" + text[start:].splitlines()[0] + ")"
+    if "Traceback (most recent call last)" in text:
+        tail = text[text.rindex("Traceback (most recent call last)"):]
+        lines = [line for line in tail.splitlines() if line.strip()]
+        errors = [line for line in lines if not line.startswith((" ", "\t")) and ":" in line
+                  and not line.startswith(("Traceback", "During handling", "The above exception"))]
+        if errors:
+            return errors[0].strip() if errors[0].split(":")[0].endswith(("Error", "Exception", "Exit")) \
+                else errors[-1].strip()
+        return lines[-1].strip()
+    for pattern in ("Python worker exited unexpectedly", "ExecutorLostFailure", "Executor lost", "TaskKilled",
+                    "finished unsuccessfully"):
+        for line in text.splitlines():
+            if pattern in line:
+                return line.strip().removeprefix(": ")
     return text.strip().splitlines()[0] if text.strip() else type(exc).__name__
