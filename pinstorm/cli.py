@@ -30,6 +30,7 @@ COMMANDS: dict[str, tuple[str, str, str | None]] = {
     "verify": ("pinstorm.pipeline.cli", "verify", "pipeline"),
     "train": ("pinstorm.training.cli", "train", "training"),
     "demo": ("pinstorm.training.cli", "demo", "training"),
+    "spark-train": ("pinstorm.training.cli", "spark_train_cmd", "spark"),
     "profile": ("pinstorm.training.cli", "profile", "training"),
 }
 

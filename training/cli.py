@@ -100,6 +100,94 @@ def demo(workdir, size, epochs, parallel, verbose):
 
 
 
+# --------------------------------------------------------------------------- pinstorm spark-train (issue 13)
+
+def _spark_conf(pairs) -> dict:
+    conf = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise click.BadParameter(f"expected KEY=VALUE, got {pair!r}", param_hint="--conf")
+        conf[key.strip()] = value
+    return conf
+
+
+@click.command("spark-train")
+@click.argument("model", type=click.Choice(MODEL_NAMES, case_sensitive=False))
+@click.argument("data", required=False)
+@click.option("--master", default=None, help="local[N] (default: local[--workers]), spark://HOST:PORT, yarn, "
+              "k8s://https://HOST:PORT.")
+@click.option("--workers", type=int, default=2, show_default=True, help="Barrier tasks = training workers.")
+@click.option("--partition-board", default=None, metavar="URL|BOARD",
+              help="Instead of DATA: each worker fetches its own 1/N of the categories from this board "
+                   "(a data.txt URL or a registered board), converts and trains on them.")
+@click.option("--val", "validation", default=None, help="Validation dataset (Parquet URL every executor can read).")
+@click.option("--epochs", type=int, default=10, show_default=True)
+@click.option("--batch-size", type=int, default=32, show_default=True, help="Per replica; global = x replicas.")
+@click.option("--image-size", type=int, default=224, show_default=True)
+@click.option("--width", type=float, default=1.0, show_default=True, help="AlexNet width multiplier.")
+@click.option("--checkpoint-dir", default=None, help="Shared BackupAndRestore folder: a relaunch resumes from it.")
+@click.option("--output-dir", default=None, help="Shared folder for metrics, curves, TensorBoard, weights.")
+@click.option("--max-restarts", type=int, default=0, show_default=True,
+              help="Relaunch the barrier stage this many times when a worker dies.")
+@click.option("--python", default=None, help="Interpreter the executors run (default: this one).")
+@click.option("--driver-host", default=None, help="Address executors reach the driver at "
+              "(default: 127.0.0.1 for local masters, Spark's choice otherwise).")
+@click.option("--conf", "conf_pairs", multiple=True, metavar="KEY=VALUE", help="Spark setting (repeatable).")
+@click.option("--slots-timeout", type=float, default=120.0, show_default=True,
+              help="Seconds to wait for executors to offer --workers task slots.")
+@click.option("--parallel", type=int, default=None, help="Parallel image decodes (and fetches).")
+@click.option("--learning-rate", type=float, default=1e-3, show_default=True)
+@click.option("--optimizer", type=click.Choice(["adam", "sgd"]), default="adam", show_default=True)
+@click.option("--seed", type=int, default=None)
+@click.option("--no-flip", is_flag=True, help="No random left-right flips (for digits, text, ...).")
+@click.option("--crop-min", type=float, default=None, help="Smallest random-crop area (0-1).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result (every rank, every attempt) as JSON.")
+@click.option("--verbose", "-v", is_flag=True)
+def spark_train_cmd(model, data, master, workers, partition_board, validation, epochs, batch_size, image_size, width,
+                    checkpoint_dir, output_dir, max_restarts, python, driver_host, conf_pairs, slots_timeout,
+                    parallel, learning_rate, optimizer, seed, no_flip, crop_min, as_json, verbose):
+    """Train MODEL on DATA with --workers workers as one Spark barrier stage (MultiWorkerMirroredStrategy)."""
+    _log_to_console(verbose)
+    if (data is None) == (partition_board is None):
+        raise click.UsageError("give DATA (a Parquet dataset every executor can read) or --partition-board, not both")
+    conf = _spark_conf(conf_pairs)
+    from .spark import spark_train
+    from .spark_session import spark_session
+
+    input_options = {}
+    if no_flip:
+        input_options["flip"] = False
+    if crop_min is not None:
+        input_options["crop_area"] = (crop_min, 1.0)
+    args = dict(model_name=model.lower(), data=data, validation_data=validation, epochs=epochs,
+                batch_size=batch_size, image_size=image_size, parallel=parallel, checkpoint_dir=checkpoint_dir,
+                output_dir=output_dir, learning_rate=learning_rate, optimizer=optimizer, seed=seed,
+                model_kwargs={"width": width} if model.lower() == "alexnet" else {}, input_options=input_options,
+                verbose=0)
+    if partition_board is not None:
+        args.update(partition_board=partition_board, partition_parallel=parallel)
+    session = spark_session(master, workers=workers, app_name=f"pinstorm spark-train {model.lower()}", python=python,
+                            driver_host=driver_host, conf=conf)
+    used_master = session.sparkContext.master
+    try:
+        result = spark_train(args, workers, session, max_restarts=max_restarts, slots_timeout=slots_timeout)
+    finally:
+        session.stop()
+    if as_json:
+        click.echo(json.dumps(result.summary()))
+        return
+    chief = result[0].result
+    click.echo(f"{len(result)} workers on {used_master}: "
+               f"{', '.join(w.address for w in result)}")
+    if result.restarts:
+        causes = "; ".join(a.error for a in result.attempts if a.error)
+        click.echo(f"restarts: {result.restarts} ({causes}); resumed at epoch {result.resumed_from_epoch}, "
+                   f"~{result.seconds_lost:.0f} s lost")
+    click.echo(f"validation: {json.dumps(chief.get('val_metrics', {}))}")
+    click.echo(f"outputs in {chief.get('output_dir')}")
+
+
 @click.command()
 @click.argument("dataset", required=False)
 @click.option("--board", default=None, help="Board to time fetching from: a registered name or a data.txt URL.")
