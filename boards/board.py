@@ -10,21 +10,21 @@ same errors, same offline fallback.
 from __future__ import annotations
 
 import datetime as _dt
-import json
+import os
 import shutil
 import time
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Any, Iterable
 
 import pandas as pd
 
-from . import archive
-from .cache import Cache, StaleCacheWarning, verify
+from . import archive, drivers, paths
+from .cache import Cache, StaleCacheWarning, check_folder, stamp_path
 from .errors import (BoardError, DownloadError, IntegrityError, InvalidPinName, PinNotFound, ReadOnlyBoard,
                      VersionNotFound)
-from .meta import PinMeta, parse_version, utc_now
+from .meta import FILE_HASH_FIELD, PinMeta, format_created, hash_matches, parse_version, utc_now
+from .tempnames import staging_dir, tmp_name
 from .names import check_pin_name
 from pinstorm.progress import progress_bar
 
@@ -40,10 +40,14 @@ class Board:
     kind = "board"
     read_only = False
 
-    def __init__(self, name: str, *, cache: str | Path | Cache | None = None, versions: bool = True):
+    def __init__(self, name: str, *, cache: str | Path | Cache | None = None, versions: bool = True,
+                 max_extract_bytes: int | None = None, max_extract_ratio: float | None = None):
         self.name = name
         self.cache = cache if isinstance(cache, Cache) else Cache(cache)
         self.versions = versions
+        self._written: dict[tuple[str, str], PinMeta] = {}
+        # bounds on archive extraction for this board (archive.ExtractLimits; None keeps the default)
+        self.extract_limits = archive.ExtractLimits.of(max_bytes=max_extract_bytes, max_ratio=max_extract_ratio)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"
@@ -90,53 +94,58 @@ class Board:
         """Store `x` as a new version of pin `name` and return what `pin_get` would.
 
         `x`: a pandas DataFrame (Parquet, or CSV with type="csv"), a file or folder path, a list of
-        paths, an http(s) URL (downloaded through the cache), or a JSON-able object. Pinning content
-        identical to the latest version stores nothing new.
+        paths, an http(s) URL (downloaded through the cache), or a JSON-able object. Pinning the
+        latest version's bytes with the same title, description and metadata stores nothing new (and
+        repairs the stored bytes on a local board if they were damaged); the same bytes with a new
+        title, description or metadata make a new version, so the change is never dropped.
         """
         if self.read_only:
             raise ReadOnlyBoard(f"board {self.name!r} ({self.kind}) is read-only; cannot pin {name!r}")
         name = self.check_name(name if name is not None else _default_name(x))
-        with tempfile.TemporaryDirectory(prefix="pinstorm-stage-") as tmp:
-            staging = Path(tmp) / "stage"
+        root = staging_dir()
+        try:
+            staging = root / "stage"
             staging.mkdir()
             files, pin_type, default_title, extra = self._stage(x, name, staging, type=type, zip=zip)
-            latest = self._latest_or_none(name)
-            created = _after(latest)
             meta = PinMeta.from_files(files, type=pin_type, title=title or default_title,
-                                      description=description, user=metadata, created=created)
+                                      description=description, user=metadata)
             meta.file = [f.relative_to(staging).as_posix() for f in files]
             meta.extra.update(extra)
+            latest = self._latest_or_none(name)
             if latest is not None:
                 old = self.read_meta(name, latest)
-                if old.pin_hash == meta.pin_hash and old.file == meta.file:
-                    return self.pin_get(name, version=latest)  # identical content: keep the version
+                if _same_content(old, meta, staging) and _same_metadata(old, meta):
+                    # identical content and metadata: keep the version (repairing its bytes if they rotted)
+                    self.repair_version(name, latest, old, staging)
+                    return self.pin_get(name, version=latest)
+                # same bytes with a new title, description or metadata: a new version records it
+            meta.created = format_created(_after(latest))
             version = self.write_version(name, staging, meta)
+            meta.name, meta.version = name, version
+            self._written[(name, version)] = meta  # pin_get below needs no listing or data.txt read
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
         if not self.versions:
             older = [v for v in self.list_versions(name) if v != version]
             if older:
                 self.delete(name, older)
         return self.pin_get(name, version=version)
 
+    def repair_version(self, name: str, version: str, meta: PinMeta, staging: Path) -> bool:
+        """Make a stored version hold the bytes in `staging` (which hash to `meta`) if its own bytes
+        no longer do; True when something was repaired. Boards that cannot read their bytes cheaply
+        (object stores, read-only boards) keep the version as it is."""
+        return False
+
     def _stage(self, x: Any, name: str, staging: Path, *, type: str | None, zip: bool):
         """Write `x` into `staging`; return (files, type, default title, extra data.txt fields)."""
         extra: dict = {}
         if isinstance(x, pd.DataFrame):
-            kind = (type or "parquet").lower()
-            path = staging / f"{name}.{kind}"
-            if kind == "parquet":
-                x.to_parquet(path)
-            elif kind == "csv":
-                x.to_csv(path, index=False)
-            elif kind in {"arrow", "feather"}:
-                path = staging / f"{name}.arrow"
-                x.reset_index(drop=True).to_feather(path)
-                kind = "arrow"
-            else:
-                raise BoardError(f"cannot store a DataFrame as type {type!r}; use parquet, csv or arrow")
-            return [path], kind, f"{name}: a pinned {x.shape[0]} x {x.shape[1]} DataFrame", extra
+            path, kind, title = drivers.save_dataframe(x, name, staging, type)
+            return [path], kind, title, extra
         if isinstance(x, str) and x.startswith(("http://", "https://")):
             downloaded = self.cache.fetch_url(x, self.cache.url_path(self.name, x))
-            target = staging / (Path(x.split("?", 1)[0]).name or "download")
+            target = staging / paths.url_file_name(x)  # one safe segment, whatever the URL says
             shutil.copyfile(downloaded, target)
             extra["source_url"] = x
             sources = [(target, target.name)]
@@ -144,15 +153,8 @@ class Board:
                                            all(isinstance(p, (str, Path)) for p in x)):
             sources = _collect_paths([x] if isinstance(x, (str, Path)) else list(x))
         else:
-            if type not in (None, "json"):
-                raise BoardError(f"cannot store a {builtins_type(x)} as type {type!r}")
-            path = staging / f"{name}.json"
-            try:
-                path.write_text(json.dumps(x))
-            except TypeError as e:
-                raise BoardError(f"pin {name!r}: {builtins_type(x)} is not a DataFrame, path, URL or "
-                                 f"JSON-able object ({e})") from e
-            return [path], "json", f"{name}: a pinned {builtins_type(x)}", extra
+            path, kind, title = drivers.save_json(x, name, staging, type)
+            return [path], kind, title, extra
         if zip:
             out = staging / f"{name}.zip"
             archive.make_zip(sources, out)
@@ -207,35 +209,35 @@ class Board:
             if not cached:
                 raise PinNotFound(f"pin {name!r} of board {self.name!r} is not in the cache "
                                   f"({self.cache.root}) and download=False")
-            v = self.resolve_version(name, version, cached)
-            folder = self.cache.version_dir(self.name, name, v)
-            return self._cached_meta(name, v, folder), folder
+            return self._offline(name, self.resolve_version(name, version, cached), full=not trust_cache)
+        known = getattr(self, "_written", {}).pop((name, version), None) if version else None
         try:
-            versions = self.list_versions(name)
+            versions = [version] if known is not None else self.list_versions(name)
         except (DownloadError, OSError) as e:
             if not cached or isinstance(e, PinNotFound):
                 raise
             v = self.resolve_version(name, version, cached)
             warnings.warn(f"board {self.name!r} unreachable ({e}); serving cached version {v} of {name!r}",
                           StaleCacheWarning, stacklevel=3)
-            folder = self.cache.version_dir(self.name, name, v)
-            return self._cached_meta(name, v, folder), folder
+            return self._offline(name, v, full=not trust_cache)
         v = self.resolve_version(name, version, versions)
         local = self.local_folder(name, v)
         if local is not None:
-            meta = self.read_meta(name, v)
+            meta = known or self.read_meta(name, v)
+            self._check(meta, local, self._board_stamp(name, v), full=not trust_cache,
+                        source=f"pin {name!r} version {v} on board {self.name!r} ({local})")
             return meta, local
         folder = self.cache.version_dir(self.name, name, v)
-        if folder.is_dir():
+        if (folder / "data.txt").is_file():
             meta = self._cached_meta(name, v, folder)
-            if trust_cache:
-                return meta, folder
-            try:  # cache=False: check the cached bytes again before serving them
-                verify(meta, folder, source=str(folder))
+            try:
+                self._check(meta, folder, stamp_path(folder), full=not trust_cache,
+                            source=f"cached pin {name!r} version {v} of board {self.name!r} ({folder})")
                 return meta, folder
             except IntegrityError:
-                shutil.rmtree(folder, ignore_errors=True)
-        meta = self.read_meta(name, v)
+                if not _discard(folder):  # damaged: fetched again below, unless it cannot be moved away
+                    raise
+        meta = known or self.read_meta(name, v)
         meta.version = v
         sizes = dict(zip(meta.file, meta.file_size)) if meta.file_size else {}
         with progress_bar(f"{self.name}/{name}", sum(sizes.values()) or None) as advance:
@@ -246,26 +248,51 @@ class Board:
             folder = self.cache.fetch_version(self.name, name, meta, download)
         return meta, folder
 
+    def _offline(self, name: str, version: str, *, full: bool) -> tuple[PinMeta, Path]:
+        """A cached version served without the board: checked, and an error if damaged."""
+        folder = self.cache.version_dir(self.name, name, version)
+        meta = self._cached_meta(name, version, folder)
+        self._check(meta, folder, stamp_path(folder), full=full,
+                    source=f"cached pin {name!r} version {version} of board {self.name!r} ({folder}; "
+                           "the board cannot be reached to fetch it again)")
+        return meta, folder
+
+    def _board_stamp(self, name: str, version: str) -> Path:
+        """The verification stamp of a version the board keeps on local disk (kept in the cache)."""
+        return self.cache.version_dir(self.name, name, version).parent / f".{version}.board-verified.json"
+
+    @staticmethod
+    def _check(meta: PinMeta, folder: Path, stamp: Path, *, full: bool, source: str) -> None:
+        try:
+            check_folder(meta, folder, stamp, full=full, source=source)
+        except PermissionError:
+            # an unwritable cache only costs the stamp: check in full, every time
+            from .cache import verify
+
+            verify(meta, folder, source=source)
+
     def _cached_meta(self, name: str, version: str, folder: Path) -> PinMeta:
         meta = PinMeta.from_yaml((folder / "data.txt").read_text(), source=str(folder / "data.txt"))
         meta.name, meta.version = name, version
         return meta
 
     def pin_get(self, name: str, cache: bool = True, extract: bool | None = None, version: str | None = None,
-                files: bool = False, download: bool = True) -> Any:
+                files: bool = False, download: bool = True,
+                extract_limits: "archive.ExtractLimits | dict | None" = None) -> Any:
         """A DataFrame or JSON value for table/json pins; for file pins, absolute local paths.
 
         `extract=True` unpacks archives (zip, tar, tar.gz, gz) and returns the extracted files;
         `extract=None` unpacks only pins that pinstorm zipped itself. `files=True` always returns
         paths. `version` takes a full version or a unique prefix. `cache=False` re-verifies cached
-        files (and re-downloads damaged ones) instead of trusting them.
+        files (and re-downloads damaged ones) instead of trusting them. `extract_limits` (a dict such
+        as `{"max_bytes": 2**40, "max_ratio": 1000}`) raises or lowers this board's extraction bounds.
         """
         name = self.check_name(name)
         meta, folder = self.fetch(name, version, download=download, trust_cache=cache)
         paths = [folder / f for f in meta.file]
         if not files and len(paths) == 1:
-            loaded = _load(meta.type, paths[0])
-            if loaded is not _NOT_LOADED:
+            loaded = drivers.load(meta.type, paths[0])
+            if loaded is not drivers.NOT_LOADED:
                 return loaded
         if extract is None:
             extract = self.default_extract(meta)
@@ -275,7 +302,11 @@ class Board:
         result: list[str] = []
         for p in paths:
             if archive.is_archive(p):
-                result += [str(q) for q in archive.extract(p, out_root / p.name)]
+                limits = getattr(self, "extract_limits", None)
+                if extract_limits is not None:  # a dict adjusts the board's limits; ExtractLimits replaces them
+                    limits = archive.ExtractLimits.of(limits, **extract_limits) if isinstance(extract_limits, dict) \
+                        else extract_limits
+                result += [str(q) for q in archive.extract(p, out_root / p.name, limits=limits)]
             else:
                 result.append(str(p))
         return result
@@ -340,24 +371,41 @@ def _after(latest: str | None) -> _dt.datetime:
     return now
 
 
-_NOT_LOADED = object()
-
-
-def _load(pin_type: str, path: Path) -> Any:
-    suffix = path.suffix.lower()
-    if pin_type == "parquet" or (pin_type == "table" and suffix == ".parquet"):
-        return pd.read_parquet(path)
-    if pin_type == "csv" or (pin_type == "table" and suffix == ".csv"):
-        return pd.read_csv(path)
-    if pin_type in {"arrow", "feather"}:
-        return pd.read_feather(path)
-    if pin_type == "json":
-        return json.loads(path.read_text())
-    return _NOT_LOADED
-
-
 def builtins_type(x: Any) -> str:
     return type(x).__name__
+
+
+def _same_content(old: PinMeta, new: PinMeta, staging: Path) -> bool:
+    """Whether the staged files are the stored version's files: same names and sizes, and the
+    staged bytes hash to the stored pin_hash under the scheme its writer used."""
+    if old.file != new.file or (old.file_size and old.file_size != new.file_size):
+        return False
+    if old.pin_hash == new.pin_hash:
+        return True
+    return hash_matches(old.pin_hash, [staging / f for f in new.file], new.file_hashes()) is True
+
+
+def _same_metadata(old: PinMeta, new: PinMeta) -> bool:
+    """Whether re-pinning would record nothing new: same title, description, type and metadata."""
+    def extra(m: PinMeta) -> dict:
+        return {k: v for k, v in m.extra.items() if k != FILE_HASH_FIELD}
+
+    return (old.title, old.description, old.type, dict(old.user or {}), extra(old)) == \
+        (new.title, new.description, new.type, dict(new.user or {}), extra(new))
+
+
+def _discard(folder: Path) -> bool:
+    """Remove a damaged cached folder: renamed away first, so no reader finds it half-deleted.
+    False when it is still there (no right to move it)."""
+    gone = Path(tmp_name(folder.with_name("." + folder.name)))
+    try:
+        os.replace(folder, gone)
+    except FileNotFoundError:
+        return True  # another process discarded it first
+    except OSError:
+        return not folder.exists()
+    shutil.rmtree(gone, ignore_errors=True)
+    return True
 
 
 def _default_name(x: Any) -> str:
