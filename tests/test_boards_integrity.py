@@ -3,7 +3,10 @@ read, full ones with cache=False; damaged local versions found and repaired; met
 
 from __future__ import annotations
 
+import functools
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -212,3 +215,41 @@ def test_no_secret_value_survives_at_any_depth(options):
     kept, dropped = _public(options)
     assert "S3CR3T" not in yaml.safe_dump(kept)
     assert ("S3CR3T" in repr(options)) == bool(dropped)
+
+
+_base = st.text("abcdefghijklmnopqrstuvwxyz0123456789_-.T", min_size=1, max_size=40).filter(
+    lambda s: ".tmp-" not in s and not s.startswith("pinstorm-stage-"))
+
+
+@functools.lru_cache(maxsize=1)
+def _dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()  # reaped: its pid no longer exists
+    return child.pid
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(base=_base)
+def test_temporary_names_tell_live_owners_from_dead_ones(tmp_path_factory, base):
+    from pinstorm.boards.tempnames import is_abandoned, is_temporary, tmp_name
+
+    folder = tmp_path_factory.mktemp("tmp")
+    mine = Path(tmp_name(folder / base))
+    assert is_temporary(mine.name) and not is_temporary(base)
+    mine.mkdir()
+    assert not is_abandoned(mine)  # this process is alive
+    pid = str(os.getpid())
+    dead = mine.with_name(mine.name.replace(f".tmp-{pid}-", f".tmp-{_dead_pid()}-", 1))
+    dead.mkdir()
+    assert is_abandoned(dead)
+
+
+@settings(max_examples=40, deadline=None)
+@given(hashes=st.lists(st.text("0123456789abcdef", min_size=16, max_size=16), min_size=2, max_size=6))
+def test_per_file_hashes_survive_the_data_txt_round_trip(hashes):
+    from pinstorm.boards.meta import PinMeta
+
+    meta = PinMeta(file=[f"f{i}" for i in range(len(hashes))], file_size=[1] * len(hashes),
+                   pin_hash=r_hash_strings(hashes), type="file", extra={FILE_HASH_FIELD: hashes})
+    back = PinMeta.from_yaml(meta.to_yaml())
+    assert back.file_hashes() == hashes and back.pin_hash == meta.pin_hash
