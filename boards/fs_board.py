@@ -34,7 +34,7 @@ from filelock import FileLock
 from . import index as board_index
 from .board import Board
 from .cache import verify, write_stamp
-from .errors import IntegrityError, InvalidPinName, PinNotFound
+from .errors import IntegrityError, InvalidPinName, MalformedMetadata, PinNotFound
 from .meta import PinMeta, parse_version
 from .names import check_pin_name
 from .tempnames import FOREIGN_MAX_AGE, TMP_MARK, is_temporary, sweep, tmp_name
@@ -83,8 +83,9 @@ class FsBoard(Board):
     def read_index(self) -> list[dict] | None:
         return self._read_index()[0]
 
-    def _read_index(self) -> tuple[list[dict] | None, str | None]:
-        """(entries or None when absent, a token for a conditional write: the S3 ETag)."""
+    def _read_index(self, lenient: bool = False) -> tuple[list[dict] | None, str | None]:
+        """(entries or None when absent, a token for a conditional write: the S3 ETag).
+        `lenient`: an unreadable index counts as empty (it is derived data; writers rebuild it)."""
         path = self._path(board_index.INDEX_FILE)
         token = None
         try:
@@ -94,7 +95,13 @@ class FsBoard(Board):
                 text = self.fs.cat_file(path)
         except FileNotFoundError:
             return None, None
-        return board_index.parse_index(text, source=f"{self.describe()}/data.txt"), token
+        try:
+            return board_index.parse_index(text, source=f"{self.describe()}/data.txt"), token
+        except MalformedMetadata as e:
+            if not lenient:
+                raise
+            warnings.warn(f"board {self.name!r}: rebuilding an unreadable data.txt index ({e})", stacklevel=4)
+            return [], token
 
     def _conditional(self) -> bool:
         return not self.is_local and "s3" in (self.fs.protocol if isinstance(self.fs.protocol, tuple)
@@ -154,7 +161,7 @@ class FsBoard(Board):
         with self._index_lock():
             for round_ in range(INDEX_ROUNDS):
                 self._fresh()
-                current, token = self._read_index()  # before listing: what it lists is already stored
+                current, token = self._read_index(lenient=True)  # before listing: what it lists is stored
                 stored = self._stored_versions()
                 entries = {e["name"]: e for e in (current or [])}
                 wanted = dict(entries)

@@ -180,3 +180,12 @@ def test_unfinished_bucket_versions_are_removed_only_when_old(cloud):
     board._fresh()
     assert not board.fs.exists(f"{orphan}/part.bin")
     assert board.pin_get("done") == {"a": 1} and board.rebuild_index() == 1
+
+
+def test_an_unreadable_index_is_rebuilt_by_the_next_write(tmp_path):
+    board = boards.board_register("local", name="b", path=tmp_path / "b")
+    board.pin({"a": 1}, "a")
+    (tmp_path / "b" / "data.txt").write_text("- [unclosed\n")
+    with pytest.warns(UserWarning, match="rebuilding an unreadable"):
+        board.pin({"b": 1}, "b")
+    assert set(_index(board)) == {"a", "b"}
