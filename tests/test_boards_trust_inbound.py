@@ -514,3 +514,33 @@ def test_url_pin_file_names_are_single_safe_segments(served):
     got = boards.pin(f"{url}/sub/.profile", "dotted", type="csv")
     assert got.shape == (1, 2)
     assert [Path(p).name for p in boards.pin_get("dotted", files=True)] == ["profile"]
+
+
+def test_size_cap_holds_without_content_length(tmp_path):
+    from http.server import BaseHTTPRequestHandler
+
+    class NoLength(BaseHTTPRequestHandler):  # HTTP/1.0, body until close: no size announced
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"- path: x/\n" * 1000)
+
+        def log_message(self, *args):
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), NoLength)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{httpd.server_address[1]}"
+        cache = boards.Cache(tmp_path / "c")
+        with pytest.raises(LimitExceeded, match="1000-byte cap"):
+            cache.fetch_url(f"{url}/data.txt", tmp_path / "c" / "x" / "data.txt", max_bytes=1000)
+        assert _files_under(tmp_path / "c") <= {"x/data.txt.lock"}  # no body, no partial temporary
+        web = DatatxtBoard("web", url, cache=tmp_path / "c", max_index_bytes=1000)
+        with pytest.raises(LimitExceeded, match="1000-byte cap"):
+            web.pin_find("")  # the index
+        with pytest.raises(LimitExceeded, match="cap on metadata"):
+            web._get(f"{url}/x/v1/data.txt")  # a version's data.txt
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
