@@ -12,8 +12,9 @@ from pinstorm.training.profiling import ProfileError, ProfileReport, StageTime, 
 
 pytest_plugins = ["conftest_training"]
 
-STAGES = ["board fetch", "raw fsspec copy (baseline)", "extraction", "parquet read", "decode (make_dataset)",
-          "train step (cached input)", "real fit"]
+STAGES = ["board fetch", "raw fsspec copy (baseline)", "board metadata", "extraction", "parquet read",
+          "decode (make_dataset)", "train step (cached input)", "real fit"]
+PER_EPOCH = STAGES[4:]
 
 
 @pytest.mark.slow
@@ -32,17 +33,18 @@ def test_profile_measures_every_stage_of_the_demo(two_cpu_devices, tmp_path):
     assert boards.board_list() == before                               # the cold-cache clone is gone too
 
     assert [s.name for s in report.stages] == STAGES
-    fetch, raw, extraction = (report.stage(n) for n in STAGES[:3])
-    # the first four categories: four zips fetched, forty digits (10 train images each) extracted
-    assert fetch.detail.startswith("4 pins") and extraction.images == 40
+    fetch, raw, metadata, extraction = (report.stage(n) for n in STAGES[:4])
+    # the first four categories: four zips fetched, 64 digits (16 train images each) extracted
+    assert fetch.detail.startswith("4 pins") and extraction.images == 64 and extraction.seconds > 0
     assert fetch.amount == pytest.approx(raw.amount) and fetch.amount > 0
     assert report.fetch_vs_raw == pytest.approx(raw.seconds / fetch.seconds)
+    assert metadata.amount == 4 and metadata.seconds > 0
     rows = report.stage("parquet read")
     assert rows.images >= 100 and rows.images % 100 == 0             # whole passes over the 100 stored rows
-    for name in STAGES[3:]:
+    for name in PER_EPOCH:
         assert report.stage(name).images_per_second > 0, name
     assert 0.0 <= report.stall_share < 1.0
-    assert report.bound in STAGES[3:6] and report.advice
+    assert report.bound in PER_EPOCH[:3] and report.advice
     assert report.settings["replicas"] == 1 and report.settings["image_size"] == 32
 
     saved = json.loads((tmp_path / "report" / "profile.json").read_text())
@@ -101,3 +103,10 @@ def test_a_slow_fetch_against_the_raw_copy_asks_for_parallel_fetches():
     assert any("0.25x a raw copy" in a and "parallel=16" in a for a in advice), advice
     _, advice = _verdict([fetch, raw], None, 0.9, replicas=1, gpus=False, parallel=None, fetch_parallel=8, pins=16)
     assert any("storage itself is the limit" in a and "local SSD" in a for a in advice), advice
+
+
+def test_metadata_that_costs_as_much_as_the_fetch_is_named():
+    fetch = StageTime("board fetch", 4.0, 100.0, "MB", per_epoch=False)
+    metadata = StageTime("board metadata", 3.0, 16, "pins", per_epoch=False)
+    _, advice = _verdict([fetch, metadata], None, None, replicas=1, gpus=False, parallel=None, fetch_parallel=8)
+    assert any("3.00 s of the 4.00 s fetch is metadata" in a and "index_max_age" in a for a in advice), advice
