@@ -193,7 +193,12 @@ class Cache:
         stale copy. A body over `max_bytes` raises LimitExceeded and leaves nothing behind.
         """
         info_path = dest.with_name(dest.name + ".http.json")
-        info = json.loads(info_path.read_text()) if info_path.is_file() and dest.is_file() else None
+        try:
+            info = json.loads(info_path.read_text()) if dest.is_file() else None
+        except (OSError, ValueError):  # none yet, or damaged: download again
+            info = None
+        if not isinstance(info, dict):
+            info = None
         if info and (offline or time.time() - info.get("fetched_at", 0) < info.get("max_age", 0)):
             return dest
         if offline:

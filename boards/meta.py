@@ -19,6 +19,7 @@ import xxhash
 import yaml
 
 from .errors import MalformedMetadata
+from .index import load_yaml as _load_untrusted
 
 API_VERSION = 1
 TIME_FORMAT = "%Y%m%dT%H%M%SZ"
@@ -191,7 +192,7 @@ class PinMeta:
     def from_yaml(cls, text: str | bytes, *, source: str = "data.txt") -> "PinMeta":
         """Parse a version's data.txt (pins 1.x, or legacy v0 with `path`), never evaluating tags."""
         try:
-            raw = yaml.safe_load(text)
+            raw = _load_untrusted(text, source=source)  # bounded aliases, inert tags (index.py)
         except yaml.YAMLError as e:
             raise MalformedMetadata(f"{source}: not valid YAML ({e})") from e
         if not isinstance(raw, dict):
