@@ -26,6 +26,7 @@ no-cache / no-store, which `fetch_url` honours.
 from __future__ import annotations
 
 import json
+import math
 import os
 import posixpath
 import threading
@@ -301,7 +302,7 @@ def _plain(value: Any) -> bool:
     if value is None or isinstance(value, (str, bool, int)):
         return True
     if isinstance(value, float):
-        return value == value and value not in (float("inf"), float("-inf"))
+        return math.isfinite(value)
     if isinstance(value, list):
         return all(_plain(v) for v in value)
     if isinstance(value, dict):

@@ -8,7 +8,6 @@ import contextlib
 import functools
 import gzip
 import io
-import os
 import tarfile
 import threading
 import time
@@ -22,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pinstorm import boards
-from pinstorm.boards import archive, index, paths
+from pinstorm.boards import index, paths
 from pinstorm.boards.archive import ExtractLimits, extract
 from pinstorm.boards.datatxt_board import DatatxtBoard
 from pinstorm.boards.errors import (ArchiveTooLarge, DownloadError, LimitExceeded, MalformedMetadata,
