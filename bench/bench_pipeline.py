@@ -17,8 +17,8 @@ decode-only limit. `--quick` uses fewer images and one timed epoch.
 
 `--memory` instead measures convert's peak RSS on a tree of giant images (12000x12000 PNGs and JPEGs,
 ~1.1 GB each to decode in full), each configuration in a fresh process: the defaults (40 MP pixel
-budget, 1 GB decode budget) against no pixel budget and an unbounded decode budget (what convert did
-before), on 2 threads. Writes bench/results/pipeline_memory.json.
+budget, 1 GB decode budget) on 2 and 8 threads, the decode budget alone (no pixel budget, 8 threads),
+and no limits at all (what convert did before) on 2 and 8 threads. Writes bench/results/pipeline_memory.json.
 
     .venv/bin/python bench/bench_pipeline.py [--quick] [--images 800]
     .venv/bin/python bench/bench_pipeline.py --memory [--giants 4]
@@ -281,10 +281,14 @@ def main(argv=None) -> int:
 _MEMORY_CHILD = """
 import json, os, resource, sys, time
 from pinstorm.pipeline import convert
-tree, out, max_pixels, budget = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), float(sys.argv[4])
+tree, out, max_pixels, budget, parallel = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
 start = time.perf_counter()
-result = convert(tree, out, parallel=2, max_pixels=max_pixels, memory_budget_mb=budget, progress=False)
-print("RESULT" + json.dumps({"peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+# One row group: every image of the tree is in flight at once, as in a large row group of a real crawl.
+result = convert(tree, out, parallel=parallel, max_pixels=max_pixels, memory_budget_mb=budget, min_row_groups=1,
+                 progress=False)
+# VmHWM, not ru_maxrss: Linux carries ru_maxrss across exec, so it would report the parent's peak.
+hwm = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
+print("RESULT" + json.dumps({"peak_rss_mb": round(hwm / 1024, 1),
                              "seconds": round(time.perf_counter() - start, 1), "rows": result.rows,
                              "skipped": [s["reason"] for s in result.skipped],
                              "reencoded": [r["reason"] for r in result.reencoded]}))
@@ -325,12 +329,15 @@ def memory_bench(giants: int, out: Path) -> int:
                            "giant_pngs": giants, "giant_jpegs": giants, "side": side}
         print(f"tree: {giants} PNGs ({results['tree']['png_mb']} MB) and {giants} JPEGs "
               f"({results['tree']['jpeg_mb']} MB) of {side}x{side}, 40 normal JPEGs", flush=True)
-        configs = {"defaults (40 MP, 1024 MB budget)": (40_000_000, 1024),
-                   "no limits (as before)": (None, 1e9)}
+        configs = {"defaults (40 MP, 1024 MB budget), 2 threads": (40_000_000, 1024, 2),
+                   "defaults (40 MP, 1024 MB budget), 8 threads": (40_000_000, 1024, 8),
+                   "no pixel limit, 1024 MB budget, 8 threads": (None, 1024, 8),
+                   "no limits (as before), 2 threads": (None, 1e9, 2),
+                   "no limits (as before), 8 threads": (None, 1e9, 8)}
         results["runs"] = {}
-        for label, (max_pixels, budget) in configs.items():
+        for label, (max_pixels, budget, parallel) in configs.items():
             done = subprocess.run([sys.executable, "-c", _MEMORY_CHILD, str(tree), str(tmp / f"ds-{len(results['runs'])}"),
-                                   json.dumps(max_pixels), str(budget)], capture_output=True, text=True)
+                                   json.dumps(max_pixels), str(budget), str(parallel)], capture_output=True, text=True)
             if done.returncode != 0:
                 results["runs"][label] = {"error": done.stderr[-1500:]}
             else:

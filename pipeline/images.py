@@ -224,7 +224,7 @@ def _reencode(image: Image.Image, original_format: str, original_mode: str, reas
         rgb = Image.new("RGB", rgba.size, (255, 255, 255))
         rgb.paste(rgba, mask=rgba.getchannel("A"))
     else:
-        rgb = image.convert("RGB")
+        rgb = image if image.mode == "RGB" else image.convert("RGB")   # convert() copies even RGB to RGB
     if max_pixels and rgb.width * rgb.height > max_pixels:   # a DCT scale step overshot: finish the job
         factor = math.sqrt(max_pixels / (rgb.width * rgb.height))
         rgb = rgb.resize((max(1, int(rgb.width * factor)), max(1, int(rgb.height * factor))), Image.LANCZOS)

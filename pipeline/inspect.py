@@ -14,6 +14,7 @@ import random
 from .images import decode_rgb
 from .metadata import read_info
 from .storage import locate
+from .verify import check_parts
 
 
 def inspect_dataset(url, *, sheet=None, samples: int = 36, seed: int = 0,
@@ -28,6 +29,7 @@ def inspect_dataset(url, *, sheet=None, samples: int = 36, seed: int = 0,
 
     location = locate(url, storage_options)
     info = read_info(location)
+    check_parts(location, info)
     info["url"] = location.url
     heights, widths = [], []
     for name in sorted(info["files"]):

@@ -36,6 +36,15 @@ def test_convert_then_inspect(digits_root, tmp_path, monkeypatch):
     code, out = run("inspect", tmp_path / "val", "--no-sheet", "--json")
     assert code == 0 and '"split": "val"' in out and not (tmp_path / "val-contact-sheet.png").exists()
 
+    code, out = run("verify", tmp_path / "train", "--decode")
+    assert code == 0 and f"4 row groups, {rows} rows: all checksums match, every image decodes" in out, out
+    part = tmp_path / "train" / "part-00001.parquet"
+    data = bytearray(part.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    part.write_bytes(bytes(data))
+    code, out = run("verify", tmp_path / "train")
+    assert code == 1 and "CorruptPartError" in out and "part-00001.parquet row group" in out, out
+
 
 def test_clear_errors_and_exit_codes(digits_root, tmp_path):
     (tmp_path / "notes").mkdir()

@@ -261,6 +261,16 @@ def test_flipped_bytes_are_found_naming_part_and_row_group(noisy_dataset, tmp_pa
     assert verify_dataset(noisy_dataset)["rows"] == 60
 
 
+def test_verify_dataset_checks_every_byte_the_small_columns_too(noisy_dataset, tmp_path):
+    url = _copy(noisy_dataset, tmp_path)
+    part = url / "part-00000.parquet"
+    chunk = pq.ParquetFile(part).metadata.row_group(1).column(3)      # the filename column of row group 1
+    assert chunk.path_in_schema == "filename"
+    _flip(part, (chunk.data_page_offset + chunk.total_compressed_size - 3) / part.stat().st_size, count=1)
+    with pytest.raises(CorruptPartError, match=r"part-00000\.parquet( row group 1: cannot be read|: file checksum)"):
+        verify_dataset(url)
+
+
 def test_a_corrupted_footer_and_a_changed_size_are_found_when_the_part_opens(noisy_dataset, tmp_path):
     url = _copy(noisy_dataset, tmp_path)
     _flip(url / "part-00000.parquet", 1.0 - 40 / (url / "part-00000.parquet").stat().st_size, count=4)
