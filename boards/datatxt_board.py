@@ -43,6 +43,7 @@ from . import paths
 from .board import Board
 from .cache import HTTP_TIMEOUT, Cache, _stream_to
 from .errors import DownloadError, LimitExceeded, MalformedMetadata, PinNotFound, UnsafePath
+from .legacy_view import pin_folder
 from .meta import PinMeta, parse_version
 from .tempnames import tmp_name
 
@@ -192,7 +193,7 @@ class DatatxtBoard(Board):
 
     def _version_url(self, name: str, version: str) -> str:
         paths.check_segment(version, pin=name, board=self.url)
-        base = posixpath.dirname(str(self._entry(name, revalidate=False)["path"]).rstrip("/"))
+        base = pin_folder(self._entry(name, revalidate=False))  # `<pin>/<version>/`, `.../r-legacy`, `<pin>`
         return self._abs(posixpath.join(base, version) + "/", pin=name)
 
     def read_meta(self, name: str, version: str) -> PinMeta:
