@@ -342,21 +342,17 @@ def test_reader_checks_every_part_before_the_epoch_starts(noisy_dataset, tmp_pat
     assert rows == 0 and "MissingPartError" in error and "part-00001.parquet" in error
 
 
-def test_a_stored_value_that_is_not_a_jpeg_is_named_with_its_file(noisy_dataset, tmp_path):
-    """A dataset without checksums (older pinstorm, or edited) holding a non-JPEG value."""
-    pytest.importorskip("tensorflow")
+def _rewrite_without_checksums(url: Path, edit) -> None:
+    """Apply `edit(images)` to row group 1 of part 0, and record the dataset as one without checksums
+    (as an older pinstorm wrote it), with the part's new size."""
     import pyarrow as pa
 
-    from pinstorm.pipeline import make_dataset
-
-    url = _copy(noisy_dataset, tmp_path)
     part = url / "part-00000.parquet"
     handle = pq.ParquetFile(part)
     groups = [handle.read_row_group(g) for g in range(handle.num_row_groups)]
     schema = handle.schema_arrow
-    victim = groups[1].column("filename")[2].as_py()
     images = groups[1].column("image").to_pylist()
-    images[2] = b"<html>gone</html>"
+    edit(images)
     groups[1] = groups[1].set_column(0, "image", pa.array(images, pa.binary()))
     with pq.ParquetWriter(part, schema) as writer:
         for table in groups:
@@ -364,14 +360,45 @@ def test_a_stored_value_that_is_not_a_jpeg_is_named_with_its_file(noisy_dataset,
     location = resolve(url)
     info = read_info(location)
     for entry in info["files"].values():
-        entry.pop("row_group_xxh3"), entry.pop("footer_xxh3")
+        for key in ("row_group_xxh3", "footer_xxh3", "xxh3"):
+            entry.pop(key)
     info["files"]["part-00000.parquet"]["bytes"] = part.stat().st_size
     write_common_metadata(location, info, {n: e["row_groups"] for n, e in info["files"].items()})
 
+
+def test_a_stored_value_that_is_not_a_jpeg_is_named_with_its_file(noisy_dataset, tmp_path):
+    """A dataset without checksums (older pinstorm, or edited) holding a non-JPEG value."""
+    pytest.importorskip("tensorflow")
+    from pinstorm.pipeline import make_dataset
+
+    url = _copy(noisy_dataset, tmp_path)
+
+    def edit(images):
+        images[2] = b"<html>gone</html>"
+        images[4] = images[4][:len(images[4]) // 2]
+
+    _rewrite_without_checksums(url, edit)
+    victim = pq.ParquetFile(url / "part-00000.parquet").read_row_group(1).column("filename")[2].as_py()
     rows, error = _iterate(make_dataset(url, batch_size=4, training=False, shuffle=False, image_size=(16, 16)))
-    assert f"part-00000.parquet row group 1: row 2 ({victim}) is not a JPEG" in error, error
+    assert f"part-00000.parquet row group 1: row 2 ({victim}) is not a JPEG (first bytes: b'<html>gone</html'); " \
+           "2 such row(s) in this row group" in error, error
     with pytest.raises(UndecodableImage, match=rf"part-00000\.parquet row group 1: {victim}: not an image"):
         verify_dataset(url, decode=True)
+
+
+def test_a_jpeg_cut_short_is_named_before_libjpeg_fails(noisy_dataset, tmp_path):
+    pytest.importorskip("tensorflow")
+    from pinstorm.pipeline import make_dataset
+    from pinstorm.pipeline.reader import _jpeg_problem
+
+    url = _copy(noisy_dataset, tmp_path)
+    rows = read_rows(url, ("image", "filename"))
+    assert all(_jpeg_problem(r["image"]) is None for r in rows)
+    _rewrite_without_checksums(url, lambda images: images.__setitem__(0, images[0][:-40]))
+    victim = pq.ParquetFile(url / "part-00000.parquet").read_row_group(1).column("filename")[0].as_py()
+    delivered, error = _iterate(make_dataset(url, batch_size=4, training=False, shuffle=False, image_size=(16, 16)))
+    assert f"row group 1: row 0 ({victim}) is truncated JPEG (no end-of-image marker)" in error, error
+    assert "Invalid JPEG data" not in error
 
 
 # ---- issue 8 item 6: private staging for board outputs ------------------------------------------------
