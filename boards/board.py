@@ -26,6 +26,7 @@ from .errors import (BoardError, DownloadError, IntegrityError, InvalidPinName, 
 from .meta import FILE_HASH_FIELD, PinMeta, format_created, hash_matches, parse_version, utc_now
 from .tempnames import staging_dir, tmp_name
 from .names import check_pin_name
+from .pins_api import PinsApiMixin
 from pinstorm.progress import progress_bar
 
 FIND_COLUMNS = ["name", "description", "type", "board"]
@@ -34,8 +35,9 @@ EXTRACTED = "_extracted"
 ZIPPED_FIELD = "pinstorm_zipped"
 
 
-class Board:
-    """Base class of every board. Subclasses set `kind` and implement the primitives below."""
+class Board(PinsApiMixin):
+    """Base class of every board. Subclasses set `kind` and implement the primitives below
+    (`PinsApiMixin` adds the pins 1.x / pins-python method names over the operations here)."""
 
     kind = "board"
     read_only = False
@@ -90,7 +92,8 @@ class Board:
 
     # ---- writing --------------------------------------------------------------------------
     def pin(self, x: Any, name: str | None = None, description: str | None = None, zip: bool = False,
-            metadata: dict | None = None, type: str | None = None, title: str | None = None) -> Any:
+            metadata: dict | None = None, type: str | None = None, title: str | None = None,
+            tags: list[str] | None = None) -> Any:
         """Store `x` as a new version of pin `name` and return what `pin_get` would.
 
         `x`: a pandas DataFrame (Parquet, or CSV with type="csv"), a file or folder path, a list of
@@ -111,6 +114,8 @@ class Board:
                                       description=description, user=metadata)
             meta.file = [f.relative_to(staging).as_posix() for f in files]
             meta.extra.update(extra)
+            if tags is not None:  # pins 1.x's `tags` field
+                meta.extra["tags"] = [str(t) for t in tags]
             latest = self._latest_or_none(name)
             if latest is not None:
                 old = self.read_meta(name, latest)
@@ -290,8 +295,8 @@ class Board:
         name = self.check_name(name)
         meta, folder = self.fetch(name, version, download=download, trust_cache=cache)
         paths = [folder / f for f in meta.file]
-        if not files and len(paths) == 1:
-            loaded = drivers.load(meta.type, paths[0])
+        if not files:
+            loaded = drivers.load_pin(meta.type, paths)
             if loaded is not drivers.NOT_LOADED:
                 return loaded
         if extract is None:

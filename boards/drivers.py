@@ -53,6 +53,18 @@ def save_json(x: Any, name: str, staging: Path, type: str | None) -> tuple[Path,
     return path, "json", f"{name}: a pinned {type_name(x)}"
 
 
+def load_pin(pin_type: str, paths: list[Path]) -> Any:
+    """The object stored in a pin's files, else NOT_LOADED: one file of a table or json type, or an
+    R legacy `table` pin (`data.csv` beside R's own `data.rds`), read from its csv."""
+    if len(paths) == 1:
+        return load(pin_type, paths[0])
+    if pin_type == "table":
+        csv = [p for p in paths if p.name == "data.csv"]
+        if len(csv) == 1:
+            return pd.read_csv(csv[0])
+    return NOT_LOADED
+
+
 def load(pin_type: str, path: Path) -> Any:
     """The object stored in a one-file pin of a table or json type, else NOT_LOADED."""
     suffix = path.suffix.lower()

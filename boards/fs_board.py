@@ -32,10 +32,12 @@ import fsspec
 from filelock import FileLock
 
 from . import index as board_index
+from . import legacy_view
 from .board import Board
 from .cache import verify, write_stamp
 from .errors import IntegrityError, InvalidPinName, MalformedMetadata, PinNotFound
 from .meta import PinMeta, parse_version
+from .manifest import sync_manifest
 from .names import check_pin_name
 from .tempnames import FOREIGN_MAX_AGE, TMP_MARK, is_temporary, sweep, tmp_name
 
@@ -170,12 +172,14 @@ class FsBoard(Board):
                     if e is None or [str(v) for v in e.get("versions") or []] != versions \
                             or str(e.get("version")) != versions[-1]:
                         entry = self._entry_from(pin, versions, known=(known or {}).get(pin))
-                        if entry is not None:
-                            wanted[pin] = entry
+                        if entry is not None:  # with its R legacy view, written before the index names it
+                            wanted[pin] = legacy_view.publish_entry(self, entry)
                 for pin, e in entries.items():
                     if pin not in stored and _written_by_board(e):
                         del wanted[pin]
-                if current is not None and wanted == entries:
+                # the _pins.yaml manifest (R 1.x's board_url) converges by the same re-read and re-list
+                manifest_rewritten = sync_manifest(self, stored)
+                if current is not None and wanted == entries and not manifest_rewritten:
                     return len(stored)
                 try:
                     self._write_index(list(wanted.values()), token, existed=current is not None)

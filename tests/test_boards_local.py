@@ -95,7 +95,8 @@ def test_find_info_remove_and_index(tmp_path):
     assert info["type"] == "parquet" and info["description"] == "Pictures of Cats" and info["versions"] == 1
     index = yaml.safe_load((tmp_path / "board" / "data.txt").read_text())
     assert {e["name"] for e in index} == {"cats", "dogs"}
-    assert all(e["path"].endswith("/") and e["path"].startswith(e["name"] + "/") for e in index)
+    # each entry points inside its pin's folder (at the latest version's R legacy view)
+    assert all(e["path"] == f"{e['name']}/{e['version']}/r-legacy" for e in index)
     boards.pin_remove("cats")
     assert boards.pin_find("cat").empty
     assert {e["name"] for e in yaml.safe_load((tmp_path / "board" / "data.txt").read_text())} == {"dogs"}
