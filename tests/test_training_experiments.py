@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
 import zipfile
@@ -23,7 +24,8 @@ def board(tmp_path):
     name = f"experiments-{uuid.uuid4().hex[:6]}"
     boards.board_register("local", name=name, path=tmp_path / "board", cache=tmp_path / "cache")
     yield name
-    boards.board_deregister(name, persist=False)
+    with contextlib.suppress(boards.BoardNotRegistered):
+        boards.board_deregister(name, persist=False)
 
 
 def _digits_on_board(board, base):
@@ -92,6 +94,22 @@ def test_bad_targets_fail_before_training(two_cpu_devices, digits_arrays, board,
     with pytest.raises(ExperimentError, match="not a safe pin name"):
         train("alexnet", data, strategy=strategy, num_classes=10, output_dir=tmp_path, pin=f"{board}/../x", **TINY)
     assert not (tmp_path / "metrics.csv").exists()                    # nothing was trained
+
+
+def test_a_failed_pin_after_the_fit_names_the_outputs(two_cpu_devices, digits_arrays, board, tmp_path):
+    import tensorflow as tf
+    import tf_keras as keras
+
+    class BoardGoes(keras.callbacks.Callback):     # the board disappears while the model trains
+        def on_train_end(self, logs=None):
+            boards.board_deregister(board, persist=False)
+
+    x, y, _, _ = digits_arrays
+    data = tf.data.Dataset.from_tensor_slices((x[:32], y[:32]))
+    with pytest.raises(ExperimentError, match=r"training finished \(outputs in .*out\) but pinning the run as"):
+        train("alexnet", data, strategy=make_strategy("one-device"), num_classes=10, epochs=1,
+              output_dir=tmp_path / "out", pin=f"{board}/run", callbacks=[BoardGoes()], verbose=0, **TINY)
+    assert (tmp_path / "out" / "final.weights.h5").stat().st_size > 0
 
 
 def test_a_tampered_lineage_is_refused(two_cpu_devices, board, tmp_path):

@@ -260,7 +260,12 @@ def train(
             "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"), "fit_seconds": fit_seconds,
             "wall_seconds": time.perf_counter() - wall_started, "lineage": lineage or {},
         }
-        result.experiment = experiments.pin_run(result, pin, record)
+        try:
+            result.experiment = experiments.pin_run(result, pin, record)
+        except Exception as error:  # the fit itself is not lost: say where its files are
+            raise experiments.ExperimentError(
+                f"training finished (outputs in {write_dir}) but pinning the run as {pin!r} failed: "
+                f"{type(error).__name__}: {error}") from error
     return result
 
 
