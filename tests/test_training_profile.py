@@ -110,3 +110,24 @@ def test_metadata_that_costs_as_much_as_the_fetch_is_named():
     metadata = StageTime("board metadata", 3.0, 16, "pins", per_epoch=False)
     _, advice = _verdict([fetch, metadata], None, None, replicas=1, gpus=False, parallel=None, fetch_parallel=8)
     assert any("3.00 s of the 4.00 s fetch is metadata" in a and "index_max_age" in a for a in advice), advice
+
+
+def test_a_board_alone_is_profiled_without_tensorflow_work(tmp_path):
+    """Fetch, metadata and extraction of zipped pins on a local board; no dataset, so no bound."""
+    from pinstorm import boards
+    from pinstorm.training import profile
+
+    boards.board_register("local", name="photos", path=tmp_path / "board", cache=tmp_path / "cache")
+    for name in ("cats", "dogs"):
+        folder = tmp_path / "src" / name
+        folder.mkdir(parents=True)
+        for i in range(3):
+            (folder / f"{name}{i}.jpg").write_bytes(bytes([i]) * 2048)   # names count, bytes need not decode
+        boards.pin(str(folder), name=name, board="photos", zip=True)
+    report = profile(board="photos", output_dir=tmp_path / "report", fetch_parallel=2)
+    assert [s.name for s in report.stages] == STAGES[:4]
+    assert report.settings["pins"] == ["cats", "dogs"] and report.stage("board metadata").amount == 2
+    assert report.stage("extraction").images == 6 and report.bound is None and report.stall_share is None
+    assert report.stage("raw fsspec copy (baseline)").amount == pytest.approx(report.stage("board fetch").amount)
+    assert json.loads((tmp_path / "report" / "profile.json").read_text())["fetch_vs_raw"] == report.fetch_vs_raw
+    assert boards.board_list() == ["local", "photos"]                 # the cold-cache clone is gone
