@@ -103,6 +103,10 @@ def test_concurrent_writer_processes_lose_no_index_entry(cloud, tmp_path):
         assert e["versions"] == board.list_versions(name) and e["description"] == f"from worker {worker}"
     # and readers that only have HTTP see every pin
     assert set(board.pin_find("")["name"]) == expected
+    # R 1.x's manifest converged the same way
+    manifest = yaml.safe_load(board.fs.cat_file(f"{board.root}/_pins.yaml"))
+    assert {k: [p.split("/")[1] for p in v] for k, v in manifest.items()} == \
+        {name: board.list_versions(name) for name in expected}
 
 
 def test_a_writer_killed_before_the_index_update_is_repaired_by_the_next_write(cloud):
