@@ -38,10 +38,12 @@ def _board_holding(name: str, board: str | Board | None) -> Board:
 
 
 def pin(x: Any, name: str | None = None, board: str | Board | None = None, description: str | None = None,
-        zip: bool = False, metadata: dict | None = None, type: str | None = None, title: str | None = None) -> Any:
-    """Pin `x` (DataFrame, path(s), URL or JSON-able object) to `board`; returns what pin_get would."""
+        zip: bool = False, metadata: dict | None = None, type: str | None = None, title: str | None = None,
+        tags: list[str] | None = None) -> Any:
+    """Pin `x` (DataFrame, path(s), URL or JSON-able object) to `board`; returns what pin_get would.
+    The same bytes with a new description, title, metadata or tags make a new version."""
     return board_get(board).pin(x, name=name, description=description, zip=zip, metadata=metadata,
-                                type=type, title=title)
+                                type=type, title=title, tags=tags)
 
 
 def pin_get(name: str | list[str], board: str | Board | None = None, cache: bool = True,
