@@ -15,6 +15,10 @@ every version stored before its final listing. A writer killed between storing a
 updating the index is repaired the same way by the next write, or by `rebuild_index()`
 (`pinstorm board repair`). On S3, the index is also written with If-Match / If-None-Match, so a
 concurrent overwrite is refused instead of discovered.
+
+Cost: a write lists the board twice (one paged recursive listing each on object stores, 1000 keys
+per request; a two-level glob on local disks) and reads the index twice: cheap for boards of zipped
+pins, noticeable for buckets holding millions of loose files under one board prefix.
 """
 
 from __future__ import annotations
