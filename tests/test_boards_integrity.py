@@ -16,7 +16,7 @@ import yaml
 
 from pinstorm import boards
 from pinstorm.boards.errors import IntegrityError
-from pinstorm.boards.meta import FILE_HASH_FIELD, hash_file, joined_hash, r_hash_strings
+from pinstorm.boards.meta import FILE_HASH_FIELD, hash_file, hash_file128, joined_hash, r_hash_strings
 from r_support import r110  # noqa: F401 - fixture
 
 
@@ -69,8 +69,10 @@ def test_r_pins_accepts_pinstorm_multi_file_hash_and_pinstorm_verifies_r_multi_f
         b <- board_folder(path)
         got <- try_r(basename(pin_download(b, "multi", hash = pin_hash)))
         pin_upload(b, file.path(src, c("part0.bin", "part1.bin")), "from_r")
-        list(got = got, r_hash = pin_meta(b, "from_r")$pin_hash)
+        list(got = got, r_hash = pin_meta(b, "from_r")$pin_hash,
+             file128 = rlang::hash_file(file.path(src, "part0.bin")))
     """, path=str(tmp_path / "board"), pin_hash=pin_hash, src=str(src))
+    assert out["file128"] == hash_file128(src / "part0.bin")  # the 32-hex one-file scheme
     assert sorted(out["got"]) == ["part0.bin", "part1.bin", "part2.bin"]
     # R's multi-file scheme, read and checked by pinstorm in full
     assert out["r_hash"] == r_hash_strings([hash_file(src / "part0.bin"), hash_file(src / "part1.bin")])
