@@ -281,7 +281,8 @@ def main(argv=None) -> int:
 _MEMORY_CHILD = """
 import json, os, resource, sys, time
 from pinstorm.pipeline import convert
-tree, out, max_pixels, budget, parallel = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
+tree, out, max_pixels = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+budget, parallel = float(sys.argv[4]), int(sys.argv[5])
 start = time.perf_counter()
 # One row group: every image of the tree is in flight at once, as in a large row group of a real crawl.
 result = convert(tree, out, parallel=parallel, max_pixels=max_pixels, memory_budget_mb=budget, min_row_groups=1,
@@ -324,7 +325,8 @@ def memory_bench(giants: int, out: Path) -> int:
         for i in range(giants):
             shutil.copy(png, classes[i % 2] / f"giant_{i}.png")
             shutil.copy(jpeg, classes[i % 2] / f"giant_{i}.JPEG")
-        results["tree"] = {"png_mb": round(png.stat().st_size / 2**20, 1), "jpeg_mb": round(jpeg.stat().st_size / 2**20, 1),
+        results["tree"] = {"png_mb": round(png.stat().st_size / 2**20, 1),
+                           "jpeg_mb": round(jpeg.stat().st_size / 2**20, 1),
                            "seconds_to_build": round(time.perf_counter() - t0, 1), "normal_images": 40,
                            "giant_pngs": giants, "giant_jpegs": giants, "side": side}
         print(f"tree: {giants} PNGs ({results['tree']['png_mb']} MB) and {giants} JPEGs "
@@ -336,8 +338,9 @@ def memory_bench(giants: int, out: Path) -> int:
                    "no limits (as before), 8 threads": (None, 1e9, 8)}
         results["runs"] = {}
         for label, (max_pixels, budget, parallel) in configs.items():
-            done = subprocess.run([sys.executable, "-c", _MEMORY_CHILD, str(tree), str(tmp / f"ds-{len(results['runs'])}"),
-                                   json.dumps(max_pixels), str(budget), str(parallel)], capture_output=True, text=True)
+            output = tmp / f"ds-{len(results['runs'])}"
+            done = subprocess.run([sys.executable, "-c", _MEMORY_CHILD, str(tree), str(output), json.dumps(max_pixels),
+                                   str(budget), str(parallel)], capture_output=True, text=True)
             if done.returncode != 0:
                 results["runs"][label] = {"error": done.stderr[-1500:]}
             else:

@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import functools
 import os
 from pathlib import Path
 
 import click
 
-from .convert import DatasetExistsError
-from .layout import LayoutError
-from .metadata import IncompleteDatasetError
 from .storage import is_board_url, parse_board_url
 
 

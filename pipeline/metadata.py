@@ -176,7 +176,8 @@ def petastorm_unischema_pickle() -> bytes:
                           for name, dtype, shape, codec in fields)
     # Unischema.__init__ also sets one attribute per field (``schema.image``); pickle keeps them in its state.
     schema = _New(_Global("petastorm.unischema", "Unischema"), (),
-                  {"_name": "PinstormImages", "_fields": _Call(_Global("collections", "OrderedDict"), (), field_objects),
+                  {"_name": "PinstormImages",
+                   "_fields": _Call(_Global("collections", "OrderedDict"), (), field_objects),
                    **dict(field_objects)})
     out = bytearray(pickle.PROTO + bytes([2]))
     _emit(schema, out)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -18,6 +17,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from PIL import Image
 
 from pinstorm import boards
@@ -463,3 +464,37 @@ def test_the_pickled_unischema_is_what_petastorm_builds():
         assert mine.numpy_dtype is theirs.numpy_dtype and mine.shape == theirs.shape
         assert type(mine.codec) is type(theirs.codec) and vars(mine.codec) == vars(theirs.codec)
     assert ours.image == real.image
+
+
+# ---- properties ------------------------------------------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(images=st.lists(st.binary(max_size=40), max_size=25), cut=st.integers(0, 25), data=st.data())
+def test_content_checksum_is_the_same_however_the_rows_are_held(images, cut, data):
+    """pyarrow tables (one chunk, several, sliced, large_binary) and petastorm's Python rows agree."""
+    import pyarrow as pa
+
+    from pinstorm.pipeline.verify import rows_digest, table_digest
+
+    labels = data.draw(st.lists(st.integers(-2**31, 2**31 - 1), min_size=len(images), max_size=len(images)))
+    table = pa.table({"image": pa.array(images, pa.binary()), "label": pa.array(labels, pa.int32())})
+    cut = min(cut, len(images))
+    chunked = pa.concat_tables([table.slice(0, cut), table.slice(cut)])
+    large = table.cast(pa.schema([("image", pa.large_binary()), ("label", pa.int32())]))
+    digest = rows_digest(images, labels)
+    assert table_digest(table) == table_digest(chunked) == table_digest(large) == digest
+    assert table_digest(table.slice(cut)) == rows_digest(images[cut:], labels[cut:])
+    if images:   # moving a byte from one image to the next is a different row group
+        moved = [images[0] + b"x"] + images[1:]
+        assert rows_digest(moved, labels) != digest
+
+
+@settings(max_examples=40, deadline=None)
+@given(cut=st.floats(0, 1, exclude_max=True), progressive=st.booleans())
+def test_every_cut_off_jpeg_is_named_truncated(cut, progressive):
+    from pinstorm.pipeline.reader import _jpeg_problem
+
+    data = _jpeg(7, (64, 48), progressive=progressive)
+    assert _jpeg_problem(data) is None
+    assert _jpeg_problem(data[:int(len(data) * cut)]) is not None

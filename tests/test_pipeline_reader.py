@@ -10,7 +10,6 @@ import subprocess
 import sys
 import textwrap
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
