@@ -69,6 +69,7 @@ class ImageHeader:
     mode: str
     width: int
     height: int
+    orientation: int = 1   # EXIF orientation (JPEG): other than 1 means a full decode to rotate it
 
     @property
     def pixels(self) -> int:
@@ -95,7 +96,8 @@ def read_header(data_or_file, *, name: str = "image") -> ImageHeader:
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             source = io.BytesIO(data_or_file) if isinstance(data_or_file, (bytes, bytearray)) else data_or_file
             with Image.open(source) as image:
-                return ImageHeader(image.format or "?", image.mode, image.size[0], image.size[1])
+                orientation = _orientation(image) if image.format in _JPEG_FORMATS else 1
+                return ImageHeader(image.format or "?", image.mode, image.size[0], image.size[1], orientation)
     except Image.UnidentifiedImageError:
         if isinstance(data_or_file, (bytes, bytearray)):
             first = bytes(data_or_file[:16])
@@ -113,8 +115,8 @@ def decode_cost(header: ImageHeader, max_pixels: int | None = DEFAULT_MAX_PIXELS
     if header.format in _JPEG_FORMATS:
         if max_pixels and pixels > max_pixels:
             pixels //= _draft_factor(header.width, header.height, max_pixels) ** 2
-        elif header.mode == "RGB":
-            pixels = max(pixels // 64, 1)   # the 1/8-scale check; an EXIF rotation decodes in full, rare
+        elif header.mode == "RGB" and header.orientation == 1:
+            pixels = max(pixels // 64, 1)   # the 1/8-scale check; a rotation or another mode decodes in full
     elif max_pixels and pixels > max_pixels:
         return 0   # refused from its header
     return pixels * _BYTES_PER_PIXEL

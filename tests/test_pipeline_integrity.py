@@ -200,6 +200,17 @@ def test_pixel_budget_downscales_jpegs_and_skips_other_giants(tmp_path):
         convert(root, tmp_path / "x", max_pixels=0, progress=False)
 
 
+def test_decode_cost_is_read_from_the_header():
+    from pinstorm.pipeline.images import decode_cost, read_header
+
+    plain, rotated = read_header(io.BytesIO(_oriented_jpeg(1))), read_header(io.BytesIO(_oriented_jpeg(6)))
+    assert (plain.orientation, rotated.orientation) == (1, 6)
+    assert decode_cost(plain) * 64 == decode_cost(rotated) == 80 * 40 * 12   # a rotation decodes in full
+    giant = read_header(io.BytesIO(_giant_png_header(12000, 12000)))
+    assert decode_cost(giant) == 0                                   # refused from its header
+    assert decode_cost(giant, max_pixels=None) == 12000 * 12000 * 12
+
+
 def test_memory_budget_limits_what_threads_hold_at_once():
     from pinstorm.pipeline.convert import _MemoryBudget
 
