@@ -227,7 +227,9 @@ class DatatxtBoard(Board):
         if path.endswith("/") or "." not in posixpath.basename(path):
             url = self._abs(path.rstrip("/") + "/data.txt", pin=name)
             try:
-                raw = board_index.load_yaml(self._get(url), source=url, max_bytes=self.max_index_bytes)
+                # through the cache: revalidated like the files, served stale when the board is offline
+                local = self._fetch_url(url, self.cache.url_path(self.name, url), max_bytes=self.max_index_bytes)
+                raw = board_index.load_yaml(local.read_bytes(), source=url, max_bytes=self.max_index_bytes)
             except DownloadError as e:
                 if e.status != 404:
                     raise

@@ -174,7 +174,8 @@ class FsBoard(Board):
                 for pin, versions in stored.items():
                     e = entries.get(pin)
                     if e is None or [str(v) for v in e.get("versions") or []] != versions \
-                            or str(e.get("version")) != versions[-1]:
+                            or str(e.get("version")) != versions[-1] \
+                            or not str(e.get("path")).endswith(legacy_view.LEGACY_DIR):  # older index: add the view
                         entry = self._entry_from(pin, versions, known=(known or {}).get(pin))
                         if entry is not None:  # with its R legacy view, written before the index names it
                             wanted[pin] = legacy_view.publish_entry(self, entry)

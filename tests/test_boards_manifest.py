@@ -91,3 +91,21 @@ def test_legacy_view_paths():
     for path in (f"x/{v}/", f"x/{v}/r-legacy", f"x/{v}", "x"):
         assert pin_folder({"path": path, "version": v, "versions": [v]}) == "x"
     assert pin_folder({"path": f"https://h/b/x/{v}/r-legacy", "version": v}) == "https://h/b/x"
+
+
+def test_index_from_an_older_pinstorm_gains_the_r_legacy_view(tmp_path):
+    import shutil
+
+    import yaml
+
+    board = boards.board_register("local", name="old", path=tmp_path / "old")
+    board.pin({"a": 1}, "one")
+    version = board.list_versions("one")[-1]
+    index_file = tmp_path / "old" / "data.txt"
+    entries = yaml.safe_load(index_file.read_text())
+    entries[0]["path"] = f"one/{version}/"  # what pinstorm wrote before the view existed
+    index_file.write_text(yaml.safe_dump(entries))
+    shutil.rmtree(tmp_path / "old" / "one" / version / "r-legacy")
+    assert board.rebuild_index() == 1  # `pinstorm board repair` (or the next write) migrates it
+    assert yaml.safe_load(index_file.read_text())[0]["path"] == f"one/{version}/r-legacy"
+    assert (tmp_path / "old" / "one" / version / "r-legacy" / "data.txt").is_file()
