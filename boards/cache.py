@@ -49,7 +49,10 @@ def default_cache_root() -> Path:
 
 
 def _safe_segment(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]", "_", text) or "_"
+    """One plain folder name for `text`: never empty, never `.`/`..` or hidden (a version named `..`
+    in remote metadata must not reach another pin's cached files)."""
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", text) or "_"
+    return "_" + safe if safe.startswith(".") else safe
 
 
 def verify(meta: PinMeta, folder: Path, *, source: str, full: bool = True) -> None:

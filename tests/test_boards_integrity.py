@@ -255,3 +255,15 @@ def test_per_file_hashes_survive_the_data_txt_round_trip(hashes):
                    pin_hash=r_hash_strings(hashes), type="file", extra={FILE_HASH_FIELD: hashes})
     back = PinMeta.from_yaml(meta.to_yaml())
     assert back.file_hashes() == hashes and back.pin_hash == meta.pin_hash
+
+
+@settings(max_examples=60, deadline=None)
+@given(board=st.text(max_size=12), name=st.text(max_size=12), version=st.text(max_size=12))
+def test_cache_folders_stay_inside_their_pin_folder(tmp_path_factory, board, name, version):
+    from pinstorm.boards.cache import Cache
+
+    cache = Cache(tmp_path_factory.getbasetemp() / "cache")
+    folder = cache.version_dir(board, name, version)
+    pin_folder = folder.parent
+    assert folder.resolve().parent == pin_folder.resolve() and pin_folder.resolve().parent.parent == cache.root
+    assert not folder.name.startswith(".")
