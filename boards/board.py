@@ -264,7 +264,8 @@ class Board(PinsApiMixin):
 
     def _board_stamp(self, name: str, version: str) -> Path:
         """The verification stamp of a version the board keeps on local disk (kept in the cache)."""
-        return self.cache.version_dir(self.name, name, version).parent / f".{version}.board-verified.json"
+        folder = self.cache.version_dir(self.name, name, version)  # safe names, inside the cache
+        return folder.parent / f".{folder.name}.board-verified.json"
 
     @staticmethod
     def _check(meta: PinMeta, folder: Path, stamp: Path, *, full: bool, source: str) -> None:
