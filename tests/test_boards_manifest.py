@@ -109,3 +109,22 @@ def test_index_from_an_older_pinstorm_gains_the_r_legacy_view(tmp_path):
     assert board.rebuild_index() == 1  # `pinstorm board repair` (or the next write) migrates it
     assert yaml.safe_load(index_file.read_text())[0]["path"] == f"one/{version}/r-legacy"
     assert (tmp_path / "old" / "one" / version / "r-legacy" / "data.txt").is_file()
+
+
+def test_r_legacy_versions_are_read_and_checked(tmp_path):
+    """A hand-made R legacy board (`versions = TRUE` layout); a version path that climbs out is refused."""
+    root = tmp_path / "legacy"
+    (root / "tab" / "_versions" / "abc123").mkdir(parents=True)
+    (root / "data.txt").write_text("- path: tab\n  name: tab\n  type: table\n")
+    (root / "tab" / "data.csv").write_text("a\n2\n")
+    (root / "tab" / "data.txt").write_text("path: [data.csv]\ntype: table\nversions: [_versions/abc123]\n")
+    (root / "tab" / "_versions" / "abc123" / "data.csv").write_text("a\n1\n")
+    (root / "tab" / "_versions" / "abc123" / "data.txt").write_text("path: [data.csv]\ntype: table\n")
+    with boards.serve_board(root) as url:
+        web = boards.board_register(url, name="leg", cache=tmp_path / "cache")
+        assert web.list_versions("tab") == ["abc123", "legacy"]
+        assert web.pin_get("tab")["a"].tolist() == [2]
+        assert web.pin_get("tab", version="abc")["a"].tolist() == [1]
+        (root / "tab" / "data.txt").write_text("path: [data.csv]\ntype: table\nversions: [../../outside]\n")
+        with pytest.raises(UnsafePath):
+            boards.board_register(url, name="leg2", cache=tmp_path / "cache2").list_versions("tab")
