@@ -49,9 +49,16 @@ _SECRET = re.compile(r"secret|password|passwd|pwd|token|^key$|_key$|access_key|k
 _SAFE_HEADERS = {"accept", "accept-encoding", "accept-language", "user-agent", "cache-control"}
 
 
+# gcsfs `token=` values that name a credential source rather than hold a credential
+_TOKEN_MODES = {"anon", "google_default", "cloud", "cache", "browser"}
+
+
 def _is_secret(option: str, value: Any) -> bool:
-    """Secret-looking options are kept out of the config file, except paths to credential files."""
+    """Secret-looking options are kept out of the config file, except paths to credential files
+    and gcsfs token modes such as "anon"."""
     if not _SECRET.search(str(option)):
+        return False
+    if str(option) == "token" and isinstance(value, str) and value in _TOKEN_MODES:
         return False
     return not (isinstance(value, (str, Path)) and Path(str(value)).expanduser().is_file())
 

@@ -193,3 +193,18 @@ def test_an_unreadable_index_is_rebuilt_by_the_next_write(tmp_path):
     with pytest.warns(UserWarning, match="rebuilding an unreadable"):
         board.pin({"b": 1}, "b")
     assert set(_index(board)) == {"a", "b"}
+
+
+def test_repair_command_on_a_bucket_board(cloud, tmp_path):
+    """`pinstorm board repair` in another process, with the registration it persisted (credentials
+    from the environment, never from the config file)."""
+    options, board = cloud
+    kind = options.pop("kind")
+    boards.board_register(kind, name="saved", persist=True, **options)
+    board.pin({"a": 1}, "first")
+    r = _run(CRASHER, json.dumps({"kind": kind, **options}), "orphan", check=False)
+    assert r.returncode == -9 and "orphan" not in _index(board)
+    exe = Path(sys.executable).parent / "pinstorm"
+    r = subprocess.run([str(exe), "board", "repair", "saved"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "lists 2 pin(s)" in r.stdout and set(_index(board)) == {"first", "orphan"}
