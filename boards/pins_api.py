@@ -13,7 +13,6 @@ import datetime as _dt
 import os
 import shutil
 import time
-from pathlib import Path
 from typing import Any, Iterable
 
 import pandas as pd
