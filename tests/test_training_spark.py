@@ -7,6 +7,7 @@ line) are in test_training_spark_cluster.py."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import time
 
@@ -18,6 +19,35 @@ from pinstorm.training.spark import (Attempt, SparkTrainError, SparkTrainResult,
 from pinstorm.training.spark_session import master_is_local
 
 pytest_plugins = ["conftest_training"]
+
+
+@pytest.fixture
+def python_without_tensorflow() -> str:
+    """This venv's base interpreter: the same Python version (PySpark insists), none of the venv's packages."""
+    base = getattr(sys, "_base_executable", None)
+    if not base or sys.prefix == sys.base_prefix:
+        pytest.skip("not running in a virtual environment")
+    found = subprocess.run([base, "-c", "import importlib.util as u; print(u.find_spec('tensorflow') is None)"],
+                           capture_output=True, text=True)
+    if found.stdout.strip() != "True":
+        pytest.skip(f"{base} can import tensorflow")
+    return base
+
+
+@pytest.mark.slow
+def test_cli_names_the_executor_python_that_lacks_tensorflow(python_without_tensorflow, digits_parquet, tmp_path):
+    """First in the file: the command line makes (and stops) its own session before the module's one starts."""
+    from click.testing import CliRunner
+
+    from pinstorm.cli import cli
+
+    python = python_without_tensorflow
+    outcome = CliRunner().invoke(cli, ["spark-train", "alexnet", digits_parquet["train"], "--master", "local[2]",
+                                       "--python", python, "--epochs", "1", "--output-dir", str(tmp_path / "out")])
+    assert outcome.exit_code == 1, outcome.output
+    assert f"executors run {python}, which cannot import pinstorm, tensorflow" in outcome.output
+    assert "set PYSPARK_PYTHON" in outcome.output and sys.executable in outcome.output
+    assert not (tmp_path / "out").exists()                    # nothing started training
 
 
 @pytest.fixture(scope="module")

@@ -1,18 +1,21 @@
 """spark_train on a REAL Spark standalone cluster: a master and two 1-core workers started on 127.0.0.1
 by the fixture (pyspark's bin/spark-class), one executor each.
 
-In file order (one SparkContext per process at a time): the command line with executors that run
-an interpreter without TensorFlow (a clear error, not a stack trace); then one session for the rest:
-addresses and interpreters the executors really used, a bounded relaunch that lists each attempt's
-cause, a worker process killed mid-fit and the stage relaunched from the backup, and the seed's
-per-worker partitions fetched from the demo's digits board over HTTP.
+In file order (one SparkContext per process at a time): `pinstorm spark-train --master spark://...`
+runs the seed's flow, each worker fetching its own categories from the demo's digits board over
+HTTP, and one worker's Python process is killed mid-fit: the stage is relaunched and resumes from
+the backup. Then one session for the rest: the interpreters and addresses the executors really
+used, and a bounded relaunch that lists each attempt's cause. (Executors without TensorFlow, and
+the sharded-data path, are tested on local[2] in test_training_spark.py: same code, less time.)
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -33,13 +36,80 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("java") is None, reason="a Spark standalone cluster needs Java"),
 ]
 
-TINY_ARGS = dict(model_name="alexnet", batch_size=8, image_size=32, model_kwargs={"width": 0.125}, seed=5,
-                 input_options={"flip": False}, verbose=0)
-
-
 @pytest.fixture(scope="module")
 def cluster():
     yield from spark_standalone.serve(workers=2, cores=1)
+
+
+@pytest.fixture
+def digits_board_url(http_board, tmp_path):
+    """The demo's flow: an ILSVRC-shaped digits tree, one zipped pin per category, served over HTTP."""
+    from pinstorm.pipeline import convert, make_digits_tree, repartition, scan
+
+    board, folder, url = http_board
+    layout = scan(make_digits_tree(tmp_path / "tree", image_size=32, per_class=10, seed=1))
+    repartition(layout, board.name, zip=True, progress=False)
+    val = convert(layout, str(tmp_path / "val"), split="val", classes=layout.classes, min_row_groups=2,
+                  progress=False)
+    return url, val.url, layout
+
+
+def _kill_a_task_after_the_first_backup(cluster, backup: Path, killed: list, stop: threading.Event) -> None:
+    deadline = time.monotonic() + 300
+    while not (backup / "chief" / "checkpoint").exists() and not stop.is_set() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pids = cluster.python_task_pids()
+    if (backup / "chief" / "checkpoint").exists() and pids:
+        os.kill(pids[-1], signal.SIGKILL)
+        killed.append(pids[-1])
+
+
+def test_cli_partitions_from_the_board_and_a_killed_worker_resumes(cluster, digits_board_url, tmp_path):
+    """Run first: the command line (its own driver process) needs the cluster's cores to itself."""
+    url, val_url, layout = digits_board_url
+    epochs = 4
+    killed: list[int] = []
+    stop = threading.Event()
+    killer = threading.Thread(target=_kill_a_task_after_the_first_backup,
+                              args=(cluster, tmp_path / "backup", killed, stop), daemon=True)
+    killer.start()
+    try:
+        outcome = subprocess.run([
+            sys.executable, "-m", "pinstorm.cli", "spark-train", "alexnet", "--master", cluster.master_url,
+            "--workers", "2", "--partition-board", url, "--val", val_url, "--epochs", str(epochs),
+            "--batch-size", "8", "--image-size", "32", "--width", "0.125", "--no-flip", "--seed", "5",
+            "--checkpoint-dir", str(tmp_path / "backup"), "--output-dir", str(tmp_path / "out"),
+            "--max-restarts", "2", "--json"], capture_output=True, text=True, timeout=600)
+    finally:
+        stop.set()
+        killer.join(10)
+    assert outcome.returncode == 0, outcome.stderr[-3000:]
+    assert killed, "no task process was found to kill"
+    run = json.loads(outcome.stdout.strip().splitlines()[-1])
+
+    # the relaunch: one failed attempt, named; resumed after the finished epochs
+    assert run["restarts"] == 1, run["attempts"]
+    first, second = run["attempts"]
+    assert "Python worker exited unexpectedly" in first["error"] and second["error"] is None
+    assert run["resumed_from_epoch"] >= 1
+    assert 0 < run["seconds_lost"] <= run["failed_seconds"] == first["seconds"]
+    summaries = [worker["result"] for worker in run["workers"]]
+    assert summaries[0]["epochs"] == list(range(run["resumed_from_epoch"], epochs))
+    completed = [int(row["epoch"]) for row in csv.DictReader(open(tmp_path / "out" / "metrics.csv"))]
+    assert sorted(completed) == list(range(epochs))          # every epoch exactly once
+
+    # the partitions: disjoint categories covering the board, each worker reading only its own rows
+    partitions = [s["partition"] for s in summaries]
+    assert [p["index"] for p in partitions] == [0, 1] and all(p["of"] == 2 for p in partitions)
+    mine, theirs = (set(p["categories"]) for p in partitions)
+    assert mine and theirs and not mine & theirs and mine | theirs == set(layout.classes)
+    assert sum(p["rows"] for p in partitions) == len(layout.items("train"))
+    assert partitions[0]["rows_per_worker"] == partitions[1]["rows_per_worker"] == [p["rows"] for p in partitions]
+    assert all(s["input_shards"] == [None] for s in summaries)
+    assert all(s["steps_per_epoch"] == min(p["rows"] for p in partitions) // 8 for s in summaries)
+    assert summaries[0]["history"]["loss"] == summaries[1]["history"]["loss"]   # one model, all-reduced
+    assert summaries[0]["num_classes"] == len(layout.classes) and "accuracy" in summaries[0]["val_metrics"]
+    assert Path(partitions[1]["url"].removeprefix("file://")).is_relative_to(tmp_path / "out" / "workers")
 
 
 @pytest.fixture(scope="module")
@@ -47,35 +117,6 @@ def session(cluster):
     spark = spark_session(cluster.master_url, app_name="pinstorm-tests")
     yield spark
     spark.stop()
-
-
-@pytest.fixture
-def python_without_tensorflow() -> str:
-    """This venv's base interpreter: same Python version (PySpark insists), none of the venv's packages."""
-    base = getattr(sys, "_base_executable", None)
-    if not base or sys.prefix == sys.base_prefix:
-        pytest.skip("not running in a virtual environment")
-    found = subprocess.run([base, "-c", "import importlib.util as u; print(u.find_spec('tensorflow') is None)"],
-                           capture_output=True, text=True)
-    if found.stdout.strip() != "True":
-        pytest.skip(f"{base} can import tensorflow")
-    return base
-
-
-def test_cli_names_the_executor_python_that_lacks_tensorflow(python_without_tensorflow, cluster, digits_parquet,
-                                                             tmp_path):
-    from click.testing import CliRunner
-
-    from pinstorm.cli import cli
-
-    python = python_without_tensorflow
-    outcome = CliRunner().invoke(cli, ["spark-train", "alexnet", digits_parquet["train"], "--master",
-                                       cluster.master_url, "--workers", "2", "--python", python, "--epochs", "1",
-                                       "--output-dir", str(tmp_path / "out")])
-    assert outcome.exit_code == 1, outcome.output
-    assert f"executors run {python}, which cannot import pinstorm, tensorflow" in outcome.output
-    assert "set PYSPARK_PYTHON" in outcome.output and sys.executable in outcome.output
-    assert not (tmp_path / "out").exists()                    # nothing started training
 
 
 def _whoami_function():
@@ -138,74 +179,3 @@ def test_failures_are_relaunched_then_reported_with_each_cause(session):
     assert "attempt 1 (" in message and "attempt 2 (" in message
 
 
-def test_a_killed_worker_relaunches_the_stage_from_the_backup(session, cluster, digits_parquet, tmp_path):
-    epochs = 4
-    args = dict(TINY_ARGS, data=digits_parquet["train"], validation_data=digits_parquet["val"], epochs=epochs,
-                output_dir=str(tmp_path / "out"), checkpoint_dir=str(tmp_path / "backup"))
-    killed: list[int] = []
-    stop = threading.Event()
-
-    def kill_after_first_backup():
-        backup = tmp_path / "backup" / "chief" / "checkpoint"
-        deadline = time.monotonic() + 240
-        while not backup.exists() and not stop.is_set() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        pids = cluster.python_task_pids()
-        if backup.exists() and pids:
-            subprocess.run(["kill", "-9", str(pids[-1])], check=False)
-            killed.append(pids[-1])
-
-    killer = threading.Thread(target=kill_after_first_backup, daemon=True)
-    killer.start()
-    try:
-        results = spark_train(args, 2, session, max_restarts=2)
-    finally:
-        stop.set()
-        killer.join(10)
-    assert killed, "no task process was found to kill"
-    assert results.restarts == 1, results.attempts
-    assert results.attempts[0].error and results.attempts[1].error is None
-    assert "Python worker exited unexpectedly" in results.attempts[0].error or "crashed" in results.attempts[0].error
-    assert results.resumed_from_epoch >= 1                     # the backup kept the finished epochs
-    assert 0 < results.seconds_lost <= results.failed_seconds
-    summaries = [r.result for r in results]
-    assert summaries[0]["epochs"] == list(range(results.resumed_from_epoch, epochs))
-    assert summaries[0]["history"]["loss"] == summaries[1]["history"]["loss"]
-    completed = [int(row["epoch"]) for row in csv.DictReader(open(tmp_path / "out" / "metrics.csv"))]
-    assert set(completed) == set(range(epochs))
-    assert json.loads(json.dumps(results.summary()))["restarts"] == 1
-
-
-@pytest.fixture
-def digits_board_url(http_board, tmp_path):
-    """The demo's flow: an ILSVRC-shaped digits tree, one zipped pin per category, served over HTTP."""
-    from pinstorm.pipeline import convert, make_digits_tree, repartition, scan
-
-    board, folder, url = http_board
-    layout = scan(make_digits_tree(tmp_path / "tree", image_size=32, per_class=10, seed=1))
-    repartition(layout, board.name, zip=True, progress=False)
-    val = convert(layout, str(tmp_path / "val"), split="val", classes=layout.classes, min_row_groups=2,
-                  progress=False)
-    return url, val.url, layout
-
-
-def test_each_worker_trains_on_its_own_partition_from_the_board(session, digits_board_url, tmp_path):
-    url, val_url, layout = digits_board_url
-    board = {"kind": "datatxt", "url": url, "cache": str(tmp_path / "executor-cache")}
-    args = dict(TINY_ARGS, partition_board=board, validation_data=val_url, epochs=2,
-                output_dir=str(tmp_path / "out"), checkpoint_dir=str(tmp_path / "backup"))
-    results = spark_train(args, 2, session)
-    summaries = [r.result for r in results]
-    partitions = [s["partition"] for s in summaries]
-    assert [p["index"] for p in partitions] == [0, 1] and all(p["of"] == 2 for p in partitions)
-    first, second = (set(p["categories"]) for p in partitions)
-    assert first and second and not first & second and first | second == set(layout.classes)
-    assert sum(p["rows"] for p in partitions) == len(layout.items("train"))
-    assert partitions[0]["rows_per_worker"] == partitions[1]["rows_per_worker"] == [p["rows"] for p in partitions]
-    assert all(s["input_shards"] == [None] for s in summaries)     # each read all of its own slice
-    steps = min(p["rows"] for p in partitions) // 8
-    assert all(s["steps_per_epoch"] == steps for s in summaries)
-    assert summaries[0]["history"]["loss"] == summaries[1]["history"]["loss"]   # one model, all-reduced
-    assert summaries[0]["num_classes"] == len(layout.classes) and "accuracy" in summaries[0]["val_metrics"]
-    assert (tmp_path / "out" / "metrics.csv").exists()
-    assert Path(partitions[1]["url"].removeprefix("file://")).is_relative_to(tmp_path / "out" / "workers")

@@ -19,6 +19,7 @@ Importing this module imports neither TensorFlow nor pyspark.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -170,7 +171,9 @@ def _fetch_partition(args: dict, rank: int, num_workers: int, context) -> dict:
     from .multiworker import read_tf_config, worker_output_dir
 
     spec = dict(args["partition_board"])
-    name = f"pinstorm-spark-partition-{rank}-{os.getpid()}"
+    # the board's name is part of its cache path: a stable name lets a relaunched task (and the other
+    # tasks on the same machine) reuse what was fetched, and the conversion of the same files
+    name = "spark-partition-" + hashlib.sha1(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:12]
     boards.board_register(spec.pop("kind"), name=name, **spec)
     try:
         started = time.perf_counter()
@@ -182,8 +185,12 @@ def _fetch_partition(args: dict, rank: int, num_workers: int, context) -> dict:
     if not base:
         base = worker_output_dir(args.get("output_dir") or "runs/spark", read_tf_config()) / "data"
     target = os.path.join(os.fspath(base), f"partition-{rank}-of-{num_workers}")
-    converted = pipeline.convert(data_map, target, split="train", classes=data_map["classes"], progress=False,
-                                 parallel=args.get("parallel"))
+    options = dict(split="train", classes=data_map["classes"], progress=False, parallel=args.get("parallel"))
+    try:
+        converted = pipeline.convert(data_map, target, **options)        # a relaunch reuses a finished one
+    except pipeline.DatasetExistsError:       # the board changed since: this folder is ours to redo
+        log.warning("%s holds an older conversion of partition %d; converting again", target, rank)
+        converted = pipeline.convert(data_map, target, overwrite=True, **options)
     counts = [int(item) for item in context.allGather(str(converted.rows))]
     args.update(data=converted.url, input_options={**(args.get("input_options") or {}), "shard": None})
     args["_per_worker_rows"] = min(counts)
@@ -311,7 +318,12 @@ def spark_train(train_fn_or_args: Callable[[int, int], Any] | dict, num_workers:
                                 "stage", number, max_restarts + 1, attempts[-1].seconds, cause)
                 continue
             attempts.append(Attempt(number, time.monotonic() - started))
-            return SparkTrainResult(sorted(results, key=lambda result: result.rank), attempts, executors)
+            outcome = SparkTrainResult(sorted(results, key=lambda result: result.rank), attempts, executors)
+            if outcome.restarts:
+                log.warning("spark_train: finished after %d restart(s), resumed at epoch %d; %.1f s in failed "
+                            "attempts, ~%.1f s of work lost", outcome.restarts, outcome.resumed_from_epoch,
+                            outcome.failed_seconds, outcome.seconds_lost)
+            return outcome
         if len(attempts) == 1:
             raise SparkTrainError(f"the barrier training stage failed: {attempts[0].error}")
         listing = "\n".join(f"  attempt {a.number} ({a.seconds:.1f} s): {a.error}" for a in attempts)
