@@ -16,7 +16,7 @@ import pytest
 from loopback_support import is_loopback, listening
 from pinstorm.training.spark import (Attempt, SparkTrainError, SparkTrainResult, WorkerResult, _check_args,
                                      available_slots, local_spark_session, spark_error_message, spark_train)
-from pinstorm.training.spark_session import master_is_local
+from pinstorm.training.spark_session import master_is_local, session_settings
 
 pytest_plugins = ["conftest_training"]
 
@@ -150,6 +150,35 @@ def test_master_urls_on_this_machine():
     assert not master_is_local("yarn") and not master_is_local("k8s://https://127.0.0.1:6443")
 
 
+def test_session_settings_for_each_kind_of_master(monkeypatch):
+    monkeypatch.delenv("PYSPARK_DRIVER_PYTHON", raising=False)
+    master, settings, environment = session_settings(None, workers=3)
+    assert master == "local[3]" and settings["spark.ui.enabled"] == "false"
+    assert settings["spark.driver.host"] == settings["spark.driver.bindAddress"] == "127.0.0.1"
+    assert environment == {"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
+                           "SPARK_LOCAL_IP": "127.0.0.1"}
+    assert settings["spark.python.worker.reuse"] == "false"
+    assert not any("PYTHONPATH" in key for key in settings)            # pinstorm is installed: no path added
+
+    _, settings, environment = session_settings("spark://127.0.0.1:7077")
+    assert settings["spark.driver.host"] == "127.0.0.1" and environment["SPARK_LOCAL_IP"] == "127.0.0.1"
+
+    for remote in ("spark://10.0.0.5:7077", "yarn", "k8s://https://10.0.0.1:6443"):
+        master, settings, environment = session_settings(remote, python="./environment/bin/python")
+        assert master == remote                                            # passed through unchanged
+        assert "spark.driver.host" not in settings and environment["SPARK_LOCAL_IP"] is None
+        assert environment["PYSPARK_PYTHON"] == settings["spark.pyspark.python"] == "./environment/bin/python"
+
+    _, settings, environment = session_settings(
+        "yarn", pythonpath=["/opt/extra"], conf={"spark.pyspark.python": "/env/bin/python",
+                                                 "spark.archives": "env.tar.gz#environment",
+                                                 "spark.python.worker.reuse": "true"})
+    assert environment["PYSPARK_PYTHON"] == "/env/bin/python"               # Spark's own setting is honoured
+    assert settings["spark.executorEnv.PYTHONPATH"] == "/opt/extra"
+    assert settings["spark.archives"] == "env.tar.gz#environment"
+    assert settings["spark.python.worker.reuse"] == "true"                  # the caller's conf wins
+
+
 def test_restart_figures():
     summary = {"initial_epoch": 2, "epochs": [2, 3], "seconds": 20.0}
     run = SparkTrainResult([WorkerResult(0, 2, "127.0.0.1:1", 25.0, summary)],
@@ -169,6 +198,9 @@ def test_spark_error_messages_name_the_cause():
     assert spark_error_message(Exception(python_error)) == "ValueError: boom 1"
     crashed = ("An error occurred while calling o90.collect.\n: org.apache.spark.SparkException: Job aborted due to "
                "stage failure: Could not recover from a failed barrier ResultStage.\norg.apache.spark.SparkException: "
-               "Python worker exited unexpectedly (crashed)\n\tat org.apache.spark.Foo.bar(Foo.scala:1)\n")
-    assert spark_error_message(Exception(crashed)).startswith("org.apache.spark.SparkException: Python worker exited")
+               "Python worker exited unexpectedly (crashed). Consider setting 'spark.python.worker.faulthandler."
+               "enabled' configuration to 'true' for the better Python traceback.\n"
+               "\tat org.apache.spark.Foo.bar(F.scala:1)\n")
+    assert spark_error_message(Exception(crashed)) == ("org.apache.spark.SparkException: Python worker exited "
+                                                       "unexpectedly (crashed)")
     assert spark_error_message(Exception("")) == "Exception"

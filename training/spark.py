@@ -363,5 +363,5 @@ def spark_error_message(exc: BaseException) -> str:
                     "finished unsuccessfully"):
         for line in text.splitlines():
             if pattern in line:
-                return line.strip().removeprefix(": ")
+                return line.strip().removeprefix(": ").split(". Consider setting")[0]
     return text.strip().splitlines()[0] if text.strip() else type(exc).__name__

@@ -89,9 +89,10 @@ def spark_session(master: str | None = None, *, workers: int = 2, app_name: str 
     """A SparkSession for barrier training on ``master`` (None: ``local[workers]`` on this machine).
 
     ``master``: ``local[N]``, ``spark://host:port`` (standalone), ``yarn`` or ``k8s://https://...``;
-    the URL goes to Spark unchanged. ``python``: the interpreter executors run (default: this one,
-    right when executors share this machine's file system; on YARN or Kubernetes give the path
-    inside the shipped environment or image, e.g. ``./environment/bin/python``). ``driver_host``:
+    the URL goes to Spark unchanged. ``python``: the interpreter executors run (default:
+    ``conf["spark.pyspark.python"]``, else this one, right when executors share this machine's file
+    system; on YARN or Kubernetes give the path inside the shipped environment or image, e.g.
+    ``./environment/bin/python``). ``driver_host``:
     the address executors reach the driver at; 127.0.0.1 by default when the master is local or on
     loopback, Spark's own choice otherwise. ``pythonpath``: extra folders for the executors'
     ``PYTHONPATH`` (none are needed when pinstorm is installed in the executors' environment).
@@ -100,26 +101,13 @@ def spark_session(master: str | None = None, *, workers: int = 2, app_name: str 
     from pinstorm.extras import require
 
     SparkSession = require("pyspark.sql", "spark", "Spark training").SparkSession
-    master = master or f"local[{workers}]"
-    if driver_host is None and master_is_local(master):
-        driver_host = LOOPBACK
-    settings = dict(BARRIER_CONF)
-    if master.startswith("local"):
-        settings["spark.ui.enabled"] = "false"
-    if driver_host:
-        settings.update({"spark.driver.host": driver_host, "spark.driver.bindAddress": driver_host})
-    if pythonpath:
-        settings["spark.executorEnv.PYTHONPATH"] = os.pathsep.join(map(str, pythonpath))
-    executable = python or sys.executable
-    settings["spark.pyspark.python"] = executable          # for the record; PySpark reads the variable
-    settings.update({str(k): str(v) for k, v in (conf or {}).items()})
+    master, settings, environment = session_settings(master, workers=workers, python=python,
+                                                     driver_host=driver_host, pythonpath=pythonpath, conf=conf)
+    executable = environment["PYSPARK_PYTHON"]
     builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in settings.items():
         builder = builder.config(key, value)
-    # SPARK_LOCAL_IP: the address the JVM binds when this call starts it (block manager, RPC);
-    # PYSPARK_PYTHON / PYSPARK_DRIVER_PYTHON: read once, when the context starts.
-    with _environment(SPARK_LOCAL_IP=driver_host, PYSPARK_PYTHON=executable,
-                      PYSPARK_DRIVER_PYTHON=os.environ.get("PYSPARK_DRIVER_PYTHON") or sys.executable):
+    with _environment(**environment):
         session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     actual = session.sparkContext.pythonExec
@@ -127,6 +115,35 @@ def spark_session(master: str | None = None, *, workers: int = 2, app_name: str 
         log.warning("the Spark session already existed with executors running %s, not %s; stop it first to "
                     "change the executors' Python", actual, executable)
     return session
+
+
+def session_settings(master: str | None = None, *, workers: int = 2, python: str | None = None,
+                     driver_host: str | None = None, pythonpath: list[str] | None = None,
+                     conf: dict | None = None) -> tuple[str, dict, dict]:
+    """What ``spark_session`` gives Spark: ``(master, Spark settings, environment while it starts)``.
+
+    The environment: ``PYSPARK_PYTHON`` (PySpark reads it once, when the context starts, and ships
+    the path with every task), ``PYSPARK_DRIVER_PYTHON``, and ``SPARK_LOCAL_IP`` (the address the
+    JVM binds when this call starts it) when the driver stays on this machine.
+    """
+    master = master or f"local[{workers}]"
+    conf = {str(k): str(v) for k, v in (conf or {}).items()}
+    if driver_host is None:
+        driver_host = conf.get("spark.driver.host") or (LOOPBACK if master_is_local(master) else None)
+    settings = dict(BARRIER_CONF)
+    if master.startswith("local"):
+        settings["spark.ui.enabled"] = "false"
+    if driver_host:
+        settings.update({"spark.driver.host": driver_host, "spark.driver.bindAddress": driver_host})
+    if pythonpath:
+        settings["spark.executorEnv.PYTHONPATH"] = os.pathsep.join(map(str, pythonpath))
+    executable = python or conf.get("spark.pyspark.python") or sys.executable
+    settings["spark.pyspark.python"] = executable          # for the record; PySpark reads the variable
+    settings.update({k: v for k, v in conf.items() if k != "spark.pyspark.python"})
+    environment = {"PYSPARK_PYTHON": executable,
+                   "PYSPARK_DRIVER_PYTHON": os.environ.get("PYSPARK_DRIVER_PYTHON") or sys.executable,
+                   "SPARK_LOCAL_IP": driver_host if driver_host and _is_loopback(driver_host) else None}
+    return master, settings, environment
 
 
 def local_spark_session(slots: int = 2, app_name: str = "pinstorm-train", extra_conf: dict | None = None):
