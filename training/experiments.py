@@ -132,6 +132,28 @@ def dataset_lineage(data, resolved_url: str | None = None) -> dict | None:
     return record
 
 
+def run_lineage(result, *, model_name: str, image_size: int, model_kwargs, data, validation_data, train_url,
+                val_url, arguments: dict, strategy, started_at, wall_seconds: float, lineage: dict | None) -> dict:
+    """The lineage record of a finished ``train`` run (what ``lineage.json`` holds)."""
+    from datetime import datetime, timezone
+
+    model = result.model
+    return {
+        "model": {"name": model_name, "image_size": image_size, "num_classes": result.num_classes,
+                  "kwargs": dict(model_kwargs or {}), "keras_name": model.name, "parameters": model.count_params()},
+        "data": dataset_lineage(data, train_url),
+        "validation_data": dataset_lineage(validation_data, val_url),
+        "arguments": arguments,
+        "strategy": result.strategy or {"class": type(strategy).__name__, "replicas": result.replicas},
+        "global_batch_size": result.global_batch_size, "replicas": result.replicas, "epochs": result.epochs,
+        "initial_epoch": result.initial_epoch, "steps_per_epoch": result.steps_per_epoch,
+        "history": result.history, "val_metrics": result.val_metrics, "images_per_second": result.images_per_second,
+        "packages": package_versions(), "started": started_at.isoformat(timespec="seconds"),
+        "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"), "fit_seconds": result.seconds,
+        "wall_seconds": wall_seconds, "lineage": lineage or {},
+    }
+
+
 def _finite(value):
     """JSON has no NaN: metrics that are not numbers become None."""
     if isinstance(value, float) and not math.isfinite(value):

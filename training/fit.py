@@ -242,24 +242,16 @@ def train(
     if pin is not None and chief:
         from . import experiments
 
-        record = {
-            "model": {"name": model_name, "image_size": image_size, "num_classes": num_classes,
-                      "kwargs": dict(model_kwargs or {}), "keras_name": model.name, "parameters": model.count_params()},
-            "data": experiments.dataset_lineage(data, train_input.url),
-            "validation_data": experiments.dataset_lineage(validation_data, val_input.url if val_input else None),
-            "arguments": {"epochs": epochs, "batch_size": batch_size, "image_size": image_size,
-                          "learning_rate": learning_rate, "optimizer": optimizer, "steps_per_epoch": steps_per_epoch,
-                          "mixed_precision": mixed_precision, "seed": seed, "parallel": parallel,
-                          "input_options": dict(input_options or {}), "output_dir": str(output_dir),
-                          "checkpoint_dir": str(checkpoint_dir) if checkpoint_dir else None},
-            "strategy": result.strategy or {"class": type(strategy).__name__, "replicas": replicas},
-            "global_batch_size": global_batch, "replicas": replicas, "epochs": result.epochs,
-            "initial_epoch": result.initial_epoch, "steps_per_epoch": steps, "history": result.history,
-            "val_metrics": val_metrics, "images_per_second": result.images_per_second,
-            "packages": experiments.package_versions(), "started": started_at.isoformat(timespec="seconds"),
-            "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"), "fit_seconds": fit_seconds,
-            "wall_seconds": time.perf_counter() - wall_started, "lineage": lineage or {},
-        }
+        record = experiments.run_lineage(
+            result, model_name=model_name, image_size=image_size, model_kwargs=model_kwargs, data=data,
+            validation_data=validation_data, train_url=train_input.url, val_url=val_input.url if val_input else None,
+            arguments={"epochs": epochs, "batch_size": batch_size, "image_size": image_size,
+                       "learning_rate": learning_rate, "optimizer": optimizer, "steps_per_epoch": steps_per_epoch,
+                       "mixed_precision": mixed_precision, "seed": seed, "parallel": parallel,
+                       "input_options": dict(input_options or {}), "output_dir": str(output_dir),
+                       "checkpoint_dir": str(checkpoint_dir) if checkpoint_dir else None},
+            strategy=strategy, started_at=started_at, wall_seconds=time.perf_counter() - wall_started,
+            lineage=lineage)
         try:
             result.experiment = experiments.pin_run(result, pin, record)
         except Exception as error:  # the fit itself is not lost: say where its files are
