@@ -52,8 +52,12 @@ def repartition(root, board, zip_, parallel):
               help="Per-image pixel budget (default 40000000): larger JPEGs are downscaled, other images skipped.")
 @click.option("--memory-budget-mb", type=float, default=None,
               help="Decoded pixels all threads may hold at once (default 1024).")
+@click.option("--max-side", type=click.IntRange(min=1), default=None,
+              help="Downscale images whose longer side exceeds this many pixels (default: keep every byte).")
+@click.option("--quality", type=click.IntRange(1, 100), default=None,
+              help="JPEG quality of the images --max-side downscales (default 90).")
 def convert(source, output, partitions, split, slice_, classes_from, row_group_size_mb, min_row_groups, seed,
-            parallel, overwrite, max_pixels, memory_budget_mb):
+            parallel, overwrite, max_pixels, memory_budget_mb, max_side, quality):
     """Convert SOURCE (an image folder or board://<board>) to a Parquet dataset at OUTPUT.
 
     OUTPUT: a folder, any fsspec URL (s3://, gs://, ...), or board://<board>/<pin>.
@@ -73,8 +77,11 @@ def convert(source, output, partitions, split, slice_, classes_from, row_group_s
             raise click.BadParameter("--partition needs a board:// SOURCE", param_hint="--partition")
         source_obj = source
     classes = dataset_info(classes_from)["classes"] if classes_from else None
-    limits = {key: value for key, value in (("max_pixels", max_pixels), ("memory_budget_mb", memory_budget_mb))
-              if value is not None}
+    if quality is not None and max_side is None:
+        raise click.BadParameter("--quality sets the quality of images --max-side downscales; give --max-side",
+                                 param_hint="--quality")
+    limits = {key: value for key, value in (("max_pixels", max_pixels), ("memory_budget_mb", memory_budget_mb),
+                                            ("max_side", max_side), ("quality", quality)) if value is not None}
     result = run(source_obj, output, partitions=partitions, split=split, classes=classes, seed=seed,
                  row_group_size_mb=row_group_size_mb, min_row_groups=min_row_groups, parallel=parallel,
                  overwrite=overwrite, **limits)
@@ -84,7 +91,8 @@ def convert(source, output, partitions, split, slice_, classes_from, row_group_s
     if result.parts_reused:
         click.echo(f"resumed: kept {result.parts_reused} part(s) from an interrupted run")
     click.echo(f"re-encoded {len(result.reencoded)} (CMYK/grayscale/non-JPEG/16-bit/downscaled; "
-               f"{result.reoriented} for their EXIF orientation), skipped {len(result.skipped)}; "
+               f"{result.reoriented} for their EXIF orientation, {result.resized} resized to --max-side), "
+               f"skipped {len(result.skipped)}; "
                f"report: {result.report_url}")
     if result.empty_classes:
         click.echo(f"{len(result.empty_classes)} class(es) without images keep their label: "

@@ -18,6 +18,8 @@ in `classes`), ``wnid``, ``filename`` (the original file name), ``height``, ``wi
   (or, a JPEG, decoded at a reduced DCT scale), and the threads together hold at most
   `memory_budget_mb` of decoded pixels (`_MemoryBudget`), so one thread per CPU cannot add up to
   gigabytes on a tree of giant PNGs.
+* `max_side` (off by default): images whose longer side exceeds it are downscaled once and stored
+  as JPEG at `quality` (`images.check_image`), counted in ``ConvertResult.resized``.
 * Each part's size, footer checksum and per-row-group content checksums are recorded (see
   `pipeline.verify`); readers check them before delivering rows.
 * Each part is written under a temporary name and renamed when whole; progress is recorded in
@@ -50,7 +52,7 @@ from typing import Callable
 
 import xxhash
 
-from .images import DEFAULT_MAX_PIXELS, UndecodableImage, check_image, decode_cost, read_header
+from .images import DEFAULT_MAX_PIXELS, DOWNSCALE_QUALITY, UndecodableImage, check_image, decode_cost, read_header
 from .layout import EmptyClassesWarning, Layout, scan
 from .metadata import (ARROW_SCHEMA, COMMON_METADATA, FORMAT_VERSION, PART_PREFIX, PROGRESS, REPORT, TMP_PREFIX,
                        part_name, read_info, write_common_metadata)
@@ -91,6 +93,11 @@ class ConvertResult:
     def reoriented(self) -> int:
         """Images re-encoded to apply their EXIF orientation."""
         return sum("EXIF orientation" in r.get("reason", "") for r in self.reencoded)
+
+    @property
+    def resized(self) -> int:
+        """Images downscaled to `max_side`."""
+        return sum("(max_side " in r.get("reason", "") for r in self.reencoded)
 
     @property
     def images_per_second(self) -> float:
@@ -252,7 +259,7 @@ def _release_freed_memory() -> None:
 _malloc_trim = None
 
 
-def _load(row, max_pixels, budget):
+def _load(row, max_pixels, budget, max_side=None, quality=DOWNSCALE_QUALITY):
     """Read and check one file: (row, CheckedImage) or (row, reason it was skipped).
 
     The header is read first, so an image too large for `max_pixels` is refused without reading it
@@ -265,12 +272,13 @@ def _load(row, max_pixels, budget):
             if os.fstat(handle.fileno()).st_size == 0:
                 return row, "empty file"
             header = read_header(handle, name=name)
-            cost = decode_cost(header, max_pixels)
+            cost = decode_cost(header, max_pixels, max_side)
             with budget.hold(cost):
                 try:
                     handle.seek(0)
                     data = handle.read()
-                    return row, check_image(data, name=name, max_pixels=max_pixels)
+                    return row, check_image(data, name=name, max_pixels=max_pixels, max_side=max_side,
+                                            quality=quality)
                 finally:
                     if cost >= _TRIM_ABOVE:
                         _release_freed_memory()
@@ -443,7 +451,8 @@ def convert(source, output_url, *, partitions: int = 1, row_group_size_mb: float
             parallel: int | None = None, overwrite: bool = False, storage_options: dict | None = None,
             progress: bool | None = None, on_part: Callable[[str, dict], None] | None = None,
             description: str | None = None, max_pixels: int | None = DEFAULT_MAX_PIXELS,
-            memory_budget_mb: float = DEFAULT_MEMORY_BUDGET_MB) -> ConvertResult:
+            memory_budget_mb: float = DEFAULT_MEMORY_BUDGET_MB, max_side: int | None = None,
+            quality: int = DOWNSCALE_QUALITY) -> ConvertResult:
     """Convert images to a petastorm-format Parquet dataset at `output_url`; return a `ConvertResult`.
 
     `source`: a `Layout` (from `scan`), a data map ``{image: [paths], category: [wnids], ...}`` (from
@@ -461,16 +470,26 @@ def convert(source, output_url, *, partitions: int = 1, row_group_size_mb: float
     re-encoded, a larger image of another format skipped ("too large"). `memory_budget_mb` (default
     1024): decoded pixels all threads may hold at once; with both, peak memory stays near 1.5 GB
     whatever the tree holds.
+
+    `max_side` (default None: every normal JPEG is stored byte for byte): images whose longer side
+    exceeds it are downscaled once (JPEGs at a reduced DCT scale first) and stored as JPEG at
+    `quality` (default 90); `ConvertResult.resized` counts them, the report lists each. Readers then
+    decode fewer pixels every epoch: keep `max_side` above the largest training size.
     """
     started = time.monotonic()
     if max_pixels is not None and max_pixels < 1:
         raise ValueError(f"max_pixels must be None or positive, got {max_pixels!r}")
     if memory_budget_mb <= 0:
         raise ValueError(f"memory_budget_mb must be positive, got {memory_budget_mb!r}")
+    if max_side is not None and (isinstance(max_side, bool) or int(max_side) != max_side or max_side < 1):
+        raise ValueError(f"max_side must be None or a positive integer, got {max_side!r}")
+    if isinstance(quality, bool) or int(quality) != quality or not 1 <= quality <= 100:
+        raise ValueError(f"quality must be an integer 1..100, got {quality!r}")
     items, classes, names, source_description, scope = _source_items(source, classes, split)
-    plan = _plan(items, classes, partitions, row_group_size_mb, min_row_groups, seed, [max_pixels])
+    limits = [max_pixels] if max_side is None else [max_pixels, int(max_side), int(quality)]
+    plan = _plan(items, classes, partitions, row_group_size_mb, min_row_groups, seed, limits)
     budget = _MemoryBudget(memory_budget_mb * 2**20)
-    load = functools.partial(_load, max_pixels=max_pixels, budget=budget)
+    load = functools.partial(_load, max_pixels=max_pixels, budget=budget, max_side=max_side, quality=quality)
     if is_board_url(output_url):
         result = _convert_to_board(plan, classes, names, split, output_url, parallel=parallel,
                                    overwrite=overwrite, progress=progress, on_part=on_part,
@@ -533,6 +552,7 @@ def _convert(plan, classes, names, split, location, *, parallel, overwrite, prog
         "files": files, "bytes": sum(f["bytes"] for f in files.values()),
         "skipped": len(skipped), "reencoded": len(reencoded), "empty_classes": empty_classes,
         "reoriented": sum("EXIF orientation" in r.get("reason", "") for r in reencoded),
+        "resized": sum("(max_side " in r.get("reason", "") for r in reencoded),
         "checksum": CHECKSUM, "seed": seed, "plan": plan.digest,
         "source": source, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }

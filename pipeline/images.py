@@ -18,6 +18,9 @@ are the ones a careful viewer shows*. So:
 * an image over `max_pixels` is a JPEG decoded at a reduced DCT scale (Pillow ``draft``: the full
   image is never in memory) and re-encoded, or any other format skipped — decoding a 12000x12000
   PNG takes ~1.1 GB;
+* with `max_side` (off by default), an image whose longer side exceeds it is downscaled once
+  (JPEGs first at a reduced DCT scale with Pillow ``draft``, then Lanczos to the exact size) and
+  stored as a JPEG at `quality`: readers then decode far fewer pixels per epoch;
 * anything that does not decode completely raises `UndecodableImage`; the converter skips it and
   lists it in its report.
 
@@ -38,6 +41,7 @@ from PIL import Image, ImageOps
 from pinstorm.errors import PinstormError
 
 REENCODE_QUALITY = 95
+DOWNSCALE_QUALITY = 90            # `max_side` re-encodes: what FFCV stores ImageNet at
 DEFAULT_MAX_PIXELS = 40_000_000   # 40 MP: above every ILSVRC image; ~0.5 GB at most to decode and convert
 _JPEG_FORMATS = {"JPEG", "MPO"}  # MPO: a JPEG with extra pictures appended; its first is the image
 _ORIENTATION = 0x0112
@@ -109,11 +113,16 @@ def read_header(data_or_file, *, name: str = "image") -> ImageHeader:
         raise UndecodableImage(f"{name}: {error or type(error).__name__}") from None
 
 
-def decode_cost(header: ImageHeader, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> int:
+def decode_cost(header: ImageHeader, max_pixels: int | None = DEFAULT_MAX_PIXELS, max_side: int | None = None) -> int:
     """Bytes of memory checking this image may take (for the converter's global budget)."""
     pixels = header.pixels
     if header.format in _JPEG_FORMATS:
-        if max_pixels and pixels > max_pixels:
+        if max_side and max(header.width, header.height) > max_side:
+            target = _fit_side(header.width, header.height, max_side)
+            if max_pixels and pixels > max_pixels:
+                target = min(target, _fit_pixels(header.width, header.height, max_pixels))
+            pixels //= _pillow_draft_factor((header.width, header.height), target) ** 2
+        elif max_pixels and pixels > max_pixels:
             pixels //= _draft_factor(header.width, header.height, max_pixels) ** 2
         elif header.mode == "RGB" and header.orientation == 1:
             pixels = max(pixels // 64, 1)   # the 1/8-scale check; a rotation or another mode decodes in full
@@ -130,6 +139,24 @@ def _draft_factor(width: int, height: int, max_pixels: int) -> int:
     return 8
 
 
+def _fit_side(width: int, height: int, max_side: int) -> tuple[int, int]:
+    """(width, height) scaled so that the longer side is `max_side` (aspect kept, each side >= 1)."""
+    scale = max_side / max(width, height)
+    return max(1, round(width * scale)), max(1, round(height * scale))
+
+
+def _fit_pixels(width: int, height: int, max_pixels: int) -> tuple[int, int]:
+    scale = math.sqrt(max_pixels / (width * height))
+    return max(1, int(width * scale)), max(1, int(height * scale))
+
+
+def _pillow_draft_factor(size: tuple[int, int], requested: tuple[int, int]) -> int:
+    """The DCT reduction Pillow's ``draft`` picks for `requested`: the largest of 8, 4, 2, 1 that keeps
+    the image at least that large (mirrors ``JpegImageFile.draft``)."""
+    scale = min(size[0] // max(1, requested[0]), size[1] // max(1, requested[1]))
+    return next(f for f in (8, 4, 2, 1) if f <= max(scale, 1))
+
+
 def _orientation(image: Image.Image) -> int:
     try:
         return int(image.getexif().get(_ORIENTATION, 1) or 1)
@@ -137,12 +164,19 @@ def _orientation(image: Image.Image) -> int:
         return 1
 
 
-def check_image(data: bytes, *, name: str = "image", max_pixels: int | None = DEFAULT_MAX_PIXELS) -> CheckedImage:
+def check_image(data: bytes, *, name: str = "image", max_pixels: int | None = DEFAULT_MAX_PIXELS,
+                max_side: int | None = None, quality: int = DOWNSCALE_QUALITY) -> CheckedImage:
     """Return the bytes to store for one image file, or raise `UndecodableImage` saying why.
 
     `max_pixels` (width x height, None: no limit): larger JPEGs are decoded at a reduced scale and
     re-encoded, larger images of other formats refused ("too large").
+    `max_side` (None: off): an image whose longer side exceeds it is downscaled to it and stored as a
+    JPEG at `quality` (reason "downscaled ... (max_side N)"); smaller ones are treated as without it.
     """
+    if max_side is not None and max_side < 1:
+        raise ValueError(f"max_side must be None or positive, got {max_side!r}")
+    if not 1 <= quality <= 100:
+        raise ValueError(f"quality must be 1..100, got {quality!r}")
     if not data:
         raise UndecodableImage(f"{name}: empty file")
     try:
@@ -154,6 +188,16 @@ def check_image(data: bytes, *, name: str = "image", max_pixels: int | None = DE
                 raise UndecodableImage(f"{name}: {_not_an_image(data)}") from None
             fmt, mode, (width, height) = image.format or "?", image.mode, image.size
             over = bool(max_pixels) and width * height > max_pixels
+            shrink = bool(max_side) and max(width, height) > max_side
+            if shrink and (fmt in _JPEG_FORMATS or not over):
+                target = _fit_side(width, height, max_side)
+                if over:
+                    target = min(target, _fit_pixels(width, height, max_pixels))
+                if fmt in _JPEG_FORMATS:
+                    image.draft("RGB", target)   # DCT-domain reduction first: fewer pixels decoded
+                image.load()
+                return _reencode(image, fmt, mode, f"downscaled from {width}x{height} (max_side {max_side})",
+                                 size=target, quality=quality)
             if fmt in _JPEG_FORMATS:
                 if over:
                     factor = _draft_factor(width, height, max_pixels)
@@ -212,7 +256,16 @@ def _to_8bit(image: Image.Image) -> Image.Image:
 
 
 def _reencode(image: Image.Image, original_format: str, original_mode: str, reason: str, *,
-              max_pixels: int | None = None) -> CheckedImage:
+              max_pixels: int | None = None, size: tuple[int, int] | None = None,
+              quality: int = REENCODE_QUALITY) -> CheckedImage:
+    """`size`: the (width, height) to resize to before any EXIF rotation (the stored image's sides
+    are swapped by a 90-degree orientation)."""
+    if size is not None and image.size != size:
+        if image.mode not in ("RGB", "L", "RGBA", "LA"):
+            # Lanczos needs 8-bit bands: a CMYK/P/16-bit image is brought to RGB (or L) first.
+            image = _to_8bit(image) if image.mode in _HIGH_BIT_MODES else image.convert(
+                "RGBA" if image.mode == "PA" or "transparency" in image.info else "RGB")
+        image = image.resize(size, Image.LANCZOS)
     if _orientation(image) != 1:   # exif_transpose copies even when there is nothing to do: ask first
         image = ImageOps.exif_transpose(image)
         if "EXIF orientation" not in reason:
@@ -231,7 +284,7 @@ def _reencode(image: Image.Image, original_format: str, original_mode: str, reas
         factor = math.sqrt(max_pixels / (rgb.width * rgb.height))
         rgb = rgb.resize((max(1, int(rgb.width * factor)), max(1, int(rgb.height * factor))), Image.LANCZOS)
     buffer = io.BytesIO()
-    rgb.save(buffer, "JPEG", quality=REENCODE_QUALITY)
+    rgb.save(buffer, "JPEG", quality=quality)
     return CheckedImage(buffer.getvalue(), rgb.width, rgb.height, original_format, original_mode, True, reason)
 
 

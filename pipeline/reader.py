@@ -230,7 +230,33 @@ def _check_jpegs(images, location, info, name, rg, handle=None, *, deep=False) -
                            "row group")
 
 
-def _preprocess_fns(tf, image_size, training, crop_area, flip, eval_crop):
+DCT_RATIOS = (1, 2, 4, 8)
+
+
+def _decode_crop(tf, jpeg, shape, window, target, dct_scale):
+    """Decode only `window` (y, x, h, w) of `jpeg`, at the smallest DCT scale (1/2, 1/4, 1/8) that still
+    leaves the window at least `target` (height, width) pixels: libjpeg then skips most of the IDCT
+    and colour work. The crop window of a scaled decode is in scaled pixels (jpeg_mem.cc), so it is
+    scaled down too, and clipped to the scaled image (ceil(side / ratio))."""
+    if not dct_scale:
+        return tf.image.decode_and_crop_jpeg(jpeg, window, channels=3)
+    fit = tf.minimum(window[2] // target[0], window[3] // target[1])
+    index = tf.reduce_sum(tf.cast(fit >= tf.constant(DCT_RATIOS[1:], tf.int32), tf.int32))
+
+    def branch(ratio):
+        def decode():
+            if ratio == 1:
+                return tf.image.decode_and_crop_jpeg(jpeg, window, channels=3)
+            y, x = window[0] // ratio, window[1] // ratio
+            h = tf.minimum(tf.maximum(1, window[2] // ratio), (shape[0] + ratio - 1) // ratio - y)
+            w = tf.minimum(tf.maximum(1, window[3] // ratio), (shape[1] + ratio - 1) // ratio - x)
+            return tf.image.decode_and_crop_jpeg(jpeg, tf.stack([y, x, h, w]), channels=3, ratio=ratio)
+        return decode
+
+    return tf.switch_case(index, [branch(r) for r in DCT_RATIOS])
+
+
+def _preprocess_fns(tf, image_size, training, crop_area, flip, eval_crop, dct_scale=True):
     height, width = image_size
     full_box = tf.constant([[[0.0, 0.0, 1.0, 1.0]]])
 
@@ -241,7 +267,7 @@ def _preprocess_fns(tf, image_size, training, crop_area, flip, eval_crop):
             aspect_ratio_range=(3 / 4, 4 / 3), area_range=crop_area, max_attempts=10,
             use_image_if_no_bounding_boxes=True)
         window = tf.stack([begin[0], begin[1], size[0], size[1]])
-        image = tf.image.decode_and_crop_jpeg(jpeg, window, channels=3)
+        image = _decode_crop(tf, jpeg, shape, window, (height, width), dct_scale)
         image = tf.image.resize(image, (height, width))
         if flip:
             image = tf.image.stateless_random_flip_left_right(image, seed=tf.reverse(seed, [0]))
@@ -256,21 +282,22 @@ def _preprocess_fns(tf, image_size, training, crop_area, flip, eval_crop):
         crop_h = tf.maximum(1, tf.cast(tf.round(crop_h), tf.int32))
         crop_w = tf.maximum(1, tf.cast(tf.round(crop_w), tf.int32))
         window = tf.stack([(shape[0] - crop_h) // 2, (shape[1] - crop_w) // 2, crop_h, crop_w])
-        image = tf.image.decode_and_crop_jpeg(jpeg, window, channels=3)
+        image = _decode_crop(tf, jpeg, shape, window, (height, width), dct_scale)
         image = tf.image.resize(image, (height, width))
         return tf.clip_by_value(image / 255.0, 0.0, 1.0), label
 
     return train_fn if training else eval_fn
 
 
-def preprocess_fn(image_size=(224, 224), *, training=True, crop_area=(0.25, 1.0), flip=True, eval_crop=0.875):
+def preprocess_fn(image_size=(224, 224), *, training=True, crop_area=(0.25, 1.0), flip=True, eval_crop=0.875,
+                  dct_scale=True):
     """The per-image function `make_dataset` maps: (jpeg string, label, seed[2]) -> (float32 image, label).
 
     Exposed so benchmarks can run the very same work over bytes held in memory.
     """
     import tensorflow as tf
 
-    return _preprocess_fns(tf, tuple(image_size), training, tuple(crop_area), flip, eval_crop)
+    return _preprocess_fns(tf, tuple(image_size), training, tuple(crop_area), flip, eval_crop, dct_scale)
 
 
 def make_dataset(url, *, batch_size: int, image_size=(224, 224), training: bool = True, shard=None,
@@ -278,7 +305,7 @@ def make_dataset(url, *, batch_size: int, image_size=(224, 224), training: bool 
                  parallel: int | None = None, drop_remainder: bool = False, shuffle_buffer: int | None = None,
                  crop_area=(0.25, 1.0), flip: bool = True, eval_crop: float = 0.875, engine: str = "pyarrow",
                  reader_workers: int = 0, prefetch_rows: int | None = None, retries: int = 2,
-                 storage_options: dict | None = None, verify: bool = True):
+                 storage_options: dict | None = None, verify: bool = True, dct_scale: bool = True):
     """A ``tf.data.Dataset`` of ``(images, labels)`` batches from a converted dataset.
 
     images: float32 ``[B, H, W, 3]`` with values in [0, 1]; labels: int32 ``[B]`` class indexes
@@ -300,6 +327,9 @@ def make_dataset(url, *, batch_size: int, image_size=(224, 224), training: bool 
     * `engine`: ``"pyarrow"`` (default, faster) or ``"petastorm"`` (petastorm's ``make_batch_reader``;
       `reader_workers=0` uses its dummy pool, N > 0 its thread pool, seen to end epochs early).
     * `prefetch_rows`: encoded rows queued ahead of decoding, across epoch boundaries (default 512).
+    * `dct_scale`: decode a crop window at least 2, 4 or 8 times the target size (both sides) at
+      1/2, 1/4 or 1/8 DCT scale (libjpeg's ``ratio``), then resize: small targets decode far fewer
+      pixels. False: always decode at full scale.
     * `verify`: check footer and row-group checksums (default; see `pipeline.verify`). Parts are
       checked for presence and size before every epoch either way.
 
@@ -364,7 +394,7 @@ def make_dataset(url, *, batch_size: int, image_size=(224, 224), training: bool 
     ahead = _AHEAD if prefetch_rows is None else prefetch_rows
     if ahead > 0:
         dataset = dataset.prefetch(ahead)
-    fn = _preprocess_fns(tf, image_size, training, crop_area, flip, eval_crop)
+    fn = _preprocess_fns(tf, image_size, training, crop_area, flip, eval_crop, dct_scale)
     deterministic = seed is not None or not shuffle
     dataset = dataset.map(fn, num_parallel_calls=parallel or tf.data.AUTOTUNE, deterministic=deterministic)
     dataset = dataset.batch(batch_size, drop_remainder=drop_remainder)
