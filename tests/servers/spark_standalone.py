@@ -2,8 +2,9 @@
 ``bin/spark-class`` and always stopped.
 
 Each daemon runs in its own process group, so stopping it also ends the executor JVMs and Python
-workers it started (a worker killed with SIGKILL alone would leave its executors behind). Nothing
-listens beyond loopback: ``SPARK_LOCAL_IP`` and ``--host`` are 127.0.0.1, web UIs take free ports.
+workers it started, and it is killed by the kernel if the test process dies first (no orphaned
+JVMs after a crashed or killed test run). Nothing listens beyond loopback: ``SPARK_LOCAL_IP`` and
+``--host`` are 127.0.0.1, web UIs take free ports, the REST submission server is off.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ class _Daemon:
         self.lines: list[str] = []
         self.process = subprocess.Popen([str(spark_home() / "bin" / "spark-class"), *args], env=env,
                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                        start_new_session=True)
+                                        preexec_fn=_own_group_dying_with_parent)
         self._reader = threading.Thread(target=self._read, name=f"spark-{name}-log", daemon=True)
         self._reader.start()
 
@@ -81,6 +82,19 @@ class _Daemon:
                 pass
             break
         self._reader.join(5)
+
+
+def _own_group_dying_with_parent() -> None:
+    """In the child before exec: a process group of its own (stopped as one), and SIGKILL if the test
+    process dies without stopping it (Linux PR_SET_PDEATHSIG survives exec). Executors of a standalone
+    worker exit by themselves when their worker is gone, and their Python workers with them."""
+    os.setsid()
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)    # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def _parents() -> dict[int, int]:
