@@ -30,10 +30,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .spark_session import (SparkTrainError, available_slots, local_spark_session, probe_executors,
-                            spark_session, wait_for_slots)
+                            session_settings, spark_session, wait_for_slots)
 
 __all__ = ["Attempt", "SparkTrainError", "SparkTrainResult", "WorkerResult", "available_slots",
-           "local_spark_session", "spark_session", "spark_train"]
+           "local_spark_session", "probe_executors", "session_settings", "spark_session", "spark_train",
+           "wait_for_slots"]
 
 log = logging.getLogger("pinstorm.training")
 
