@@ -1,0 +1,150 @@
+"""Progressive resizing: the right image size each epoch, and a resumed run continues in the right phase."""
+
+from __future__ import annotations
+
+import csv
+import os
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from pinstorm.training.inputs import TrainingError  # noqa: E402
+from pinstorm.training.schedule import ImageSizeSchedule, Phase, saved_epoch  # noqa: E402
+
+
+def test_schedule_parsing_and_phases():
+    assert ImageSizeSchedule(64, 5).phases == [Phase(0, 5, 64)]
+    assert not ImageSizeSchedule(64, 5).progressive
+    schedule = ImageSizeSchedule([(0, 128), (6, 192), (12, 224)], 16)
+    assert schedule.phases == [Phase(0, 6, 128), Phase(6, 12, 192), Phase(12, 16, 224)]
+    assert schedule.final == 224 and schedule.size_at(11) == 192 and schedule.size_at(15) == 224
+    cut = ImageSizeSchedule([(0, 128), (6, 192), (12, 224)], 8)   # phases past the run are dropped
+    assert cut.phases == [Phase(0, 6, 128), Phase(6, 8, 192)] and cut.final == 192
+    for bad in ([(1, 128)], [(0, 128), (0, 192)], [(0, 0)], "big", [], [(0, 128, 3)]):
+        with pytest.raises(TrainingError):
+            ImageSizeSchedule(bad, 4)
+
+
+class _Recorder:
+    """Which input size the model had at each epoch, and the weights each fit started from."""
+
+    def __init__(self, keras, kill_after=None):
+        recorder = self
+        self.sizes, self.start_weights, self.end_weights, self.kill_weights = {}, [], [], None
+
+        class Callback(keras.callbacks.Callback):
+            def on_train_begin(self, logs=None):   # after BackupAndRestore (listed first) restored
+                recorder.start_weights.append([w.copy() for w in self.model.get_weights()])
+
+            def on_train_end(self, logs=None):
+                recorder.end_weights.append([w.copy() for w in self.model.get_weights()])
+
+            def on_epoch_begin(self, epoch, logs=None):
+                recorder.sizes[epoch] = self.model.input_shape[1]
+
+            def on_epoch_end(self, epoch, logs=None):
+                if epoch == kill_after:
+                    recorder.kill_weights = [w.copy() for w in self.model.get_weights()]
+                    raise KeyboardInterrupt("killed")
+
+        self.callback = Callback()
+
+
+def _tools():
+    import tensorflow as tf
+    import tf_keras as keras
+
+    rng = np.random.default_rng(0)
+    images, labels = rng.random((32, 40, 40, 3), np.float32), rng.integers(0, 3, 32).astype(np.int32)
+    fed = []
+
+    def make_data(size):
+        fed.append(size)
+        return tf.data.Dataset.from_tensor_slices((images, labels)).map(
+            lambda x, y: (tf.image.resize(x, (size, size)), y)).batch(8)
+
+    def make_model(size):
+        inputs = keras.Input((size, size, 3))
+        x = keras.layers.Conv2D(4, 3, activation="relu")(inputs)
+        x = keras.layers.GlobalAveragePooling2D()(x)
+        model = keras.Model(inputs, keras.layers.Dense(3, activation="softmax")(x))
+        model.compile(keras.optimizers.Adam(1e-2), "sparse_categorical_crossentropy")
+        return model
+
+    return keras, make_data, make_model, fed
+
+
+def test_three_epochs_two_phases_feed_the_right_sizes(tmp_path):
+    keras, make_data, make_model, fed = _tools()
+    recorder = _Recorder(keras)
+    csv_path = tmp_path / "metrics.csv"
+    schedule = ImageSizeSchedule([(0, 16), (2, 24)], 3)
+    model, history = schedule.fit(make_model, make_data, epochs=3, validation_data=make_data,
+                                  callbacks=[recorder.callback, keras.callbacks.CSVLogger(str(csv_path))], verbose=0)
+    assert recorder.sizes == {0: 16, 1: 16, 2: 24}
+    assert fed == [16, 16, 24, 24]   # train and validation data at each phase's size
+    assert history.epoch == [0, 1, 2] and len(history.history["loss"]) == 3 and "val_loss" in history.history
+    assert model.input_shape[1] == 24
+    with open(csv_path, newline="") as handle:
+        assert [int(row["epoch"]) for row in csv.DictReader(handle)] == [0, 1, 2]   # one file for all phases
+    # Phase 2 started from where phase 1 ended (weights carried, not re-initialised).
+    for started, ended in zip(recorder.start_weights[1], recorder.end_weights[0]):
+        np.testing.assert_allclose(started, ended)
+    assert not all(np.allclose(a, b) for a, b in zip(recorder.start_weights[0], recorder.end_weights[0]))
+
+
+@pytest.mark.parametrize("kill_after, resumed_sizes", [(0, {1: 24, 2: 24}), (1, {2: 24})])
+def test_a_resumed_run_continues_in_the_right_phase(tmp_path, kill_after, resumed_sizes):
+    keras, make_data, make_model, _ = _tools()
+    schedule = ImageSizeSchedule([(0, 16), (1, 24)], 3)
+    killed = _Recorder(keras, kill_after=kill_after)
+    with pytest.raises(KeyboardInterrupt):
+        schedule.fit(make_model, make_data, epochs=3, callbacks=[killed.callback], checkpoint_dir=tmp_path, verbose=0)
+    assert saved_epoch(tmp_path) == kill_after
+
+    resumed = _Recorder(keras)
+    model, history = schedule.fit(make_model, make_data, epochs=3, callbacks=[resumed.callback],
+                                  checkpoint_dir=tmp_path, verbose=0)
+    assert resumed.sizes == resumed_sizes and history.epoch == sorted(resumed_sizes)
+    for restored, at_kill in zip(resumed.start_weights[0], killed.kill_weights):
+        np.testing.assert_allclose(restored, at_kill)   # continued from the backup, not from scratch
+    assert saved_epoch(tmp_path) is None   # the finished run removed its backup
+
+
+def test_a_flattening_model_is_refused():
+    keras, make_data, _, _ = _tools()
+
+    def flat(size):
+        inputs = keras.Input((size, size, 3))
+        model = keras.Model(inputs, keras.layers.Dense(3)(keras.layers.Flatten()(inputs)))
+        model.compile("adam", "sparse_categorical_crossentropy")
+        return model
+
+    with pytest.raises(TrainingError, match="global pooling"):
+        ImageSizeSchedule([(0, 16), (1, 24)], 2).fit(flat, make_data, epochs=2, verbose=0)
+
+
+@pytest.mark.slow
+def test_train_with_a_schedule(tmp_path):
+    """`train(image_size=[(epoch, size), ...])` through fit.py: metrics of every epoch, final model at the last size."""
+    import tensorflow as tf
+
+    from pinstorm.training import train
+
+    rng = np.random.default_rng(1)
+    images, labels = rng.random((32, 48, 48, 3), np.float32), rng.integers(0, 3, 32).astype(np.int32)
+    data = tf.data.Dataset.from_tensor_slices((images, labels))
+    result = train("mobilenet_v2", data, data, epochs=3, batch_size=8, image_size=[(0, 32), (2, 40)], num_classes=3,
+                   model_kwargs={"alpha": 0.35}, steps_per_epoch=2, output_dir=tmp_path / "run",
+                   strategy=tf.distribute.OneDeviceStrategy("/cpu:0"), verbose=0)   # no backup: carried in memory
+    assert result.epochs == [0, 1, 2] and result.model.input_shape[1:3] == (40, 40)
+    assert len(result.history["loss"]) == 3 and "accuracy" in result.val_metrics
+    with open(result.metrics_csv, newline="") as handle:
+        assert [int(row["epoch"]) for row in csv.DictReader(handle)] == [0, 1, 2]
+    with pytest.raises(TrainingError, match="global pooling"):
+        train("alexnet", data, epochs=2, batch_size=8, image_size=[(0, 32), (1, 40)], num_classes=3,
+              model_kwargs={"width": 0.1}, steps_per_epoch=1, output_dir=tmp_path / "alex",
+              strategy=tf.distribute.OneDeviceStrategy("/cpu:0"), verbose=0)
