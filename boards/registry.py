@@ -36,7 +36,7 @@ DEFAULT_BOARD = "local"
 KINDS = {
     "local": "pinstorm.boards.fs_board:local_board",
     "folder": "pinstorm.boards.fs_board:local_board",
-    "datatxt": "pinstorm.boards.datatxt_board:DatatxtBoard",
+    "datatxt": "pinstorm.boards.url_board:datatxt_board",  # data.txt only, as R board_register_datatxt
     "url": "pinstorm.boards.url_board:UrlBoard",  # data.txt, else pins 1.x _pins.yaml
     "s3": "pinstorm.boards.cloud:s3_board",
     "gcs": "pinstorm.boards.cloud:gcs_board",

@@ -170,3 +170,14 @@ def _entry(name: str, paths: list[str], source: str) -> dict:
     return {"path": f"{base}/{versions[-1]}/" if base else f"{versions[-1]}/", "name": name,
             "version": versions[-1], "versions": versions, "description": "", "type": "",
             "index": MANIFEST}
+
+
+def datatxt_board(name: str, url: str, **options) -> UrlBoard:
+    """The `datatxt` kind, as R's `board_register_datatxt`: a URL board that reads only data.txt.
+
+    It is a `UrlBoard` so that R legacy boards written with `versions = TRUE` list their versions
+    here too, as they do when the same URL is registered plainly.
+    """
+    board = UrlBoard(name, url, index=DATATXT, **options)
+    board.kind = "datatxt"
+    return board

@@ -172,6 +172,9 @@ list(versions = I(pin_versions("tab", board = "leg")$version))
         assert [Path(p).read_text() for p in web.pin_get("afile")] == ["alpha\n"]
         extracted = web.pin_get("zipped", extract=True)
         assert sorted(Path(p).name for p in extracted) == ["alpha.txt", "beta.txt"]
+        # registered the R way (board_register_datatxt), the versions are there too
+        explicit = boards.board_register("datatxt", name="rleg-datatxt", url=url, cache=tmp_path / "cache2")
+        assert explicit.kind == "datatxt" and list(explicit.pin_versions("tab")["version"]) == versions
     # the server is gone: everything already fetched still comes back, with a warning
     offline = web
     with warnings.catch_warnings(record=True) as caught:
