@@ -20,8 +20,19 @@ decode-only limit. `--quick` uses fewer images and one timed epoch.
 budget, 1 GB decode budget) on 2 and 8 threads, the decode budget alone (no pixel budget, 8 threads),
 and no limits at all (what convert did before) on 2 and 8 threads. Writes bench/results/pipeline_memory.json.
 
+`--decode-less` instead measures issue 12's "decode less" (bench/results/pipeline_decode_less.json
+and .png), all as ratios in one run, each tf.data reader interleaved round by round:
+
+* random-resized-crop at 224 from `convert(max_side=256)` storage against the full-decode limit of the
+  original bytes (in-memory decode-only loop, full DCT scale); goal >= 1.5x;
+* 128 and 64 px targets: reduced-DCT-scale decodes (`dct_scale=True`, the default) against full-scale
+  decodes, plus a breakdown of where the rest of the time goes (CPU ms/img of: the tf.data loop with
+  the crop sampling but no decode; the scaled decode alone; decode + resize);
+* bytes stored and img/s for each storage, and convert's own speed with and without `max_side`.
+
     .venv/bin/python bench/bench_pipeline.py [--quick] [--images 800]
     .venv/bin/python bench/bench_pipeline.py --memory [--giants 4]
+    .venv/bin/python bench/bench_pipeline.py --decode-less [--quick]
 """
 
 from __future__ import annotations
@@ -97,7 +108,11 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--memory", action="store_true", help="measure convert's peak RSS on giant images")
     parser.add_argument("--giants", type=int, default=4, help="12000x12000 PNGs (and as many JPEGs) for --memory")
+    parser.add_argument("--decode-less", action="store_true", help="max_side storage and DCT-scaled decodes")
     args = parser.parse_args(argv)
+    if args.decode_less:
+        return decode_less_bench(args.images or (160 if args.quick else 480), args.epochs or 2,
+                                 args.rounds or (1 if args.quick else 3), args.out)
     if args.memory:
         return memory_bench(args.giants, args.out)
     images = args.images or (240 if args.quick else 800)
@@ -351,6 +366,163 @@ def memory_bench(giants: int, out: Path) -> int:
     (out / "pipeline_memory.json").write_text(json.dumps(results, indent=2) + "\n")
     print(f"wrote {out / 'pipeline_memory.json'}")
     return 0
+
+
+def decode_less_bench(images: int, epochs: int, rounds: int, out: Path) -> int:
+    """Issue 12 part 1: max_side storage and reduced DCT-scale decodes, as ratios in one run."""
+    import numpy as np
+    import pyarrow.parquet as pq
+    import tensorflow as tf
+
+    from pinstorm.pipeline import convert, make_dataset
+    from pinstorm.pipeline.reader import _decode_crop, preprocess_fn
+    from pinstorm.pipeline.samples import make_imagenet_size_tree
+
+    classes = 8
+    per_class = max(1, images // classes)
+    results: dict = {"machine": {"cpus": os.cpu_count(), "tensorflow": tf.__version__,
+                                 "load_average_at_start": os.getloadavg()[0]},
+                     "images": classes * per_class, "batch_size": BATCH, "epochs_per_run": epochs, "rounds": rounds}
+    with tempfile.TemporaryDirectory(prefix="bench-decode-less-") as tmp:
+        tmp = Path(tmp)
+        make_imagenet_size_tree(tmp / "tree", classes=classes, per_class=per_class, seed=0)
+        storage, stored_bytes = {}, {}
+        for label, options in (("original", {}), ("max_side_256", {"max_side": 256, "quality": 90})):
+            result = convert(tmp / "tree", tmp / label, min_row_groups=MIN_ROW_GROUPS, progress=False, **options)
+            storage[label] = {"bytes": result.bytes, "kb_per_image": round(result.bytes / result.rows / 1024, 1),
+                              "resized": result.resized, "convert_img_s": round(result.images_per_second, 1)}
+            table = pq.read_table(tmp / label, columns=["image", "label"])
+            stored_bytes[label] = (table.column("image").to_pylist(), table.column("label").to_numpy().astype(np.int32))
+        results["storage"] = storage
+        print("storage:", storage, flush=True)
+        total = results["images"] * epochs
+
+        def in_memory(label, fn):
+            data, labels = stored_bytes[label]
+
+            def run():
+                ds = tf.data.Dataset.from_tensor_slices((data, labels)).repeat(epochs).shuffle(SHUFFLE_BUFFER, seed=0)
+                ds = ds.enumerate().map(lambda i, x: (x[0], x[1], tf.stack([tf.constant(1, tf.int64), i])))
+                ds = ds.map(fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
+                return timed_images(ds.batch(BATCH).prefetch(tf.data.AUTOTUNE), total)
+            return run
+
+        def reader(label, size, dct_scale=True):
+            return lambda: timed_images(make_dataset(tmp / label, batch_size=BATCH, image_size=size, num_epochs=epochs,
+                                                     shuffle_buffer=SHUFFLE_BUFFER, dct_scale=dct_scale), total)
+
+        def stage(size, what):
+            """Part of the per-image work at `size`: crop sampling only, the scaled decode, or decode + resize."""
+            box = tf.constant([[[0.0, 0.0, 1.0, 1.0]]])
+
+            def fn(jpeg, label, seed):
+                shape = tf.io.extract_jpeg_shape(jpeg)
+                begin, crop, _ = tf.image.stateless_sample_distorted_bounding_box(
+                    shape, bounding_boxes=box, seed=seed, min_object_covered=0.25, aspect_ratio_range=(3 / 4, 4 / 3),
+                    area_range=(0.25, 1.0), max_attempts=10, use_image_if_no_bounding_boxes=True)
+                if what == "sample_only":
+                    return tf.zeros((size, size, 3)), label
+                if what == "entropy_floor":   # the whole image at 1/8 scale: Huffman decoding, little else
+                    image = tf.io.decode_jpeg(jpeg, channels=3, ratio=8)
+                    return tf.zeros((size, size, 3)) + tf.cast(image[0, 0, 0], tf.float32), label
+                image = _decode_crop(tf, jpeg, shape, tf.stack([begin[0], begin[1], crop[0], crop[1]]), (size, size),
+                                     True)
+                if what == "decode_only":
+                    return tf.zeros((size, size, 3)) + tf.cast(image[0, 0, 0], tf.float32), label
+                return tf.image.resize(image, (size, size)) / 255.0, label
+            return fn
+
+        runs = {"224_full_decode_limit_original": in_memory("original", preprocess_fn((224, 224), dct_scale=False)),
+                "224_decode_only_max_side_256": in_memory("max_side_256", preprocess_fn((224, 224))),
+                "224_make_dataset_max_side_256": reader("max_side_256", 224),
+                "224_make_dataset_original": reader("original", 224)}
+        for size in (128, 64):
+            runs.update({
+                f"{size}_full_decode_original": in_memory("original", preprocess_fn((size, size), dct_scale=False)),
+                f"{size}_dct_scaled_original": in_memory("original", preprocess_fn((size, size))),
+                f"{size}_make_dataset_original": reader("original", size),
+                f"{size}_stage_sample_only": in_memory("original", stage(size, "sample_only")),
+                f"{size}_stage_entropy_floor": in_memory("original", stage(size, "entropy_floor")),
+                f"{size}_stage_scaled_decode": in_memory("original", stage(size, "decode_only")),
+                f"{size}_stage_scaled_decode_resize": in_memory("original", stage(size, "resize")),
+            })
+        runs["64_dct_scaled_max_side_256"] = in_memory("max_side_256", preprocess_fn((64, 64)))
+        read = interleaved(runs, rounds)
+        results["read"] = read
+        base = read["224_full_decode_limit_original"]
+        ratios = {"224_max_side_256_make_dataset_vs_full_decode_limit": read["224_make_dataset_max_side_256"]["img_s"]
+                  / base["img_s"],
+                  "224_max_side_256_decode_only_vs_full_decode_limit": read["224_decode_only_max_side_256"]["img_s"]
+                  / base["img_s"],
+                  "224_max_side_256_cpu_ratio": base["cpu_ms_per_img"]
+                  / read["224_make_dataset_max_side_256"]["cpu_ms_per_img"]}
+        breakdown = {}
+        for size in (128, 64):
+            full = read[f"{size}_full_decode_original"]
+            ratios[f"{size}_dct_scaled_vs_full_decode"] = read[f"{size}_dct_scaled_original"]["img_s"] / full["img_s"]
+            ratios[f"{size}_dct_scaled_cpu_ratio"] = full["cpu_ms_per_img"] / read[f"{size}_dct_scaled_original"][
+                "cpu_ms_per_img"]
+            ratios[f"{size}_make_dataset_vs_full_decode"] = read[f"{size}_make_dataset_original"]["img_s"] / full["img_s"]
+            sample = read[f"{size}_stage_sample_only"]["cpu_ms_per_img"]
+            decode = read[f"{size}_stage_scaled_decode"]["cpu_ms_per_img"]
+            whole = read[f"{size}_stage_scaled_decode_resize"]["cpu_ms_per_img"]
+            floor = read[f"{size}_stage_entropy_floor"]["cpu_ms_per_img"]
+            breakdown[size] = {"cpu_ms_per_img": {"tf_data_and_crop_sampling": round(sample, 3),
+                                                  "entropy_decode_floor_whole_image_1_8": round(floor - sample, 3),
+                                                  "scaled_decode": round(decode - sample, 3),
+                                                  "resize_and_scale": round(whole - decode, 3),
+                                                  "full_decode_path_total": full["cpu_ms_per_img"]}}
+        ratios["64_max_side_256_dct_vs_full_decode_original"] = read["64_dct_scaled_max_side_256"]["img_s"] / read[
+            "64_full_decode_original"]["img_s"]
+        results["ratios"] = {k: round(v, 3) for k, v in ratios.items()}
+        results["breakdown"] = breakdown
+        results["goal"] = {"224_max_side_256_vs_full_decode_limit": 1.5,
+                           "met": ratios["224_max_side_256_make_dataset_vs_full_decode_limit"] >= 1.5}
+    results["machine"]["load_average_at_end"] = os.getloadavg()[0]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "pipeline_decode_less.json").write_text(json.dumps(results, indent=2) + "\n")
+    _plot_decode_less(results, out / "pipeline_decode_less.png")
+    print(json.dumps({k: results[k] for k in ("storage", "ratios", "breakdown", "goal", "machine")}, indent=1))
+    print(f"wrote {out / 'pipeline_decode_less.json'} and {out / 'pipeline_decode_less.png'}")
+    return 0
+
+
+def _plot_decode_less(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [n for n in results["read"] if "_stage_" not in n]
+    rates = [results["read"][n]["img_s"] for n in names]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5), gridspec_kw={"width_ratios": [2.2, 1]})
+    colors = ["#999" if "full_decode" in n else "#2a7" if "make_dataset" in n else "#48c" for n in names]
+    left.barh(names, rates, color=colors)
+    for y, r in enumerate(rates):
+        left.text(r, y, f" {r:.0f}", va="center", fontsize=8)
+    left.invert_yaxis()
+    left.set_xlabel("images / s (best of rounds)")
+    left.set_title(f"decode less: {results['images']} ImageNet-size JPEGs, {results['machine']['cpus']} CPUs, "
+                   f"load {results['machine']['load_average_at_start']:.1f}", fontsize=10)
+    left.set_xlim(0, max(rates) * 1.2)
+    parts = ["tf_data_and_crop_sampling", "scaled_decode", "resize_and_scale"]
+    bottom = [0.0, 0.0]
+    sizes = list(results["breakdown"])
+    for part, color in zip(parts, ["#c84", "#48c", "#2a7"]):
+        values = [results["breakdown"][s]["cpu_ms_per_img"][part] for s in sizes]
+        right.bar([f"{s} px" for s in sizes], values, bottom=bottom, label=part, color=color)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    right.scatter([f"{s} px" for s in sizes], [results["breakdown"][s]["cpu_ms_per_img"]["full_decode_path_total"]
+                                               for s in sizes], color="k", marker="_", s=400, label="full decode path")
+    right.scatter([f"{s} px" for s in sizes], [results["breakdown"][s]["cpu_ms_per_img"]["tf_data_and_crop_sampling"]
+                                               + results["breakdown"][s]["cpu_ms_per_img"][
+                                                   "entropy_decode_floor_whole_image_1_8"] for s in sizes],
+                  color="r", marker="_", s=400, label="whole image at 1/8 (entropy floor)")
+    right.set_ylabel("CPU ms / image")
+    right.set_title("where the time goes (DCT-scaled path)", fontsize=10)
+    right.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 def plot(results: dict, path: Path) -> None:

@@ -19,7 +19,7 @@ are the ones a careful viewer shows*. So:
   image is never in memory) and re-encoded, or any other format skipped — decoding a 12000x12000
   PNG takes ~1.1 GB;
 * with `max_side` (off by default), an image whose longer side exceeds it is downscaled once
-  (JPEGs first at a reduced DCT scale with Pillow ``draft``, then Lanczos to the exact size) and
+  (JPEGs first at a reduced DCT scale with Pillow ``draft``, then bicubic (antialiased) to the exact size) and
   stored as a JPEG at `quality`: readers then decode far fewer pixels per epoch;
 * anything that does not decode completely raises `UndecodableImage`; the converter skips it and
   lists it in its report.
@@ -262,10 +262,10 @@ def _reencode(image: Image.Image, original_format: str, original_mode: str, reas
     are swapped by a 90-degree orientation)."""
     if size is not None and image.size != size:
         if image.mode not in ("RGB", "L", "RGBA", "LA"):
-            # Lanczos needs 8-bit bands: a CMYK/P/16-bit image is brought to RGB (or L) first.
+            # Resizing needs 8-bit bands: a CMYK/P/16-bit image is brought to RGB (or L) first.
             image = _to_8bit(image) if image.mode in _HIGH_BIT_MODES else image.convert(
                 "RGBA" if image.mode == "PA" or "transparency" in image.info else "RGB")
-        image = image.resize(size, Image.LANCZOS)
+        image = image.resize(size, Image.BICUBIC, reducing_gap=3.0)   # antialiased; 1.5-2x faster than Lanczos
     if _orientation(image) != 1:   # exif_transpose copies even when there is nothing to do: ask first
         image = ImageOps.exif_transpose(image)
         if "EXIF orientation" not in reason:

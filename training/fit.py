@@ -30,6 +30,7 @@ from . import multiworker
 from .inputs import TrainingError, is_data_map, map_classes, resolve_input
 from .models import build_model
 from .plots import plot_curves, read_metrics_csv
+from .schedule import ImageSizeSchedule
 from .strategy import make_strategy, strategy_choice, uses_gpus
 
 __all__ = ["TrainResult", "TrainingError", "alexnet_train", "train"]
@@ -109,7 +110,7 @@ def train(
     strategy: tf.distribute.Strategy | None = None,
     epochs: int = 10,
     batch_size: int = 32,
-    image_size: int = 224,
+    image_size: int | list = 224,
     num_classes: int | None = None,
     parallel: int | None = None,
     checkpoint_dir=None,
@@ -136,6 +137,8 @@ def train(
     ``curves.png``, ``tensorboard/`` and ``final.weights.h5``. ``mixed_precision="auto"`` uses
     mixed_float16 when every replica is a GPU. ``seed`` makes shuffling and initial weights
     repeatable (it seeds Python's and NumPy's generators, not TF's global seed).
+    ``image_size``: pixels, or a progressive-resizing schedule ``[(0, 128), (6, 192), (12, 224)]``
+    (epoch, size) for models with global pooling (see ``training.schedule``).
     ``input_options`` go to ``pipeline.make_dataset`` for Parquet inputs (e.g.
     ``{"flip": False, "crop_area": (0.8, 1.0)}`` for digits, which a mirror image would turn
     into other digits).
@@ -150,6 +153,8 @@ def train(
         raise TrainingError("train() needs data: a Parquet URL, a data map or a tf.data.Dataset")
     if epochs < 1 or batch_size < 1:
         raise TrainingError(f"epochs and batch_size must be positive (got {epochs}, {batch_size})")
+    sizes = ImageSizeSchedule(image_size, epochs)   # an int, or progressive resizing [(epoch, size), ...]
+    image_size = sizes.final
     strategy = strategy or make_strategy("auto")
     in_cluster = isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
     config = multiworker.read_tf_config() if in_cluster else None
@@ -187,16 +192,20 @@ def train(
 
     use_mixed = uses_gpus(strategy) if mixed_precision == "auto" else bool(mixed_precision)
     previous_policy = keras.mixed_precision.global_policy()
-    with strategy.scope():
-        if use_mixed:
-            keras.mixed_precision.set_global_policy("mixed_float16")
-        try:
-            model = build_model(model_name, (image_size, image_size, 3), num_classes, **(model_kwargs or {}))
-        finally:
-            keras.mixed_precision.set_global_policy(previous_policy)
-        model.compile(optimizer=_optimizer(optimizer, learning_rate),
-                      loss=keras.losses.SparseCategoricalCrossentropy(),
-                      metrics=["accuracy"])
+
+    def compiled_model(size):
+        with strategy.scope():
+            if use_mixed:
+                keras.mixed_precision.set_global_policy("mixed_float16")
+            try:
+                model = build_model(model_name, (size, size, 3), num_classes, **(model_kwargs or {}))
+            finally:
+                keras.mixed_precision.set_global_policy(previous_policy)
+            model.compile(optimizer=_optimizer(optimizer, learning_rate),
+                          loss=keras.losses.SparseCategoricalCrossentropy(),
+                          metrics=["accuracy"])
+        return model
+    model = compiled_model(image_size)
 
     resumed = _has_backup(checkpoint_dir)
     metrics_csv = write_dir / "metrics.csv"
@@ -208,9 +217,18 @@ def train(
     fit_callbacks += list(callbacks or [])
 
     started = time.perf_counter()
-    history = model.fit(train_input.dataset, epochs=epochs, steps_per_epoch=steps,
-                        validation_data=val_input.dataset if val_input else None,
-                        callbacks=fit_callbacks, verbose=verbose)
+    if sizes.progressive:   # one fit per phase, at its size (training/schedule.py)
+        model, history = sizes.fit(
+            compiled_model, lambda n: resolve_input(data, role="train", num_classes=num_classes, classes=None,
+                                                    **{**common, "image_size": n}).dataset,
+            validation_data=(lambda n: resolve_input(validation_data, role="val", num_classes=num_classes,
+                                                     classes=train_classes, **{**common, "image_size": n}).dataset)
+            if val_input else None, epochs=epochs, steps_per_epoch=steps, callbacks=fit_callbacks,
+            checkpoint_dir=checkpoint_dir, verbose=verbose)
+    else:
+        history = model.fit(train_input.dataset, epochs=epochs, steps_per_epoch=steps,
+                            validation_data=val_input.dataset if val_input else None,
+                            callbacks=fit_callbacks, verbose=verbose)
     fit_seconds = time.perf_counter() - started
     val_metrics = {}
     if val_input is not None:
@@ -245,7 +263,8 @@ def train(
         record = experiments.run_lineage(
             result, model_name=model_name, image_size=image_size, model_kwargs=model_kwargs, data=data,
             validation_data=validation_data, train_url=train_input.url, val_url=val_input.url if val_input else None,
-            arguments={"epochs": epochs, "batch_size": batch_size, "image_size": image_size,
+            arguments={"epochs": epochs, "batch_size": batch_size,
+                       "image_size": sizes.as_list() if sizes.progressive else image_size,
                        "learning_rate": learning_rate, "optimizer": optimizer, "steps_per_epoch": steps_per_epoch,
                        "mixed_precision": mixed_precision, "seed": seed, "parallel": parallel,
                        "input_options": dict(input_options or {}), "output_dir": str(output_dir),
