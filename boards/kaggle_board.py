@@ -25,6 +25,8 @@ from typing import Any, Callable
 import pandas as pd
 import xxhash
 
+from pinstorm.extras import ensure
+
 from . import paths
 from .board import FIND_COLUMNS, Board
 from .cache import Cache
@@ -59,6 +61,7 @@ class KaggleBoard(Board):
                  cache: str | Path | Cache | None = None, versions: bool = True, retries: int = 2,
                  page_size: int = 20, max_extract_bytes: int | None = None,
                  max_extract_ratio: float | None = None):
+        ensure("kaggle", "kaggle", "a Kaggle board")
         super().__init__(name, cache=cache, versions=versions, max_extract_bytes=max_extract_bytes,
                          max_extract_ratio=max_extract_ratio)
         self.endpoint = normalise_endpoint(endpoint, name)

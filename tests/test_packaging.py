@@ -48,6 +48,7 @@ def test_board_commands_load_no_heavy_layer():
 @pytest.mark.parametrize("blocked, code, extra", [
     ("s3fs", "from pinstorm import boards; boards.board_register('s3', name='x', bucket='b')", "s3"),
     ("gcsfs", "from pinstorm import boards; boards.board_register('gcs', name='x', bucket='b')", "gcs"),
+    ("kaggle", "from pinstorm import boards; boards.board_register('kaggle', name='k')", "kaggle"),
     ("PIL", "import pinstorm.pipeline", "pipeline"),
     ("tensorflow", "from pinstorm import training", "training"),
     ("pyspark", "from pinstorm.training import spark_train", "spark"),
