@@ -165,6 +165,11 @@ def main(argv=None) -> int:
                              progress=False)
             return result.images_read, result.seconds, time.process_time() - cpu, len(paths)
 
+        # Warm up convert once (pyarrow.parquet, petastorm's pickled schema, ...): read-and-check has no
+        # such one-time cost, and in --quick's single round it made convert look 2x slower than it is.
+        warm = [w for _, w in layout.train[:8]]
+        convert({"image": paths[:8], "category": warm, "classes": layout.classes, "categories": sorted(set(warm))},
+                tmp / "ds-warmup", min_row_groups=1, progress=False)
         print("convert:", flush=True)
         conv = interleaved({"raw_read": raw_read, "read_and_check_only": read_and_check, "convert": run_convert},
                            rounds)
