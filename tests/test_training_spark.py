@@ -7,6 +7,7 @@ line) are in test_training_spark_cluster.py."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -134,8 +135,10 @@ def test_arguments_are_checked_before_any_session_starts(tmp_path):
         _check_args({"partition_board": "nope"}, 2)
     with pytest.raises(SparkTrainError, match="max_restarts"):
         spark_train({"data": "x"}, 2, max_restarts=-1)
-    assert _check_args({"partition_board": "http://127.0.0.1:1/b"}, 2)["partition_board"] == {
-        "kind": "datatxt", "url": "http://127.0.0.1:1/b"}
+    args = _check_args({"partition_board": "http://127.0.0.1:1/b", "model_name": "alexnet"}, 2)
+    assert args["partition_board"] == {"kind": "datatxt", "url": "http://127.0.0.1:1/b"}
+    # one output folder for every rank and every relaunch, chosen on the driver
+    assert os.path.isabs(args["output_dir"]) and os.path.basename(args["output_dir"]).startswith("alexnet-")
     from pinstorm import boards
 
     boards.board_register("local", name="parts", path=tmp_path / "b")

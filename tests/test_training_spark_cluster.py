@@ -179,3 +179,7 @@ def test_failures_are_relaunched_then_reported_with_each_cause(session):
     assert "attempt 1 (" in message and "attempt 2 (" in message
 
 
+def test_more_workers_than_the_cluster_has_slots_fail_after_the_wait(session):
+    with pytest.raises(SparkTrainError, match=r"needs all 3 tasks running at once but this Spark cluster has 2 "
+                                              r"task slot\(s\) after waiting 2 s for executors"):
+        spark_train(_whoami_function(), 3, session, slots_timeout=2)

@@ -263,6 +263,10 @@ def _check_args(train_fn_or_args, num_workers) -> Callable | dict:
         args["partition_board"] = _partition_board_spec(args["partition_board"])
     elif args.get("data") is None:
         raise SparkTrainError("spark_train needs data (a Parquet URL every executor can read) or partition_board")
+    if not args.get("output_dir"):
+        # chosen once, here: every rank and every relaunch must write (and append metrics) to the same place
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        args["output_dir"] = os.path.abspath(os.path.join("runs", f"{args.get('model_name', 'alexnet')}-{stamp}"))
     return args
 
 
@@ -295,6 +299,9 @@ def spark_train(train_fn_or_args: Callable[[int, int], Any] | dict, num_workers:
     train_fn_or_args = _check_args(train_fn_or_args, num_workers)
     if not isinstance(max_restarts, int) or max_restarts < 0:
         raise SparkTrainError(f"max_restarts must be a non-negative integer, got {max_restarts!r}")
+    if max_restarts and isinstance(train_fn_or_args, dict) and not train_fn_or_args.get("checkpoint_dir"):
+        log.warning("spark_train: max_restarts=%d without checkpoint_dir: a relaunch starts again from epoch 0",
+                    max_restarts)
     own_session = spark is None
     if own_session:
         spark = local_spark_session(num_workers)
