@@ -31,6 +31,7 @@ work but none of the reading.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import math
 import warnings
@@ -165,13 +166,15 @@ def _orientation(image: Image.Image) -> int:
 
 
 def check_image(data: bytes, *, name: str = "image", max_pixels: int | None = DEFAULT_MAX_PIXELS,
-                max_side: int | None = None, quality: int = DOWNSCALE_QUALITY) -> CheckedImage:
+                max_side: int | None = None, quality: int = DOWNSCALE_QUALITY, hold=None) -> CheckedImage:
     """Return the bytes to store for one image file, or raise `UndecodableImage` saying why.
 
     `max_pixels` (width x height, None: no limit): larger JPEGs are decoded at a reduced scale and
     re-encoded, larger images of other formats refused ("too large").
     `max_side` (None: off): an image whose longer side exceeds it is downscaled to it and stored as a
     JPEG at `quality` (reason "downscaled ... (max_side N)"); smaller ones are treated as without it.
+    `hold(cost)`: a context manager entered with `decode_cost` (from the header just parsed) before any
+    pixel is decoded, and left after (the converter's memory budget; one header parse, not two).
     """
     if max_side is not None and max_side < 1:
         raise ValueError(f"max_side must be None or positive, got {max_side!r}")
@@ -180,13 +183,17 @@ def check_image(data: bytes, *, name: str = "image", max_pixels: int | None = DE
     if not data:
         raise UndecodableImage(f"{name}: empty file")
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), contextlib.ExitStack() as budget:
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             try:
                 image = Image.open(io.BytesIO(data))
             except Image.UnidentifiedImageError:
                 raise UndecodableImage(f"{name}: {_not_an_image(data)}") from None
             fmt, mode, (width, height) = image.format or "?", image.mode, image.size
+            orientation = _orientation(image) if fmt in _JPEG_FORMATS else 1
+            if hold is not None:
+                header = ImageHeader(fmt, mode, width, height, orientation)
+                budget.enter_context(hold(decode_cost(header, max_pixels, max_side)))
             over = bool(max_pixels) and width * height > max_pixels
             shrink = bool(max_side) and max(width, height) > max_side
             if shrink and (fmt in _JPEG_FORMATS or not over):
@@ -205,7 +212,6 @@ def check_image(data: bytes, *, name: str = "image", max_pixels: int | None = DE
                     image.load()
                     return _reencode(image, fmt, mode, f"downscaled from {width}x{height} (max_pixels "
                                                        f"{max_pixels})", max_pixels=max_pixels)
-                orientation = _orientation(image)
                 if mode == "RGB" and orientation == 1:
                     image.draft("RGB", (max(1, width // 8), max(1, height // 8)))
                     image.load()

@@ -208,3 +208,28 @@ def test_make_dataset_small_targets(imagenet_tree, tmp_path):
     full = np.concatenate([b[0].numpy() for b in make_dataset(tmp_path / "ds", batch_size=12, image_size=64,
                                                               training=False, shuffle=False, dct_scale=False)])
     assert np.abs(scaled - full).mean() < 0.07   # see the bounds above
+
+
+def test_check_image_holds_the_header_cost_while_it_decodes(photos):
+    """convert parses each header once: check_image enters the memory budget with its decode cost."""
+    from contextlib import contextmanager
+
+    seen, decoding = [], []
+
+    @contextmanager
+    def hold(cost):
+        seen.append(cost)
+        decoding.append(True)
+        try:
+            yield
+        finally:
+            decoding.append(False)
+
+    header = read_header(photos[0])
+    check_image(photos[0], hold=hold)
+    check_image(photos[0], max_side=256, hold=hold)
+    assert seen == [decode_cost(header), decode_cost(header, max_side=256)] and decoding == [True, False] * 2
+    giant = _encode(Image.new("RGB", (3000, 2000)), "PNG")
+    with pytest.raises(Exception, match="too large"):
+        check_image(giant, max_pixels=1_000_000, hold=hold)
+    assert seen[-1] == 0 and decoding[-1] is False   # refused from its header, budget released
