@@ -15,7 +15,8 @@ from .verify import check_parts
 def dataset_info(url, *, storage_options: dict | None = None, check: bool = True) -> dict:
     """Summary of a finished dataset: ``rows``, ``num_classes``, ``classes`` (wnids in label order),
     ``names`` {wnid: name}, ``class_rows`` (rows per class, label order), ``row_groups``,
-    ``row_group_rows``, ``partitions``, ``files``, ``bytes``, ``split``, ``skipped``, ``reencoded``, ``url``.
+    ``row_group_rows``, ``partitions``, ``files``, ``bytes``, ``split``, ``skipped``, ``reencoded``, ``resized`` (downscaled to ``max_side``; absent in older
+    datasets), ``url``.
 
     `url`: a local folder, an fsspec URL or ``board://<board>/<pin>``. Raises
     `IncompleteDatasetError` for a folder without the completion marker (``_common_metadata``), and

@@ -94,7 +94,8 @@ def format_summary(summary: dict) -> str:
     lines = [
         f"dataset     {summary['url']}",
         f"rows        {summary['rows']} ({summary.get('split', '?')}), {summary['skipped']} skipped and "
-        f"{summary['reencoded']} re-encoded at conversion",
+        f"{summary['reencoded']} re-encoded at conversion"
+        + (f" ({summary['resized']} downscaled to max_side)" if summary.get("resized") else ""),
         f"classes     {summary['num_classes']} ({', '.join(summary['classes'][:5])}"
         f"{', ...' if summary['num_classes'] > 5 else ''}); rows per class {summary['rows_per_class'][0]}"
         f"-{summary['rows_per_class'][1]}",

@@ -233,3 +233,12 @@ def test_check_image_holds_the_header_cost_while_it_decodes(photos):
     with pytest.raises(Exception, match="too large"):
         check_image(giant, max_pixels=1_000_000, hold=hold)
     assert seen[-1] == 0 and decoding[-1] is False   # refused from its header, budget released
+
+
+def test_inspect_names_the_resized_images(imagenet_tree, tmp_path):
+    from pinstorm.pipeline.inspect import format_summary, inspect_dataset
+
+    convert(imagenet_tree, tmp_path / "small", min_row_groups=2, progress=False, max_side=100)
+    summary = inspect_dataset(tmp_path / "small")
+    assert "12 re-encoded at conversion (12 downscaled to max_side)" in format_summary(summary)
+    assert summary["width"][2] <= 100 and summary["height"][2] <= 100
