@@ -49,7 +49,8 @@ def test_short_mirrored_fit_learns_and_writes_its_outputs(two_cpu_devices, digit
     assert result.summary()["val_metrics"] == result.val_metrics and "model" not in result.summary()
 
 
-def test_a_crashed_run_resumes_from_its_backup(two_cpu_devices, digits_arrays, tmp_path):
+@pytest.mark.parametrize("kind", ["mirrored", "one-device"])
+def test_a_crashed_run_resumes_from_its_backup(two_cpu_devices, digits_arrays, tmp_path, kind):
     import tf_keras as keras
 
     class Crash(keras.callbacks.Callback):
@@ -57,7 +58,8 @@ def test_a_crashed_run_resumes_from_its_backup(two_cpu_devices, digits_arrays, t
             if epoch == 1:
                 raise RuntimeError("simulated crash after epoch 2")
 
-    strategy = make_strategy("mirrored", devices=2, cross_device_ops="one-device")
+    strategy = (make_strategy("mirrored", devices=2, cross_device_ops="one-device") if kind == "mirrored"
+                else make_strategy("one-device"))   # a laptop's single device resumes too
     args = dict(strategy=strategy, epochs=4, num_classes=10, output_dir=tmp_path / "run",
                 checkpoint_dir=tmp_path / "backup", verbose=0, **TINY)
     train_ds, _ = _datasets(digits_arrays, rows=256)

@@ -160,7 +160,10 @@ def _worker_implementation(spec):
 
 def _build(kind: str, devices: list[str], ops_spec):
     if kind == "one-device":
-        return tf.distribute.OneDeviceStrategy(devices[0]), "none (one device)"
+        # A one-device MirroredStrategy, not OneDeviceStrategy: the same single replica and no
+        # all-reduce, but Keras's BackupAndRestore accepts it (it refuses OneDeviceStrategy), so
+        # `checkpoint_dir` resumes on a laptop as it does on a multi-GPU host.
+        return tf.distribute.MirroredStrategy(devices[:1]), "none (one device)"
     if kind == "mirrored":
         ops, label = _mirrored_ops(ops_spec, devices)
         return tf.distribute.MirroredStrategy(devices, cross_device_ops=ops), label
