@@ -15,6 +15,7 @@ in this process only, so the user's board registry and config are never touched.
 from __future__ import annotations
 
 from . import keras_env  # noqa: F401  (must precede TensorFlow)
+from .plots import save_figure
 
 import json
 import logging
@@ -278,11 +279,7 @@ def _stage_plot(stages: list[dict], path: Path) -> Path:
     axis.set_xlabel("seconds")
     axis.set_title("pinstorm demo: time per stage")
     figure.tight_layout()
-    temporary = path.with_name(f".{path.name}.tmp")
-    figure.savefig(temporary, dpi=100, format="png")
-    plt.close(figure)
-    os.replace(temporary, path)
-    return path
+    return save_figure(figure, path)
 
 
 def _write_report(workdir: Path, summary: dict, result) -> Path:

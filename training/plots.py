@@ -53,8 +53,15 @@ def plot_curves(metrics: dict[str, list[float]], png_path, title: str = "trainin
     figure.tight_layout()
     png_path = Path(png_path)
     png_path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = png_path.with_name(f".{png_path.name}.tmp")
+    return save_figure(figure, png_path)
+
+
+def save_figure(figure, path: Path) -> Path:
+    """Write a matplotlib figure as PNG under a temporary name, then rename: never a half-written plot."""
+    import matplotlib.pyplot as plt
+
+    temporary = path.with_name(f".{path.name}.tmp")
     figure.savefig(temporary, dpi=100, format="png")
     plt.close(figure)
-    os.replace(temporary, png_path)
-    return png_path
+    os.replace(temporary, path)
+    return path

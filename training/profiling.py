@@ -16,6 +16,7 @@ that ``pinstorm.training.profile`` stays the function.
 from __future__ import annotations
 
 from . import keras_env  # noqa: F401  (must precede TensorFlow)
+from .plots import save_figure
 
 import json
 import logging
@@ -441,11 +442,7 @@ def _chart(report: ProfileReport, path: Path) -> Path:
     figure.suptitle("pinstorm profile" + (f": input stall {report.stall_share:.0%}" if report.stall_share is not None
                                           else ""))
     figure.tight_layout()
-    temporary = path.with_name(f".{path.name}.tmp")
-    figure.savefig(temporary, dpi=100, format="png")
-    plt.close(figure)
-    os.replace(temporary, path)
-    return path
+    return save_figure(figure, path)
 
 
 def _write_json(path: Path, data: dict) -> None:
