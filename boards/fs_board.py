@@ -39,7 +39,7 @@ from . import index as board_index
 from . import legacy_view
 from .board import Board
 from .cache import verify, write_stamp
-from .errors import IntegrityError, InvalidPinName, MalformedMetadata, PinNotFound
+from .errors import IntegrityError, InvalidPinName, LimitExceeded, MalformedMetadata, PinNotFound
 from .meta import PinMeta, parse_version
 from .manifest import sync_manifest
 from .names import check_pin_name
@@ -98,12 +98,16 @@ class FsBoard(Board):
             if self._conditional():
                 text, token = self._s3_get(path)
             else:
-                text = self.fs.cat_file(path)
+                with self.fs.open(path, "rb") as handle:
+                    text = handle.read(board_index.MAX_INDEX_BYTES + 1)
         except FileNotFoundError:
             return None, None
         try:
+            if len(text) > board_index.MAX_INDEX_BYTES:  # a bucket is written by others too: bound what we parse
+                raise LimitExceeded(f"{self.describe()}/data.txt is larger than the {board_index.MAX_INDEX_BYTES}-"
+                                    f"byte cap on a board index (board {self.name!r})")
             return board_index.parse_index(text, source=f"{self.describe()}/data.txt"), token
-        except MalformedMetadata as e:
+        except (MalformedMetadata, LimitExceeded) as e:
             if not lenient:
                 raise
             warnings.warn(f"board {self.name!r}: rebuilding an unreadable data.txt index ({e})", stacklevel=4)
@@ -126,7 +130,7 @@ class FsBoard(Board):
                 raise
             body = response["Body"]
             try:
-                data = await body.read()
+                data = await body.read(board_index.MAX_INDEX_BYTES + 1)
             finally:
                 body.close()
             return data, response.get("ETag")

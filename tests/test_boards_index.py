@@ -208,3 +208,17 @@ def test_repair_command_on_a_bucket_board(cloud, tmp_path):
     r = subprocess.run([str(exe), "board", "repair", "saved"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "lists 2 pin(s)" in r.stdout and set(_index(board)) == {"first", "orphan"}
+
+
+def test_an_oversized_bucket_index_is_refused_then_rebuilt(cloud, monkeypatch):
+    """A bucket is written by others too: a huge data.txt is neither read whole nor parsed."""
+    from pinstorm.boards import LimitExceeded, index
+
+    _, board = cloud
+    board.pin({"a": 1}, "small")
+    monkeypatch.setattr(index, "MAX_INDEX_BYTES", 4096)
+    board.fs.pipe_file(f"{board.root}/data.txt", b"- name: x\n  description: '" + b"y" * 8192 + b"'\n")
+    with pytest.raises(LimitExceeded, match="data.txt is larger than the 4096-byte cap"):
+        board.read_index()
+    board.pin({"b": 2}, "other")  # the next write rebuilds the derived index from the listing
+    assert set(_index(board)) == {"small", "other"}
