@@ -75,6 +75,16 @@ def test_train_command_reports_bad_input_clearly(two_cpu_devices, tmp_path):
     assert missing.exit_code == 1 and "Error:" in missing.output and "Traceback" not in missing.output
     unknown = runner.invoke(cli, ["train", "vgg99", str(tmp_path)])
     assert unknown.exit_code == 2 and "vgg99" in unknown.output
+    bad_schedule = runner.invoke(cli, ["train", "alexnet", str(tmp_path), "--image-size", "0:128,six:192"])
+    assert bad_schedule.exit_code == 2 and "EPOCH:SIZE" in bad_schedule.output
+
+
+def test_train_command_takes_a_progressive_resizing_schedule(two_cpu_devices, digits_parquet, tmp_path):
+    """`--image-size 0:32,1:40` reaches train() as [(0, 32), (1, 40)]: AlexNet's size-bound dense layers refuse it."""
+    result = CliRunner().invoke(cli, ["train", "alexnet", digits_parquet["train"], "--strategy", "one-device",
+                                      "--epochs", "2", "--image-size", "0:32,1:40", "--output-dir", str(tmp_path)])
+    assert result.exit_code == 1 and "TrainingError" in result.output and "Traceback" not in result.output
+    assert "schedule" in result.output.lower() or "pooling" in result.output.lower(), result.output
 
 
 def test_train_command_trains_pins_and_prints_json(two_cpu_devices, digits_parquet, tmp_path):

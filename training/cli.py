@@ -18,6 +18,17 @@ MODEL_NAMES = ("alexnet", "resnet50", "mobilenet_v2")
 
 
 
+def _image_size(value: str) -> int | list[tuple[int, int]]:
+    """`224`, or a progressive-resizing schedule `0:128,6:192,12:224` (epoch:size, fast.ai style)."""
+    try:
+        if ":" not in value:
+            return int(value)
+        return [(int(epoch), int(size)) for epoch, size in (step.split(":") for step in value.split(","))]
+    except ValueError:
+        raise click.BadParameter(f"expected a size or EPOCH:SIZE,... such as 0:128,6:192, got {value!r}",
+                                 param_hint="--image-size") from None
+
+
 def _log_to_console(verbose: bool) -> None:
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
@@ -29,7 +40,8 @@ def _log_to_console(verbose: bool) -> None:
 @click.option("--val", "validation", default=None, help="Validation dataset (Parquet URL or folder).")
 @click.option("--epochs", type=int, default=10, show_default=True)
 @click.option("--batch-size", type=int, default=32, show_default=True, help="Per replica; global = x replicas.")
-@click.option("--image-size", type=int, default=224, show_default=True)
+@click.option("--image-size", default="224", show_default=True, callback=lambda c, p, v: _image_size(v),
+              help="A size, or a progressive schedule EPOCH:SIZE,... such as 0:128,6:192,12:224.")
 @click.option("--width", type=float, default=1.0, show_default=True, help="AlexNet width multiplier.")
 @click.option("--strategy", "kind", type=click.Choice(["auto", "mirrored", "multiworker", "one-device"]),
               default="auto", show_default=True, help="auto: multi-worker when TF_CONFIG names several workers.")
