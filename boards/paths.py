@@ -73,8 +73,12 @@ def check_segment(name: object, *, what: str = "version", pin: str | None = None
 
 
 def origin(url: str) -> tuple[str, str, int]:
+    """(scheme, host, port) of `url`; UnsafePath for an unparsable authority such as `//:a`."""
     parts = urlsplit(url)
-    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError as e:  # urllib parses the port lazily and raises a bare ValueError
+        raise UnsafePath(f"URL {url!r} has an invalid host or port: {e}") from None
     return parts.scheme.lower(), (parts.hostname or "").lower(), port
 
 
