@@ -5,7 +5,7 @@ any web server holding a `data.txt` index), pin data sets as versioned folders i
 layout, and get them back through a local cache that makes loads fast and works offline.
 """
 
-from .api import pin, pin_find, pin_get, pin_info, pin_remove, pin_versions
+from .api import batch, pin, pin_find, pin_get, pin_info, pin_remove, pin_versions
 from .board import Board
 from .cache import Cache, StaleCacheWarning
 from .errors import (BoardError, BoardNotRegistered, CredentialsError, DownloadError, IntegrityError,
@@ -21,7 +21,7 @@ from .serve import serve_board
 
 
 __all__ = [
-    "Board", "BoardError", "BoardNotRegistered", "Cache", "CredentialsError", "DownloadError",
+    "Board", "BoardError", "batch", "BoardNotRegistered", "Cache", "CredentialsError", "DownloadError",
     "IntegrityError", "InvalidPinName", "MalformedMetadata", "PinNotFound", "ReadOnlyBoard",
     "PinFetchError", "StaleCacheWarning", "UnsafeArchive", "VersionNotFound", "board_deregister", "board_get",
     "board_list", "board_register", "pin", "pin_find", "pin_get", "pin_get_many", "pin_info",

@@ -46,6 +46,12 @@ def pin(x: Any, name: str | None = None, board: str | Board | None = None, descr
                                 type=type, title=title, tags=tags)
 
 
+def batch(board: str | Board | None = None):
+    """`with boards.batch("team"): boards.pin(...)`: the board's indexes (data.txt, `_pins.yaml`) are
+    published once when the block ends, not after every pin, so many pins cost what each costs alone."""
+    return board_get(board).batch()
+
+
 def pin_get(name: str | list[str], board: str | Board | None = None, cache: bool = True,
             extract: bool | None = None, version: str | None = None, files: bool = False,
             download: bool = True, extract_limits: dict | None = None) -> Any:

@@ -9,6 +9,7 @@ same errors, same offline fallback.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import os
 import shutil
@@ -82,6 +83,12 @@ class Board(PinsApiMixin):
 
     def delete(self, name: str, versions: list[str] | None = None) -> None:
         raise ReadOnlyBoard(f"board {self.name!r} ({self.kind}) is read-only")
+
+    @contextlib.contextmanager
+    def batch(self):
+        """`with board.batch(): ...`: write many pins and publish the board's indexes once, when the
+        outermost batch closes. Boards without derived indexes have nothing to defer."""
+        yield self
 
     def default_extract(self, meta: PinMeta) -> bool:
         """What `extract=None` means: unzip what pinstorm zipped itself, leave other archives be."""
@@ -226,32 +233,35 @@ class Board(PinsApiMixin):
                           StaleCacheWarning, stacklevel=3)
             return self._offline(name, v, full=not trust_cache)
         v = self.resolve_version(name, version, versions)
-        local = self.local_folder(name, v)
-        if local is not None:
-            meta = known or self.read_meta(name, v)
-            self._check(meta, local, self._board_stamp(name, v), full=not trust_cache,
-                        source=f"pin {name!r} version {v} on board {self.name!r} ({local})")
-            return meta, local
-        folder = self.cache.version_dir(self.name, name, v)
-        if (folder / "data.txt").is_file():
-            meta = self._cached_meta(name, v, folder)
-            try:
-                self._check(meta, folder, stamp_path(folder), full=not trust_cache,
-                            source=f"cached pin {name!r} version {v} of board {self.name!r} ({folder})")
-                return meta, folder
-            except IntegrityError:
-                if not _discard(folder):  # damaged: fetched again below, unless it cannot be moved away
-                    raise
-        meta = known or self.read_meta(name, v)
-        meta.version = v
-        sizes = dict(zip(meta.file, meta.file_size)) if meta.file_size else {}
-        with progress_bar(f"{self.name}/{name}", sum(sizes.values()) or None) as advance:
-            def download(f: str, dest: Path) -> None:
-                self.download_file(name, v, f, dest)
-                advance(sizes.get(f, 0))
+        from .pins_api import version_read
 
-            folder = self.cache.fetch_version(self.name, name, meta, download)
-        return meta, folder
+        with version_read(self, name, v):  # pruned under us: VersionNotFound, never a bare FileNotFoundError
+            local = self.local_folder(name, v)
+            if local is not None:
+                meta = known or self.read_meta(name, v)
+                self._check(meta, local, self._board_stamp(name, v), full=not trust_cache,
+                            source=f"pin {name!r} version {v} on board {self.name!r} ({local})")
+                return meta, local
+            folder = self.cache.version_dir(self.name, name, v)
+            if (folder / "data.txt").is_file():
+                meta = self._cached_meta(name, v, folder)
+                try:
+                    self._check(meta, folder, stamp_path(folder), full=not trust_cache,
+                                source=f"cached pin {name!r} version {v} of board {self.name!r} ({folder})")
+                    return meta, folder
+                except IntegrityError:
+                    if not _discard(folder):  # damaged: fetched again below, unless it cannot be moved away
+                        raise
+            meta = known or self.read_meta(name, v)
+            meta.version = v
+            sizes = dict(zip(meta.file, meta.file_size)) if meta.file_size else {}
+            with progress_bar(f"{self.name}/{name}", sum(sizes.values()) or None) as advance:
+                def download(f: str, dest: Path) -> None:
+                    self.download_file(name, v, f, dest)
+                    advance(sizes.get(f, 0))
+
+                folder = self.cache.fetch_version(self.name, name, meta, download)
+            return meta, folder
 
     def _offline(self, name: str, version: str, *, full: bool) -> tuple[PinMeta, Path]:
         """A cached version served without the board: checked, and an error if damaged."""
@@ -295,9 +305,12 @@ class Board(PinsApiMixin):
         """
         name = self.check_name(name)
         meta, folder = self.fetch(name, version, download=download, trust_cache=cache)
+        from .pins_api import version_read  # files pruned under us: VersionNotFound
+
         paths = [folder / f for f in meta.file]
         if not files:
-            loaded = drivers.load_pin(meta.type, paths)
+            with version_read(self, name, meta.version):
+                loaded = drivers.load_pin(meta.type, paths)
             if loaded is not drivers.NOT_LOADED:
                 return loaded
         if extract is None:
@@ -312,7 +325,8 @@ class Board(PinsApiMixin):
                 if extract_limits is not None:  # a dict adjusts the board's limits; ExtractLimits replaces them
                     limits = archive.ExtractLimits.of(limits, **extract_limits) if isinstance(extract_limits, dict) \
                         else extract_limits
-                result += [str(q) for q in archive.extract(p, out_root / p.name, limits=limits)]
+                with version_read(self, name, meta.version):
+                    result += [str(q) for q in archive.extract(p, out_root / p.name, limits=limits)]
             else:
                 result.append(str(p))
         return result

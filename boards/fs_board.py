@@ -16,9 +16,15 @@ updating the index is repaired the same way by the next write, or by `rebuild_in
 (`pinstorm board repair`). On S3, the index is also written with If-Match / If-None-Match, so a
 concurrent overwrite is refused instead of discovered.
 
-Cost: a write lists the board twice (one paged recursive listing each on object stores, 1000 keys
-per request; a two-level glob on local disks) and reads the index twice: cheap for boards of zipped
-pins, noticeable for buckets holding millions of loose files under one board prefix.
+Batches: `with board.batch(): ...` stores every version at once and reconciles the indexes once when
+the batch closes, so the cost of a pin does not grow with the pins already on the board (`repartition`,
+`convert` into `board://` and experiment pins use it). A crash inside a batch leaves stored versions
+the index does not list yet: the next write, `rebuild_index()` or `pinstorm board repair` lists them.
+
+Cost of one reconciliation: one listing of the board (a paged recursive listing on object stores,
+1000 keys per request; a two-level glob on local disks), one read and parse of the index (JSON fast
+path, see `index`), one write of it and of `_pins.yaml`. Object stores add a read-back round, since
+no lock orders their writers; local boards hold a file lock, so their one round is final.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import os
 import posixpath
 import random
 import shutil
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -67,6 +74,10 @@ class FsBoard(Board):
         self.is_local = "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
         if self.is_local:
             Path(self.root).mkdir(parents=True, exist_ok=True)
+        # batch(): how many are open, and the versions written meanwhile (pin -> meta), published at the end
+        self._batch_lock = threading.Lock()
+        self._batch_depth = 0
+        self._batch_written: dict[str, PinMeta | None] = {}
 
     def describe(self) -> str:
         proto = self.fs.protocol[0] if isinstance(self.fs.protocol, tuple) else self.fs.protocol
@@ -79,6 +90,32 @@ class FsBoard(Board):
         """Drop fsspec's cached listings: another process may have written since."""
         with contextlib.suppress(Exception):
             self.fs.invalidate_cache(path)
+
+    # ---- batches --------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def batch(self):
+        """Defer the index upkeep of every write on this board object until the outermost batch closes
+        (also when it closes with an error: what was stored gets listed). Threads may pin inside it."""
+        with self._batch_lock:
+            self._batch_depth += 1
+        try:
+            yield self
+        finally:
+            with self._batch_lock:
+                self._batch_depth -= 1
+                written = self._batch_written if self._batch_depth == 0 else None
+                if written is not None:
+                    self._batch_written = {}
+            if written:
+                self._update_index(known={k: v for k, v in written.items() if v is not None})
+
+    def _publish(self, name: str, meta: PinMeta | None) -> None:
+        """Bring the indexes up to date after a write to pin `name` (now, or when the batch closes)."""
+        with self._batch_lock:
+            if self._batch_depth:
+                self._batch_written[name] = meta
+                return
+        self._update_index(known={name: meta} if meta is not None else None)
 
     # ---- index ----------------------------------------------------------------------------
     def _index_lock(self):
@@ -180,9 +217,11 @@ class FsBoard(Board):
                     if e is None or [str(v) for v in e.get("versions") or []] != versions \
                             or str(e.get("version")) != versions[-1] \
                             or not str(e.get("path")).endswith(legacy_view.LEGACY_DIR):  # older index: add the view
-                        entry = self._entry_from(pin, versions, known=(known or {}).get(pin))
+                        meta = (known or {}).get(pin)
+                        entry = self._entry_from(pin, versions, known=meta)
                         if entry is not None:  # with its R legacy view, written before the index names it
-                            wanted[pin] = legacy_view.publish_entry(self, entry)
+                            wanted[pin] = legacy_view.publish_entry(
+                                self, entry, written=meta is not None and meta.version == versions[-1])
                 for pin, e in entries.items():
                     if pin not in stored and _written_by_board(e):
                         del wanted[pin]
@@ -194,6 +233,9 @@ class FsBoard(Board):
                     self._write_index(list(wanted.values()), token, existed=current is not None)
                 except _IndexConflict:
                     pass
+                else:
+                    if self.is_local:  # writers hold the lock: nobody can have undone this write
+                        return len(stored)
                 if not self.is_local:  # let a concurrent writer finish before checking again
                     time.sleep(random.uniform(0.0, 0.02 * min(round_ + 1, 10)))
         warnings.warn(f"board {self.name!r}: the data.txt index did not settle after {INDEX_ROUNDS} rounds "
@@ -342,6 +384,10 @@ class FsBoard(Board):
             tmp = Path(tmp_name(final))
             try:
                 shutil.copytree(staging, tmp)
+                view = legacy_view.version_view(meta)
+                if view is not None:  # R 0.4.5's view of this version, in place before the version exists
+                    (tmp / view[0]).parent.mkdir(parents=True, exist_ok=True)
+                    (tmp / view[0]).write_text(view[1])
                 (tmp / "data.txt").write_text(meta.to_yaml())
                 try:
                     os.replace(tmp, final)
@@ -355,10 +401,13 @@ class FsBoard(Board):
         else:
             for f in meta.file:
                 self.fs.put_file(str(staging / f), posixpath.join(final, f))
+            view = legacy_view.version_view(meta)
+            if view is not None:
+                self.fs.pipe_file(posixpath.join(final, view[0]), view[1].encode())
             self.fs.pipe_file(posixpath.join(final, "data.txt"), meta.to_yaml().encode())
         self._fresh()
         meta.name, meta.version = name, version
-        self._update_index(known={name: meta})
+        self._publish(name, meta)
         return version
 
     def _stamp(self, name: str, version: str, meta: PinMeta) -> None:
@@ -398,7 +447,7 @@ class FsBoard(Board):
                     self.fs.rm_file(self._path(name, v, "data.txt"))
                 self.fs.rm(self._path(name, v), recursive=True)
         self._fresh()
-        self._update_index(name)
+        self._publish(name, None)
 
 
 def local_board(name: str = "local", path: str | os.PathLike | None = None, **kwargs) -> FsBoard:

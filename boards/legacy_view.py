@@ -23,8 +23,7 @@ from __future__ import annotations
 import posixpath
 from urllib.parse import quote
 
-import yaml
-
+from .index import dump_yaml
 from .meta import PinMeta
 
 LEGACY_DIR = "r-legacy"
@@ -72,7 +71,7 @@ def legacy_manifest(meta: PinMeta) -> dict:
 
 
 def legacy_yaml(meta: PinMeta) -> str:
-    return yaml.safe_dump(legacy_manifest(meta), sort_keys=False, allow_unicode=True)
+    return dump_yaml(legacy_manifest(meta))
 
 
 def legacy_file(name: str, version: str) -> str:
@@ -80,10 +79,20 @@ def legacy_file(name: str, version: str) -> str:
     return posixpath.join(name, version, LEGACY_DIR, "data.txt")
 
 
-def publish_entry(board, entry: dict) -> dict:
+def version_view(meta: PinMeta) -> tuple[str, str] | None:
+    """(path inside the version folder, text) of a version's legacy view, or None for a pin with a file of
+    its own under `r-legacy/`, which the view must never overwrite. Written with the version itself, so
+    publishing the index needs no extra read or write per pin."""
+    if any(f == LEGACY_DIR or f.startswith(LEGACY_DIR + "/") for f in meta.file):
+        return None
+    return posixpath.join(LEGACY_DIR, "data.txt"), legacy_yaml(meta)
+
+
+def publish_entry(board, entry: dict, *, written: bool = False) -> dict:
     """Write the legacy view of the version a root index `entry` of FsBoard `board` points at
-    (unless it is there already) and return the entry pointing at it. Called only when the index
-    is written, never on reads (a reader may lack write access). The entry must carry `name`,
+    (unless it is there already) and return the entry pointing at it. `written`: the version was
+    stored with its view (`version_view`) by this process, so nothing needs reading. Called only when
+    the index is written, never on reads (a reader may lack write access). The entry must carry `name`,
     `version`, `file` and `type`, as FsBoard's entries do; others are returned unchanged, as is a pin
     with a file of its own under `r-legacy/`, which the view must never overwrite."""
     name, version, files = entry.get("name"), entry.get("version"), entry.get("file")
@@ -92,6 +101,8 @@ def publish_entry(board, entry: dict) -> dict:
     files = [files] if isinstance(files, str) else [str(f) for f in files]
     if any(f == LEGACY_DIR or f.startswith(LEGACY_DIR + "/") for f in files):
         return entry
+    if written:
+        return {**entry, "path": entry_path(name, version)}
     meta = PinMeta(file=files, file_size=[], pin_hash="", type=str(entry["type"]), title=entry.get("title"),
                    description=entry.get("description"), created=entry.get("created"))
     path = board._path(legacy_file(name, version))

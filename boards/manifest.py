@@ -20,10 +20,9 @@ from __future__ import annotations
 
 import posixpath
 
-import yaml
 
 from .errors import MalformedMetadata
-from .index import load_yaml
+from .index import dump_yaml, load_yaml
 from .paths import check_relative, check_segment
 
 MANIFEST_FILE = "_pins.yaml"
@@ -39,7 +38,7 @@ def dump_manifest(manifest: dict[str, list[str]]) -> str:
     """YAML text as R's `yaml::write_yaml()` writes the manifest."""
     if not manifest:
         return "{}\n"
-    return yaml.safe_dump(manifest, sort_keys=False, default_flow_style=False, allow_unicode=True)
+    return dump_yaml(manifest)
 
 
 def parse_manifest(text: str | bytes, *, source: str = MANIFEST_FILE,

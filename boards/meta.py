@@ -19,7 +19,7 @@ import xxhash
 import yaml
 
 from .errors import MalformedMetadata
-from .index import load_yaml as _load_untrusted
+from .index import dump_yaml, load_yaml as _load_untrusted
 
 API_VERSION = 1
 TIME_FORMAT = "%Y%m%dT%H%M%SZ"
@@ -186,7 +186,7 @@ class PinMeta:
         return out
 
     def to_yaml(self) -> str:
-        return yaml.safe_dump(self.to_dict(), sort_keys=True, allow_unicode=True)
+        return dump_yaml(self.to_dict(), sort_keys=True)
 
     @classmethod
     def from_yaml(cls, text: str | bytes, *, source: str = "data.txt") -> "PinMeta":

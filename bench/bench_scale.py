@@ -1,0 +1,211 @@
+"""Benchmark: what one category pin costs as a board grows to ImageNet (1,000) and ImageNet-21k (21,841).
+
+Every category holds 3 JPEGs of ~0.6 KB, so the time is board overhead, not data. Per board size N:
+
+1. `repartition` of N categories into a fresh board (one batch): ms per pin. Flat is the goal: the
+   ratio of ms/pin at N to ms/pin at the smallest N stays near 1.
+2. Baseline, same run, same board: 10 more categories pinned one `pin()` at a time, outside a batch
+   (what a user's loop does; each call publishes the index): ms per pin.
+3. The root data.txt: bytes, parse time on pinstorm's JSON fast path, and with the bounded YAML loader
+   every reader used before (the baseline).
+4. On the largest local board, served over HTTP as a data.txt board with an empty cache: the first
+   `pin_find` (fetch + parse), a second one (cached, revalidated), and `imagenet_partition(0, 16)`.
+5. S3 (moto) and GCS (the emulator) on 127.0.0.1: repartition ms/pin at 30 -> 300 categories.
+
+Writes bench/results/scale.json and bench/results/scale.png. `--quick`: local up to 1,000, buckets up
+to 100. The full run goes to 21,841 (about 10 minutes on 2 cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).parent / "results"
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the test servers
+
+
+def make_tree(root: Path, count: int, start: int = 0) -> Path:
+    """An ILSVRC-shaped tree of `count` categories (wnids n<start>..), 3 tiny JPEGs each."""
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (8, 8), (200, 10, 10)).save(buf, "JPEG")
+    jpeg = buf.getvalue()
+    for i in range(start, start + count):
+        folder = root / "train" / f"n{i:08d}"
+        folder.mkdir(parents=True)
+        for j in range(3):
+            (folder / f"n{i:08d}_{j}.JPEG").write_bytes(jpeg)
+    return root
+
+
+def measure_board(board, work: Path, count: int, singles: int = 10) -> dict:
+    """Repartition `count` categories into `board`, then pin `singles` more one at a time."""
+    from pinstorm import boards
+    from pinstorm.pipeline import repartition
+
+    tree = make_tree(work / f"tree-{count}", count)
+    start = time.perf_counter()
+    repartition(tree, board, progress=False)
+    batched = time.perf_counter() - start
+    extra = make_tree(work / f"extra-{count}", singles, start=count)
+    files = {c.name: sorted(c.iterdir()) for c in (extra / "train").iterdir()}
+    start = time.perf_counter()
+    for wnid, paths in sorted(files.items()):
+        boards.pin(paths, name=wnid, board=board, zip=True, description=wnid)
+    single = time.perf_counter() - start
+    return {"pins": count, "repartition_s": round(batched, 3), "ms_per_pin": round(1000 * batched / count, 2),
+            "unbatched_ms_per_pin": round(1000 * single / singles, 2)}
+
+
+def index_costs(text: bytes) -> dict:
+    from pinstorm.boards import index
+
+    start = time.perf_counter()
+    fast = index.parse_index(text)
+    fast_s = time.perf_counter() - start
+    start = time.perf_counter()
+    index.load_yaml(text, source="bench")  # the bounded YAML loader: what every reader used before
+    yaml_s = time.perf_counter() - start
+    return {"index_bytes": len(text), "entries": len(fast), "parse_fast_s": round(fast_s, 4),
+            "parse_yaml_s": round(yaml_s, 4)}
+
+
+def local_curve(sizes: list[int], work: Path) -> list[dict]:
+    from pinstorm.boards.fs_board import local_board
+
+    rows = []
+    for n in sizes:
+        folder = work / f"board-{n}"
+        board = local_board(f"b{n}", folder, cache=work / f"cache-{n}")
+        row = measure_board(board, work, n)
+        row.update(index_costs((folder / "data.txt").read_bytes()))
+        rows.append(row)
+        print(f"local {n:>6} pins: {row['ms_per_pin']:7.2f} ms/pin batched, {row['unbatched_ms_per_pin']:7.2f} "
+              f"unbatched; index {row['index_bytes'] / 1e6:.2f} MB parsed in {row['parse_fast_s']:.3f} s "
+              f"(YAML loader {row['parse_yaml_s']:.2f} s)", flush=True)
+    return rows
+
+
+def http_reads(folder: Path, work: Path) -> dict:
+    """The largest board served over HTTP, read as a data.txt board from an empty cache."""
+    from pinstorm import boards
+    from pinstorm.pipeline import imagenet_partition
+
+    with boards.serve_board(folder) as url:
+        web = boards.board_register(url, name="web", cache=work / "http-cache")
+        start = time.perf_counter()
+        found = web.pin_find("n0000")
+        first = time.perf_counter() - start
+        start = time.perf_counter()
+        web.pin_find("n0000")
+        second = time.perf_counter() - start
+        start = time.perf_counter()
+        part = imagenet_partition(0, 16, web)
+        partition = time.perf_counter() - start
+    out = {"pins_found": len(found), "first_find_s": round(first, 3), "cached_find_s": round(second, 4),
+           "partition_0_of_16_s": round(partition, 3), "partition_images": len(part["image"])}
+    print(f"http: first pin_find {first:.2f} s, cached {second:.3f} s, imagenet_partition(0, 16) {partition:.2f} s",
+          flush=True)
+    return out
+
+
+def bucket_curve(kind: str, sizes: list[int], work: Path) -> list[dict]:
+    import uuid
+
+    from pinstorm import boards
+
+    if kind == "s3":
+        from servers.s3 import S3Server as Server
+    else:
+        from servers.gcs import GcsServer as Server
+    rows = []
+    with Server() as server:
+        for n in sizes:
+            bucket = f"scale-{uuid.uuid4().hex[:8]}"
+            board = boards.board_register(kind, name=f"{kind}{n}", bucket=bucket, create_bucket=True,
+                                          cache=work / f"{kind}-cache-{n}", **server.storage_options())
+            row = measure_board(board, work / kind, n, singles=5)
+            rows.append(row)
+            print(f"{kind} {n:>5} pins: {row['ms_per_pin']:7.2f} ms/pin batched, {row['unbatched_ms_per_pin']:7.2f} "
+                  "unbatched", flush=True)
+    return rows
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    local = result["local"]
+    left.plot([r["pins"] for r in local], [r["ms_per_pin"] for r in local], "o-", label="local, repartition (batch)")
+    left.plot([r["pins"] for r in local], [r["unbatched_ms_per_pin"] for r in local], "s--",
+              label="local, one pin() at a time")
+    for kind in ("s3", "gcs"):
+        rows = result.get(kind) or []
+        if rows:
+            left.plot([r["pins"] for r in rows], [r["ms_per_pin"] for r in rows], "^-", label=f"{kind}, repartition")
+    left.set(xscale="log", yscale="log", xlabel="pins on the board", ylabel="ms per pin",
+             title="Cost of one category pin as the board grows")
+    left.legend(fontsize=8)
+    right.plot([r["pins"] for r in local], [r["parse_fast_s"] for r in local], "o-", label="JSON fast path")
+    right.plot([r["pins"] for r in local], [r["parse_yaml_s"] for r in local], "s--", label="YAML loader (before)")
+    right.set(xscale="log", yscale="log", xlabel="pins in data.txt", ylabel="seconds",
+              title="Parsing the board index")
+    right.legend(fontsize=8)
+    fig.tight_layout()
+    tmp = path.with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    os.replace(tmp, path)
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--quick", action="store_true", help="local up to 1,000 pins, buckets up to 100")
+    ap.add_argument("--no-buckets", action="store_true", help="skip S3 and GCS")
+    args = ap.parse_args(argv)
+    os.environ.setdefault("PINSTORM_PROGRESS", "0")
+    os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+    local_sizes = [10, 100, 1000] if args.quick else [10, 100, 1000, 5000, 21841]
+    bucket_sizes = [30, 100] if args.quick else [30, 100, 300]
+    with tempfile.TemporaryDirectory(prefix="pinstorm-bench-scale-") as tmp:
+        work = Path(tmp)
+        os.environ["PINSTORM_CONFIG"] = str(work / "config.yaml")
+        os.environ["PINSTORM_CACHE"] = str(work / "cache")
+        result: dict = {"local": local_curve(local_sizes, work)}
+        result["http"] = http_reads(work / f"board-{local_sizes[-1]}", work)
+        if not args.no_buckets:
+            for kind in ("s3", "gcs"):
+                result[kind] = bucket_curve(kind, bucket_sizes, work)
+    base = result["local"][0]["ms_per_pin"]
+    result["ratios"] = {
+        "local_ms_per_pin_vs_smallest": {r["pins"]: round(r["ms_per_pin"] / base, 2) for r in result["local"]},
+        "local_unbatched_vs_batched": {r["pins"]: round(r["unbatched_ms_per_pin"] / r["ms_per_pin"], 2)
+                                       for r in result["local"]},
+        "index_parse_yaml_vs_fast": {r["pins"]: round(r["parse_yaml_s"] / max(r["parse_fast_s"], 1e-6), 1)
+                                     for r in result["local"]},
+    }
+    for kind in ("s3", "gcs"):
+        rows = result.get(kind) or []
+        if rows:
+            result["ratios"][f"{kind}_ms_per_pin_vs_smallest"] = {
+                r["pins"]: round(r["ms_per_pin"] / rows[0]["ms_per_pin"], 2) for r in rows}
+    result["quick"] = args.quick
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "scale.json").write_text(json.dumps(result, indent=2))
+    plot(result, RESULTS / "scale.png")
+    print(json.dumps(result["ratios"], indent=2))
+    return result
+
+
+if __name__ == "__main__":
+    main()
