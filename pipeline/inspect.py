@@ -3,6 +3,13 @@
 The summary reads only the small columns (label, height, width), never the image bytes; the
 contact sheet decodes a few dozen rows from a couple of row groups (row groups mix classes, so a
 couple are already a varied sample).
+
+Parts are opened with `verify.open_part` (checksummed, bounded, read without pre-buffering), never
+with `pq.read_table` on a Python file handle: `read_table` pre-buffers (``pre_buffer=True``) on Arrow's IO
+threads, and the last reference to those reads can be dropped on such a thread while the interpreter
+finalizes; it then needs the GIL, is ended by ``pthread_exit`` inside a C++ destructor, and the
+process aborts after its work is done (``terminate called without an active exception``, exit 134;
+apache/arrow#34314, #39162).
 """
 
 from __future__ import annotations
@@ -11,10 +18,12 @@ import math
 import os
 import random
 
+from pinstorm.errors import PinstormError
+
 from .images import decode_rgb
 from .metadata import read_info
 from .storage import locate
-from .verify import check_parts
+from .verify import CorruptPartError, check_parts, open_part, read_row_group
 
 
 def inspect_dataset(url, *, sheet=None, samples: int = 36, seed: int = 0,
@@ -25,7 +34,6 @@ def inspect_dataset(url, *, sheet=None, samples: int = 36, seed: int = 0,
     ``rows_per_row_group`` (min, max), ``rows_per_class`` (min, max) and ``sheet`` (path or None).
     """
     import numpy as np
-    import pyarrow.parquet as pq
 
     location = locate(url, storage_options)
     info = read_info(location)
@@ -33,8 +41,7 @@ def inspect_dataset(url, *, sheet=None, samples: int = 36, seed: int = 0,
     info["url"] = location.url
     heights, widths = [], []
     for name in sorted(info["files"]):
-        with location.fs.open(location.join(name), "rb") as handle:
-            table = pq.read_table(handle, columns=["height", "width"])
+        table = _small_columns(location, info, name)
         heights.append(table.column("height").to_numpy())
         widths.append(table.column("width").to_numpy())
     heights, widths = np.concatenate(heights), np.concatenate(widths)
@@ -50,21 +57,36 @@ def inspect_dataset(url, *, sheet=None, samples: int = 36, seed: int = 0,
     return summary
 
 
+def _small_columns(location, info: dict, name: str):
+    """height and width of every row of part `name` (no image bytes read)."""
+    handle = open_part(location, info, name)
+    try:
+        return handle.read(columns=["height", "width"])
+    except PinstormError:
+        raise
+    except Exception as error:
+        raise CorruptPartError(f"{location.url}/{name}: cannot read the height and width columns: {error}") from None
+    finally:
+        handle.close()
+
+
 def contact_sheet(location, info: dict, path, *, samples: int = 36, seed: int = 0):
     """Write a grid of `samples` random rows (image, label, wnid, name) to the PNG `path`."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
-    import pyarrow.parquet as pq
 
     rng = random.Random(seed)
     groups = [(name, rg) for name in sorted(info["files"]) for rg in range(info["files"][name]["row_groups"])]
     rng.shuffle(groups)
     rows = []
-    for name, rg in groups:
-        with location.fs.open(location.join(name), "rb") as handle:
-            table = pq.ParquetFile(handle).read_row_group(rg, columns=["image", "label", "wnid", "filename"])
+    for name, rg in groups:  # checksummed: a damaged row group is named, never drawn
+        handle = open_part(location, info, name)
+        try:
+            table = read_row_group(handle, location, info, name, rg, columns=("image", "label", "wnid", "filename"))
+        finally:
+            handle.close()
         rows += table.to_pylist()
         if len(rows) >= samples:
             break
