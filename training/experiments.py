@@ -40,6 +40,12 @@ LINEAGE_FORMAT = 1
 PACKAGES = ("pinstorm", "tensorflow", "tf-keras", "numpy", "pyarrow", "pandas", "fsspec", "petastorm")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")   # what boards accept; checked before a long fit
 _MAX_LINEAGE_BYTES = 4 << 20
+_MAX_LINEAGE_DEPTH = 32
+_MAX_CLASSES = 1_000_000
+_MODEL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+MAX_PARAMETERS = 300_000_000      # 1.2 GB of float32: AlexNet on ImageNet-21k is 150 M, ResNet-50 26 M
+_TOP_FEATURES = {"resnet50": 2048, "mobilenet_v2": 1792}   # classifier inputs (MobileNetV2 at alpha <= 1.4)
+_APPLICATION_TRUNK = 30_000_000                            # parameters below the classifier, at most
 
 
 class ExperimentError(PinstormError, ValueError):
@@ -139,8 +145,9 @@ def run_lineage(result, *, model_name: str, image_size: int, model_kwargs, data,
 
     model = result.model
     return {
-        "model": {"name": model_name, "image_size": image_size, "num_classes": result.num_classes,
-                  "kwargs": dict(model_kwargs or {}), "keras_name": model.name, "parameters": model.count_params()},
+        "model": {"name": model_name, "image_size": int(image_size), "num_classes": int(result.num_classes),
+                  "kwargs": {k: _scalar(v) for k, v in (model_kwargs or {}).items()}, "keras_name": model.name,
+                  "parameters": model.count_params()},
         "data": dataset_lineage(data, train_url),
         "validation_data": dataset_lineage(validation_data, val_url),
         "arguments": arguments,
@@ -152,6 +159,11 @@ def run_lineage(result, *, model_name: str, image_size: int, model_kwargs, data,
         "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"), "fit_seconds": result.seconds,
         "wall_seconds": wall_seconds, "lineage": lineage or {},
     }
+
+
+def _scalar(value):
+    """A NumPy scalar as the plain number it is (``load_experiment`` accepts plain JSON values only)."""
+    return value.item() if type(value).__module__ == "numpy" and hasattr(value, "item") else value
 
 
 def _finite(value):
@@ -244,22 +256,162 @@ def _pinned_files(target: str, board, version) -> tuple[dict[str, Path], str, An
     return files, name, board
 
 
+class _Refused(Exception):
+    """Raised by the JSON hooks; becomes an ``ExperimentError`` naming the file."""
+
+
+_JSON_TOKENS = re.compile(r'[\\"\[\]{}]')
+
+
+def _json_depth(text: str, limit: int) -> int:
+    """How deeply arrays and objects nest, up to ``limit + 1``: checked before ``json.loads`` recurses.
+
+    One pass over quotes, backslashes and brackets (a regular expression for strings backtracks
+    quadratically on unterminated ones).
+    """
+    if text.count("[") + text.count("{") <= limit:
+        return 0
+    depth = deepest = 0
+    in_string, skip = False, -1
+    for match in _JSON_TOKENS.finditer(text):
+        at, char = match.start(), match.group()
+        if at == skip:
+            continue
+        if in_string:
+            if char == "\\":
+                skip = at + 1
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+                if deepest > limit:
+                    break
+        elif char in "]}":
+            depth -= 1
+    return deepest
+
+
+def _parse_int(text: str) -> int:
+    if len(text.lstrip("-")) > 19:
+        raise _Refused(f"integer {text[:40]}... has more than 19 digits")
+    return int(text)
+
+
+def _parse_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _Refused(f"number {text[:40]} is not a finite float")
+    return value
+
+
+def _parse_constant(text: str):
+    raise _Refused(f"{text} is not a number JSON allows")
+
+
+def _plain_int(model: dict, key: str, low: int, high: int) -> int:
+    value = model.get(key)
+    if type(value) is not int or not low <= value <= high:
+        raise _Refused(f"model {key} {value!r:.80} is out of range (an integer in [{low:,}, {high:,}])")
+    return value
+
+
+def _checked_kwargs(model_name: str, kwargs) -> dict:
+    """Model keyword arguments: only those the model's builder takes, each of its type and range."""
+    if kwargs is None:
+        return {}
+    if not isinstance(kwargs, dict):
+        raise _Refused(f"model kwargs must be an object, got {type(kwargs).__name__}")
+    key = model_name.lower().replace("-", "_").replace("resnet_50", "resnet50")
+    allowed = _KWARGS.get(key, {})
+    for name, value in kwargs.items():
+        if name not in allowed:
+            raise _Refused(f"model kwarg {name!r:.80} is not one {model_name} takes from a lineage "
+                           f"(allowed: {sorted(allowed) or 'none'})")
+        if not allowed[name](value):
+            raise _Refused(f"model kwarg {name}={value!r:.80} is out of type or range for {model_name}")
+    return dict(kwargs)
+
+
+def _number(low, high, *, open_low=True, integer=False):
+    def check(value):
+        if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
+            return False
+        return (low < value if open_low else low <= value) and value <= high
+    return check
+
+
+# what a lineage may pass to each builder (training/models.py), bounded: a board writes these values
+_KWARGS = {
+    "alexnet": {"width": _number(0, 8), "dense_units": lambda v: v is None or _number(1, 65536, integer=True)(v),
+                "dropout": _number(0, 0.99, open_low=False),
+                "normalization": lambda v: v in (None, "lrn", "batch", "none"),
+                "name": lambda v: isinstance(v, str) and bool(_NAME.match(v)) and len(v) <= 64},
+    "resnet50": {},
+    "mobilenet_v2": {"alpha": _number(0, 1.4)},
+}
+
+
 def _checked_lineage(path: Path, name: str) -> dict:
-    """lineage.json came from a board: check every field the model is built from."""
+    """lineage.json came from a board: bounded parsing, then every field the model is built from."""
     if path.stat().st_size > _MAX_LINEAGE_BYTES:
         raise ExperimentError(f"{path}: {LINEAGE_FILE} of {name!r} is larger than {_MAX_LINEAGE_BYTES} bytes")
     try:
-        lineage = json.loads(path.read_text())
+        text = path.read_text(encoding="utf-8")
+        if _json_depth(text, _MAX_LINEAGE_DEPTH) > _MAX_LINEAGE_DEPTH:
+            raise _Refused(f"values nest more than {_MAX_LINEAGE_DEPTH} deep")
+        lineage = json.loads(text, parse_int=_parse_int, parse_float=_parse_float, parse_constant=_parse_constant)
+        if not isinstance(lineage, dict) or not isinstance(lineage.get("model"), dict):
+            raise _Refused("no 'model' object")
         model = lineage["model"]
-        spec = (str(model["name"]), int(model["image_size"]), int(model["num_classes"]), dict(model.get("kwargs") or {}))
-    except (ValueError, KeyError, TypeError) as error:
-        raise ExperimentError(f"{path}: malformed {LINEAGE_FILE} in experiment {name!r}: {error}") from error
-    _, image_size, num_classes, kwargs = spec
-    if not (8 <= image_size <= 8192 and 2 <= num_classes <= 10_000_000):
-        raise ExperimentError(f"{path}: image_size {image_size} / num_classes {num_classes} out of range")
-    if not all(isinstance(k, str) and (v is None or isinstance(v, (str, int, float, bool))) for k, v in kwargs.items()):
-        raise ExperimentError(f"{path}: model kwargs must be plain values, got {kwargs!r}")
+        model_name = model.get("name")
+        if not isinstance(model_name, str) or not _MODEL_NAME.match(model_name):
+            raise _Refused(f"model name must be a short plain name, got {model_name!r:.80}")
+        _plain_int(model, "image_size", 8, 8192)
+        _plain_int(model, "num_classes", 2, _MAX_CLASSES)
+        _checked_kwargs(model_name, model.get("kwargs"))
+    except (_Refused, ValueError) as error:      # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise ExperimentError(f"{path}: malformed {LINEAGE_FILE} in experiment {name!r}: {error}") from None
     return lineage
+
+
+def parameter_count(model_name: str, image_size: int, num_classes: int, kwargs: dict) -> int:
+    """The parameters a model would have, without allocating them: checked before ``build_model``.
+
+    AlexNet (parameters depend on the input size and every kwarg) is built in a throw-away graph,
+    where variables have shapes but no memory (0.1 s); the keras.applications models end in global
+    pooling, so a bound from the classifier width is exact enough (and their graph build takes seconds).
+    """
+    key = model_name.lower().replace("-", "_").replace("resnet_50", "resnet50")
+    if key in _TOP_FEATURES:
+        return _APPLICATION_TRUNK + (_TOP_FEATURES[key] + 1) * num_classes
+    import tensorflow as tf
+
+    from .models import build_model
+
+    with tf.Graph().as_default():
+        return int(build_model(model_name, (image_size, image_size, 3), num_classes, **kwargs).count_params())
+
+
+def _build_checked(lineage: dict, name: str, max_parameters: int):
+    from .models import build_model
+
+    spec = lineage["model"]
+    args = (str(spec["name"]), int(spec["image_size"]), int(spec["num_classes"]), dict(spec.get("kwargs") or {}))
+    try:
+        parameters = parameter_count(*args)
+        if parameters > max_parameters:
+            raise ExperimentError(f"experiment {name!r}: {args[0]} at {args[1]} px with {args[2]:,} classes and "
+                                  f"kwargs {args[3]} has {parameters:,} parameters (limit max_parameters="
+                                  f"{max_parameters:,})")
+        return build_model(args[0], (args[1], args[1], 3), args[2], **args[3])
+    except ExperimentError:
+        raise
+    except (PinstormError, ValueError, TypeError) as error:   # ModelError; a kwarg the builder refuses
+        raise ExperimentError(f"experiment {name!r}: cannot build {args[0]} from its lineage: {error}") from error
 
 
 def experiment_lineage(target: str, board=None, version: str | None = None) -> dict:
@@ -268,24 +420,29 @@ def experiment_lineage(target: str, board=None, version: str | None = None) -> d
     return _checked_lineage(files[LINEAGE_FILE], name)
 
 
-def load_experiment(target: str, board=None, version: str | None = None):
+def load_experiment(target: str, board=None, version: str | None = None, *, max_parameters: int = MAX_PARAMETERS):
     """Rebuild a pinned run's model and load its final weights: ``load_experiment("board/name")``.
 
     Returns an uncompiled Keras model (compile it to evaluate or to train further). ``version``
-    picks a run other than the latest; ``experiment_lineage`` gives its record.
+    picks a run other than the latest; ``experiment_lineage`` gives its record. The pin may come
+    from a board someone else writes: the lineage is bounded (a model over ``max_parameters`` is
+    refused before it is built) and the weights file is inspected before Keras reads a byte of it
+    (``weights_check``: no external files or links, nothing bigger than the model's variables).
     """
+    from .weights_check import UnsafeWeights, check_weights_file
+
     files, name, _ = _pinned_files(target, board, version)
     lineage = _checked_lineage(files[LINEAGE_FILE], name)
     if WEIGHTS_FILE not in files:
         raise ExperimentError(f"experiment {name!r} has no {WEIGHTS_FILE}")
-    from .models import build_model
-
-    model_spec = lineage["model"]
-    size = int(model_spec["image_size"])
-    model = build_model(str(model_spec["name"]), (size, size, 3), int(model_spec["num_classes"]),
-                        **dict(model_spec.get("kwargs") or {}))
+    model = _build_checked(lineage, name, max_parameters)
+    try:
+        check_weights_file(files[WEIGHTS_FILE], [tuple(v.shape) for v in model.weights])
+    except UnsafeWeights as error:
+        raise ExperimentError(f"weights of experiment {name!r} refused: {error}") from error
     try:
         model.load_weights(str(files[WEIGHTS_FILE]))
     except (ValueError, KeyError, OSError) as error:
-        raise ExperimentError(f"weights of experiment {name!r} do not fit {model_spec['name']}: {error}") from error
+        raise ExperimentError(f"weights of experiment {name!r} do not fit {lineage['model']['name']}: "
+                              f"{error}") from error
     return model
