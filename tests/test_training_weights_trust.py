@@ -1,0 +1,368 @@
+"""Weights are only weights (issue 17, case 2): an experiment served by someone else cannot make
+``load_experiment`` read local files (HDF5 external storage, external links, virtual datasets),
+inflate a small file into gigabytes, or build a model beyond ``max_parameters``; a malformed
+lineage is one ``ExperimentError``. Experiments are pinned to a local board, served with
+``serve_board`` on 127.0.0.1 and loaded through a URL board. Memory-risky loads run in a child
+process under RLIMIT_AS, so a regression fails instead of exhausting the machine. Property tests
+(hypothesis) hold ``check_weights_file`` to an independent oracle."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pinstorm import boards
+from pinstorm.training.weights_check import UnsafeWeights, check_weights_file
+from training_support import TINY
+
+pytest_plugins = ["conftest_training"]
+
+FC7 = "layers/dense_1/vars/0"      # the fc7 kernel (512 x 512 at TINY) in Keras' weights layout
+CHILD_MEMORY = 3584 << 20          # TensorFlow with a tiny model peaks near 2.2 GB of address space
+
+
+@pytest.fixture(scope="module")
+def genuine(tmp_path_factory, digits_arrays):
+    """A real run: tiny AlexNet fitted by ``train`` (optimizer slots and metrics in its weights file)."""
+    import tensorflow as tf
+
+    from pinstorm.training import make_strategy, train
+
+    x, y, _, _ = digits_arrays
+    out = tmp_path_factory.mktemp("genuine-run")
+    data = tf.data.Dataset.from_tensor_slices((tf.image.resize(x[:32], (32, 32)), y[:32]))
+    result = train("alexnet", data, strategy=make_strategy("one-device"), num_classes=10, epochs=1,
+                   output_dir=out / "out", verbose=0, seed=0, **TINY)
+    lineage = {"format": 1, "model": {"name": "alexnet", "image_size": 32, "num_classes": 10,
+                                      "kwargs": dict(TINY["model_kwargs"]), "keras_name": "alexnet"}}
+    return {"weights": Path(result.weights_path), "lineage": lineage,
+            "values": [w.copy() for w in result.model.get_weights()],
+            "shapes": [tuple(v.shape) for v in result.model.weights]}
+
+
+def _experiment(tmp_path, genuine, name, *, lineage=None, tamper=None, lineage_text=None) -> Path:
+    """A run folder like ``pin_run`` stages it, its weights optionally tampered with through h5py."""
+    folder = tmp_path / "runs" / name
+    folder.mkdir(parents=True)
+    shutil.copyfile(genuine["weights"], folder / "final.weights.h5")
+    if tamper:
+        with h5py.File(folder / "final.weights.h5", "a") as f:
+            tamper(f)
+    text = lineage_text if lineage_text is not None else json.dumps(lineage or genuine["lineage"])
+    (folder / "lineage.json").write_bytes(text.encode() if isinstance(text, str) else text)
+    return folder
+
+
+def _served(http_board, folder: Path) -> str:
+    """Pin ``folder`` on the served board; the experiment as a remote reader sees it (``web/<name>``)."""
+    board, _, url = http_board
+    boards.pin(str(folder), name=folder.name, board=board)
+    boards.board_register(url, name="web")
+    return f"web/{folder.name}"
+
+
+def _replace(path: str, **create):
+    def tamper(f):
+        del f[path]
+        f.create_dataset(path, **create)
+    return tamper
+
+
+def _load_refused(target: str, match: str):
+    from pinstorm.training import load_experiment
+    from pinstorm.training.experiments import ExperimentError
+
+    with pytest.raises(ExperimentError, match=match) as caught:
+        load_experiment(target)
+    return str(caught.value)
+
+
+# ---- the genuine run loads over HTTP --------------------------------------------------------
+def test_a_genuine_remote_experiment_loads(http_board, tmp_path, genuine):
+    from pinstorm.training import load_experiment
+
+    model = load_experiment(_served(http_board, _experiment(tmp_path, genuine, "genuine")))
+    for loaded, trained in zip(model.get_weights(), genuine["values"]):
+        np.testing.assert_array_equal(loaded, trained)
+    summary = check_weights_file(genuine["weights"], genuine["shapes"])
+    assert summary.datasets > len(genuine["shapes"])          # optimizer slots and metrics pass too
+
+
+# ---- local files -----------------------------------------------------------------------------
+@pytest.mark.parametrize("victim", ["/proc/self/environ", "/etc/passwd"])
+def test_external_storage_is_refused_before_any_read(http_board, tmp_path, genuine, monkeypatch, victim):
+    monkeypatch.setenv("PINSTORM_TEST_SECRET", "s3cr3t-value")
+    tamper = _replace(FC7, shape=(512, 512), dtype="u1", external=[(victim, 0, h5py.h5f.UNLIMITED)])
+    target = _served(http_board, _experiment(tmp_path, genuine, "leak", tamper=tamper))
+    message = _load_refused(target, f"dataset /{FC7} keeps its data in the external file {victim}")
+    assert "s3cr3t" not in message
+
+
+def test_external_soft_links_and_virtual_datasets_are_refused(http_board, tmp_path, genuine):
+    other = tmp_path / "other.h5"
+    with h5py.File(other, "w") as f:
+        f.create_dataset("kernel", data=np.ones((512, 512), "f4"))
+
+    def external_link(f):
+        del f["layers/dense_1/vars"]
+        f["layers/dense_1/vars"] = h5py.ExternalLink(str(other), "/")
+
+    def soft_link(f):
+        del f["layers/dense_1/vars"]
+        f["layers/dense_1/vars"] = h5py.SoftLink("/layers/dense/vars")
+
+    def virtual(f):
+        layout = h5py.VirtualLayout((512, 512), "f4")
+        layout[:] = h5py.VirtualSource(str(other), "kernel", (512, 512))
+        del f[FC7]
+        f.create_virtual_dataset(FC7, layout)
+
+    cases = {"external-link": (external_link, f"external link to {other}"),
+             "soft-link": (soft_link, "soft link to /layers/dense/vars"),
+             "virtual": (virtual, f"virtual dataset \\(built from \\['{other}'\\]\\)")}
+    for name, (tamper, match) in cases.items():
+        _load_refused(_served(http_board, _experiment(tmp_path, genuine, name, tamper=tamper)), match)
+
+
+# ---- sizes -----------------------------------------------------------------------------------
+def test_shapes_types_chunks_and_filters_beyond_the_model_are_refused(http_board, tmp_path, genuine):
+    def oversized_chunk(f):      # a raw chunk written past its declared size: the chunk index is checked
+        del f[FC7]
+        dataset = f.create_dataset(FC7, shape=(512, 512), dtype="f4", chunks=(64, 64), compression="gzip")
+        dataset.id.write_direct_chunk((0, 0), b"\0" * (1 << 20))
+
+    cases = {
+        "reshaped": (_replace(FC7, data=np.ones(512 * 512, "f4")),
+                     r"declares shape \(262144,\) \(1,048,576 bytes\); none of the model's variables"),
+        "text": (_replace(FC7, data=np.array([b"x" * 64] * 4)), "has type \\|S64, not a plain number"),
+        "wide-chunks": (_replace(FC7, shape=(512, 512), dtype="f4", chunks=(8192, 4096), maxshape=(None, None)),
+                        r"chunks of \(8192, 4096\) = 134,217,728 bytes decompressed \(limit 67,108,864\)"),
+        "filter": (_replace(FC7, data=np.ones((512, 512), "f4"), scaleoffset=4), "uses HDF5 filter 6"),
+        "chunk-index": (oversized_chunk, r"chunk at \(0, 0\) claims 1,048,576 bytes"),
+    }
+    for name, (tamper, match) in cases.items():
+        _load_refused(_served(http_board, _experiment(tmp_path, genuine, name, tamper=tamper)), match)
+
+
+def _child_load(target: str) -> dict:
+    """``load_experiment(target)`` in a child limited to CHILD_MEMORY of address space."""
+    code = textwrap.dedent(f"""
+        import json, resource, sys
+        resource.setrlimit(resource.RLIMIT_AS, ({CHILD_MEMORY}, {CHILD_MEMORY}))
+        from pinstorm import boards
+        from pinstorm.training import load_experiment
+        boards.board_register({os.environ['PINSTORM_TEST_URL']!r}, name="web")
+        try:
+            load_experiment({target!r})
+            print(json.dumps({{"loaded": True}}))
+        except Exception as error:
+            print(json.dumps({{"error": type(error).__name__, "message": str(error)}}))
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow      # a TensorFlow child process: 10-15 s on 2 busy cores
+def test_a_gzip_bomb_dataset_is_refused_under_a_memory_limit(http_board, tmp_path, genuine, monkeypatch):
+    def bomb(f):                  # 16 GiB declared, 16 MiB of zeros actually stored in gzip chunks
+        del f[FC7]
+        dataset = f.create_dataset(FC7, shape=(4 << 30,), dtype="f4", chunks=(1 << 20,), compression="gzip")
+        dataset[: 4 << 20] = 0
+
+    folder = _experiment(tmp_path, genuine, "bomb", tamper=bomb)
+    assert (folder / "final.weights.h5").stat().st_size < 16 << 20
+    target = _served(http_board, folder)
+    monkeypatch.setenv("PINSTORM_TEST_URL", http_board[2])
+    outcome = _child_load(target)
+    assert outcome["error"] == "ExperimentError", outcome
+    assert "declares shape (4294967296,) (17,179,869,184 bytes)" in outcome["message"]
+
+
+@pytest.mark.slow      # a TensorFlow child process: 10-15 s on 2 busy cores
+def test_a_million_classes_is_refused_before_the_model_is_built(http_board, tmp_path, genuine, monkeypatch):
+    lineage = json.loads(json.dumps(genuine["lineage"]))
+    lineage["model"]["num_classes"] = 1_000_000
+    target = _served(http_board, _experiment(tmp_path, genuine, "huge", lineage=lineage))
+    monkeypatch.setenv("PINSTORM_TEST_URL", http_board[2])
+    outcome = _child_load(target)
+    assert outcome["error"] == "ExperimentError", outcome
+    assert "1,000,000 classes" in outcome["message"] and "limit max_parameters=300,000,000" in outcome["message"]
+
+
+def test_max_parameters_is_the_callers_choice(tmp_path, genuine):
+    from pinstorm.training import load_experiment
+    from pinstorm.training.experiments import ExperimentError, parameter_count
+
+    folder = _experiment(tmp_path, genuine, "small")
+    boards.pin(str(folder), name="small")
+    parameters = parameter_count("alexnet", 32, 10, TINY["model_kwargs"])
+    assert parameters == sum(int(np.prod(s)) for s in genuine["shapes"])     # counted without allocating
+    with pytest.raises(ExperimentError, match=f"has {parameters:,} parameters"):
+        load_experiment("small", max_parameters=parameters - 1)
+    assert load_experiment("small", max_parameters=parameters).count_params() == parameters
+
+
+@pytest.mark.parametrize("name", ["resnet50", "mobilenet_v2"])
+def test_the_application_bound_is_not_below_the_real_count(name):
+    from pinstorm.training import build_model
+    from pinstorm.training.experiments import parameter_count
+
+    kwargs = {"alpha": 1.4} if name == "mobilenet_v2" else {}
+    assert parameter_count(name, 32, 3000, kwargs) >= build_model(name, (32, 32, 3), 3000, **kwargs).count_params()
+
+
+# ---- malformed lineages ----------------------------------------------------------------------
+def _model(**changes):
+    model = {"name": "alexnet", "image_size": 32, "num_classes": 10, "kwargs": {"width": 0.125}}
+    return json.dumps({"format": 1, "model": {**model, **changes}})
+
+
+MALFORMED = {
+    "deep": ('{"model": {"name": "alexnet", "image_size": 32, "num_classes": 10}, "x": ' + "[" * 100_000
+             + "]" * 100_000 + "}", "values nest more than 32 deep"),
+    "long-int": ('{"model": {"name": "alexnet", "image_size": 32, "num_classes": 1' + "0" * 5000 + "}}",
+                 "more than 19 digits"),
+    "overflow": (_model().replace('"num_classes": 10', '"num_classes": 1e400'), "1e400 is not a finite float"),
+    "nan": (_model().replace('"num_classes": 10', '"num_classes": NaN'), "NaN is not a number JSON allows"),
+    "bool": (_model(num_classes=True), "num_classes True is out of range"),
+    "string": (_model(image_size="32"), "image_size '32' is out of range"),
+    "float": (_model(num_classes=10.0), "num_classes 10.0 is out of range"),
+    "nested-kwarg": (_model(kwargs={"width": {"a": [1]}}), "width={'a': \\[1\\]} is out of type or range"),
+    "huge-width": (_model(kwargs={"width": 1e308}), "width=1e\\+308 is out of type or range"),
+    "unknown-kwarg": (_model(kwargs={"weights": "imagenet"}), "'weights' is not one alexnet takes"),
+    "kwargs-list": (_model(kwargs=[1, 2]), "model kwargs must be an object, got list"),
+    "model-name": (_model(name="x" * 10_000), "model name must be a short plain name"),
+    "unknown-model": (_model(name="vgg16", kwargs={}), "cannot build vgg16 from its lineage: unknown model"),
+    "model-list": ('{"model": [1, 2]}', "no 'model' object"),
+    "top-list": ("[]", "no 'model' object"),
+    "not-utf8": (b'{"model": "\xff\xfe"}', "codec can't decode"),
+    "not-json": ("{model: 1", "Expecting property name"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_malformed_lineages_are_one_experiment_error(http_board, tmp_path, genuine, case):
+    text, match = MALFORMED[case]
+    _load_refused(_served(http_board, _experiment(tmp_path, genuine, f"bad-{case}", lineage_text=text)), match)
+
+
+# ---- properties of the HDF5 bounds ------------------------------------------------------------
+MODEL_SHAPES = [(3, 3, 2, 4), (4,), (32, 8), (8,)]
+MAX_CHUNK = 4096
+DTYPES = ["f2", "f4", "f8", "i1", "i8", "u4", "?", "c8", "S4", "U2"]
+VARIANT = st.fixed_dictionaries({
+    "shape": st.one_of(st.sampled_from(MODEL_SHAPES + [()]),
+                       st.lists(st.integers(1, 40), min_size=1, max_size=3).map(tuple)),
+    "dtype": st.sampled_from(DTYPES),
+    "layout": st.sampled_from(["contiguous", "chunked", "compact", "external", "virtual"]),
+    "chunk": st.lists(st.integers(1, 64), min_size=3, max_size=3),
+    "filter": st.sampled_from([None, "gzip", "lzf", "shuffle", "scaleoffset"]),
+    "link": st.sampled_from(["hard", "hard", "hard", "soft", "external"]),
+})
+
+
+def _write_variant(path: Path, spec: dict, victim: Path) -> None:
+    """A weights-shaped file with one extra entry, ``vars/x``, built as ``spec`` says."""
+    with h5py.File(path, "w") as f:
+        for i, shape in enumerate(MODEL_SHAPES):
+            f.create_dataset(f"layers/l{i}/vars/0", data=np.zeros(shape, "f4"))
+        where = "layers/l0/vars/x"
+        if spec["link"] == "soft":
+            f[where] = h5py.SoftLink("/layers/l1/vars/0")
+            return
+        if spec["link"] == "external":
+            f[where] = h5py.ExternalLink(str(victim), "/")
+            return
+        shape, dtype = spec["shape"], np.dtype(spec["dtype"])
+        if spec["layout"] == "virtual":
+            layout = h5py.VirtualLayout(shape, dtype)
+            layout[...] = h5py.VirtualSource(str(victim), "d", shape)
+            f.create_virtual_dataset(where, layout)
+        elif spec["layout"] == "external":
+            f.create_dataset(where, shape, dtype, external=[(str(victim), 0, h5py.h5f.UNLIMITED)])
+        elif spec["layout"] == "compact":
+            plist = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+            plist.set_layout(h5py.h5d.COMPACT)
+            space = h5py.h5s.create_simple(shape) if shape else h5py.h5s.create(h5py.h5s.SCALAR)
+            h5py.h5d.create(f.id, where.encode(), h5py.h5t.py_create(dtype, logical=True), space, dcpl=plist)
+        elif spec["layout"] == "chunked" and shape:
+            chunks = tuple(min(c, s) for c, s in zip(spec["chunk"], shape))
+            options = {"compression": spec["filter"]} if spec["filter"] in ("gzip", "lzf") else {}
+            options.update(shuffle=True) if spec["filter"] == "shuffle" else None
+            options.update(scaleoffset=0) if spec["filter"] == "scaleoffset" and dtype.kind in "iu" else None
+            dataset = f.create_dataset(where, shape, dtype, chunks=chunks, **options)
+            dataset[(0,) * len(shape)] = np.zeros((), dtype)
+        else:
+            f.create_dataset(where, shape, dtype, data=np.zeros(shape, dtype) if dtype.kind != "U" else None)
+
+
+def _oracle(spec: dict) -> bool:
+    """Whether a weights file for MODEL_SHAPES may hold ``spec`` (computed from the spec, not the file)."""
+    if spec["link"] != "hard" or spec["layout"] in ("external", "virtual"):
+        return False
+    dtype = np.dtype(spec["dtype"])
+    if dtype.kind not in "fiub" or tuple(spec["shape"]) not in set(MODEL_SHAPES) | {()}:
+        return False
+    if spec["layout"] == "chunked" and spec["shape"]:
+        chunks = [min(c, s) for c, s in zip(spec["chunk"], spec["shape"])]
+        if math.prod(chunks) * dtype.itemsize > MAX_CHUNK:
+            return False
+        if spec["filter"] == "scaleoffset" and dtype.kind in "iu":
+            return False
+    return True
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(spec=VARIANT)
+def test_check_weights_file_accepts_exactly_what_the_model_can_hold(tmp_path, spec):
+    victim = tmp_path / "victim.h5"
+    if not victim.exists():
+        with h5py.File(victim, "w") as f:
+            f.create_dataset("d", data=np.ones((40, 40, 40), "f8"))
+    path = tmp_path / "w.weights.h5"
+    try:
+        _write_variant(path, spec, victim)
+    except (ValueError, TypeError, OSError):
+        return                                # a combination h5py cannot write (e.g. a compact 40^3)
+    largest = max(math.prod(s) for s in MODEL_SHAPES) * 8
+    if _oracle(spec):
+        summary = check_weights_file(path, MODEL_SHAPES, max_chunk_bytes=MAX_CHUNK)
+        with h5py.File(path) as f:            # what passed reads back within the model's bound
+            read = []
+            f.visititems(lambda name, item: read.append(item[()].nbytes) if isinstance(item, h5py.Dataset) else None)
+        assert len(read) == len(MODEL_SHAPES) + 1 and max(read) <= largest
+        assert summary.datasets == len(MODEL_SHAPES) + 1
+    else:
+        with pytest.raises(UnsafeWeights):
+            check_weights_file(path, MODEL_SHAPES, max_chunk_bytes=MAX_CHUNK)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(extra=st.lists(st.tuples(st.integers(1, 2_000_000), st.sampled_from([1, 2, 4, 8])), min_size=1, max_size=4))
+def test_declared_sizes_past_the_largest_variable_are_refused(tmp_path, extra):
+    """Datasets declared (never written) with any element count: refused unless a model shape."""
+    path = tmp_path / "w.weights.h5"
+    with h5py.File(path, "w") as f:
+        for i, (count, itemsize) in enumerate(extra):
+            f.create_dataset(f"layers/l{i}/vars/0", (count,), f"f{itemsize}" if itemsize > 1 else "i1",
+                             chunks=(min(count, 512),), compression="gzip")
+    shapes = [(4,), (1000,)]
+    if all((count,) in shapes for count, _ in extra):
+        assert check_weights_file(path, shapes).declared_bytes <= 8 * 1000 * len(extra)
+    else:
+        with pytest.raises(UnsafeWeights, match="none of the model's variables has that shape"):
+            check_weights_file(path, shapes)
