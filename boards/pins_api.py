@@ -9,6 +9,7 @@ over the legacy operations (`pin`, `pin_get`, `pin_remove`, ...), which stay as 
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import os
 import shutil
@@ -18,9 +19,10 @@ from typing import Any, Iterable
 import pandas as pd
 from filelock import FileLock
 
-from .errors import BoardError, IntegrityError
+from .errors import BoardError, DownloadError, IntegrityError, PinNotFound, VersionNotFound
 from .meta import parse_version
 
+PRUNE_GRACE = 60.0  # seconds: pin_versions_prune never deletes a version younger than this
 SEARCH_COLUMNS = ["name", "type", "title", "description", "created", "file_size", "tags", "board"]
 
 
@@ -94,16 +96,24 @@ class PinsApiMixin:
         """Delete one version of a pin (a full version name or a unique prefix)."""
         self.pin_remove(name, version=version)
 
-    def pin_versions_prune(self, name: str, n: int | None = None, days: float | None = None) -> list[str]:
+    def pin_versions_prune(self, name: str, n: int | None = None, days: float | None = None, *,
+                           grace: float = PRUNE_GRACE) -> list[str]:
         """Delete old versions, keeping the newest `n` and/or those created in the last `days`
-        (a version is kept if either rule keeps it); the newest version is never deleted.
-        Returns the versions deleted."""
+        (a version is kept if either rule keeps it). Returns the versions deleted.
+
+        Whatever the rules say, the newest version is never deleted, nor one younger than `grace`
+        seconds (default 60): a writer that just stored a version is still checking it, and readers
+        that just listed it are about to read it. A version's age counts from the later of the time
+        in its name and the time its data.txt was stored (when the board can tell), so a slow upload
+        is young when it appears; a version of unknown age is kept (`grace=0` deletes it)."""
         if n is None and days is None:
             raise ValueError("pin_versions_prune: give n= (versions to keep) or days= (age to keep)")
         if n is not None and int(n) < 1:
             raise ValueError(f"pin_versions_prune: n must be at least 1, got {n}")
         if days is not None and days < 0:
             raise ValueError(f"pin_versions_prune: days must be >= 0, got {days}")
+        if grace is None or not grace >= 0:
+            raise ValueError(f"pin_versions_prune: grace must be >= 0 seconds, got {grace}")
         name = self.check_name(name)
         versions = self.list_versions(name)
         keep = {versions[-1]}
@@ -116,9 +126,38 @@ class PinsApiMixin:
                 if created is None or created >= cutoff:  # undated (hand-made) folders are kept
                     keep.add(v)
         doomed = [v for v in versions if v not in keep]
+        if grace > 0:
+            doomed = [v for v in doomed if self._version_age(name, v) >= grace]
         if doomed:
             self.delete(name, doomed)
         return doomed
+
+    def _version_age(self, name: str, version: str) -> float:
+        """Seconds since `version` was created and stored (the younger of the two); -inf when
+        unknown, so no grace period ever lets it go by mistake."""
+        times = [_version_time(version), self._stored_time(name, version)]
+        known = [t for t in times if t is not None]
+        return time.time() - max(known) if known else float("-inf")
+
+    def _stored_time(self, name: str, version: str) -> float | None:
+        """When the version's data.txt was stored, on boards over an fsspec filesystem (local
+        mtime, object LastModified); None elsewhere, or when the storage does not say."""
+        fs, path_of = getattr(self, "fs", None), getattr(self, "_path", None)
+        if fs is None or path_of is None:
+            return None
+        from .fs_board import _modified
+
+        path = path_of(name, version, "data.txt")
+        errors = getattr(self, "_errors", None)  # cloud boards translate storage errors
+        with contextlib.suppress(Exception):
+            fs.invalidate_cache(path)
+        try:
+            with errors(f"read the age of {name!r} version {version}") if errors else contextlib.nullcontext():
+                info = fs.info(path)
+        except FileNotFoundError:
+            return time.time()  # gone or going: nothing to delete, and counted as young
+        stamp = _modified(info)
+        return stamp if any(k in info for k in ("LastModified", "mtime", "updated", "last_modified")) else None
 
     # ---- pins-python names ----------------------------------------------------------------
     def pin_write(self, x: Any, name: str | None = None, type: str | None = None, title: str | None = None,
@@ -214,6 +253,34 @@ def cache_prune(days: float = 30, cache=None, *, dry_run: bool = False) -> list[
     return removed
 
 
+# ---- reading a version that may be pruned under the reader -------------------------------------
+@contextlib.contextmanager
+def version_read(board, name: str, version: str | None):
+    """Around the reading of one version (`Board.fetch`, `Board.pin_get`): when it fails because the
+    version's files or data.txt vanished and a fresh listing confirms the version is gone (pruned or
+    removed by another process), raise `VersionNotFound` naming pin, version and board instead of a
+    bare FileNotFoundError / PinNotFound / missing-file IntegrityError / 404. Failures of a version
+    that still exists (damaged bytes, a network fault) stay what they are."""
+    try:
+        yield
+    except VersionNotFound:
+        raise
+    except (FileNotFoundError, PinNotFound, IntegrityError, DownloadError) as e:
+        if version is None or _still_listed(board, name, version):
+            raise
+        raise VersionNotFound(f"pin {name!r} version {version} on board {board.name!r} is gone: it was deleted "
+                              f"(pruned or removed) while being read ({type(e).__name__}: {e})") from e
+
+
+def _still_listed(board, name: str, version: str) -> bool:
+    try:
+        return version in board.list_versions(name)
+    except PinNotFound:
+        return False
+    except (BoardError, OSError):
+        return True  # cannot tell (board unreachable): the original error stands
+
+
 def _version_time(version: str) -> float | None:
     parsed = parse_version(version)
     if not parsed:
@@ -245,8 +312,9 @@ def pin_search(search: str | None = None, board=None) -> pd.DataFrame:
     return _board(board).pin_search(search)
 
 
-def pin_versions_prune(name: str, board=None, n: int | None = None, days: float | None = None) -> list[str]:
-    return _board(board).pin_versions_prune(name, n=n, days=days)
+def pin_versions_prune(name: str, board=None, n: int | None = None, days: float | None = None, *,
+                       grace: float = PRUNE_GRACE) -> list[str]:
+    return _board(board).pin_versions_prune(name, n=n, days=days, grace=grace)
 
 
 def pin_version_delete(name: str, version: str, board=None) -> None:
@@ -281,6 +349,6 @@ def write_board_manifest(board=None) -> dict[str, list[str]]:
     return _write(_board(board))
 
 
-__all__ = ["PinMetadata", "PinsApiMixin", "cache_prune", "pin_download", "pin_meta", "pin_read",
+__all__ = ["PRUNE_GRACE", "PinMetadata", "PinsApiMixin", "cache_prune", "pin_download", "pin_meta", "pin_read",
            "pin_search", "pin_upload", "pin_version_delete", "pin_versions_prune", "pin_write",
-           "write_board_manifest"]
+           "version_read", "write_board_manifest"]
