@@ -14,29 +14,40 @@ a fast local SSD.
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
+import errno
 import json
 import os
 import re
 import shutil
+import socket
+import threading
 import time
 import uuid
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import platformdirs
 import requests
+import urllib3
 import xxhash
 from filelock import FileLock
 
-from .errors import DownloadError, IntegrityError, LimitExceeded
+from . import secrets
+from .errors import BoardError, DownloadError, IntegrityError, LimitExceeded
 from .meta import PinMeta, hash_file, hash_files, hash_matches
 from .paths import contained
 from .tempnames import sweep, tmp_name
 
 ENV_CACHE = "PINSTORM_CACHE"
-HTTP_TIMEOUT = float(os.environ.get("PINSTORM_HTTP_TIMEOUT", "60"))
+HTTP_TIMEOUT = float(os.environ.get("PINSTORM_HTTP_TIMEOUT", "60"))  # per connect / read
+HTTP_DEADLINE = float(os.environ.get("PINSTORM_HTTP_DEADLINE", "60"))  # per body, plus size / min rate
+HTTP_MIN_RATE = float(os.environ.get("PINSTORM_HTTP_MIN_RATE", str(128 * 1024)))  # bytes/s
+SIZE_SLACK = 64 * 1024  # bytes past a declared size before a body is cut (or 1%)
+DISK_RESERVE = 16 * 1024 * 1024  # free bytes a download without a declared size leaves on the disk
 _CHUNK = 1 << 20
 
 
@@ -181,20 +192,26 @@ class Cache:
     def url_path(self, board: str, url: str) -> Path:
         """Where the bytes of mutable `url` are cached: a readable tail of the URL plus a hash of the
         whole URL, so two URLs never share a file (`a?x=1` vs `a?x=2`, `a/b` vs `a_b`) and no URL
-        can name a path outside `<root>/<board>/_urls/`."""
+        can name a path outside `<root>/<board>/_urls/`. Credentials in the URL (`user:password@`,
+        `?token=`) are left out of both: a file name is no place for a secret, not even hashed."""
+        url = secrets.strip_url(url)
         tail = _safe_segment(url.split("://", 1)[-1].split("?", 1)[0])[-100:].lstrip(".") or "_"
         digest = xxhash.xxh64(url.encode()).hexdigest()[:12]
         return self.root / _safe_segment(board) / "_urls" / f"{digest}-{tail}"
 
     def fetch_url(self, url: str, dest: Path, *, session: requests.Session | None = None,
                   headers: dict | None = None, progress: Callable[[int], None] | None = None,
-                  offline: bool = False, max_bytes: int | None = None) -> Path:
+                  offline: bool = False, max_bytes: int | None = None,
+                  limits: TransferLimits | None = None) -> Path:
         """`dest` holding the bytes at `url`, revalidated with ETag / max-age as R legacy pins did.
 
         `Cache-Control: no-cache` (or max-age=0) makes every call revalidate; `no-store` keeps no
         validators, so the next call downloads again and an unreachable server is an error, not a
-        stale copy. A body over `max_bytes` raises LimitExceeded and leaves nothing behind.
+        stale copy. A body over `max_bytes` (else over the disk's free space) raises LimitExceeded and
+        leaves nothing behind; a body slower than `limits` allow raises DownloadError. Messages and
+        `.http.json` show the URL without its credentials.
         """
+        shown = secrets.strip_url(url)
         info_path = dest.with_name(dest.name + ".http.json")
         try:
             info = json.loads(info_path.read_text()) if dest.is_file() else None
@@ -205,7 +222,7 @@ class Cache:
         if info and (offline or time.time() - info.get("fetched_at", 0) < info.get("max_age", 0)):
             return dest
         if offline:
-            raise DownloadError(f"{url} is not in the cache and download=False", url=url)
+            raise DownloadError(f"{shown} is not in the cache and download=False", url=shown)
         dest.parent.mkdir(parents=True, exist_ok=True)
         with FileLock(str(dest) + ".lock"):
             request_headers = dict(headers or {})
@@ -217,7 +234,8 @@ class Cache:
             try:
                 response = http.get(url, headers=request_headers, stream=True, timeout=HTTP_TIMEOUT)
             except requests.RequestException as e:
-                return self._stale_or_raise(dest, info, url, f"cannot reach {url}: {e}")
+                return self._stale_or_raise(dest, info, shown,
+                                            f"cannot reach {shown}: {secrets.redact_text(str(e))}")
             with response:
                 directives = _cache_control(response.headers)
                 if response.status_code == 304 and info:
@@ -225,22 +243,19 @@ class Cache:
                     _write_json(info_path, info)
                     return dest
                 if response.status_code >= 500:
-                    return self._stale_or_raise(dest, info, url, f"HTTP {response.status_code} from {url}",
+                    return self._stale_or_raise(dest, info, shown, f"HTTP {response.status_code} from {shown}",
                                                 status=response.status_code)
                 if response.status_code >= 400:
-                    raise DownloadError(f"HTTP {response.status_code} {response.reason} from {url}",
-                                        url=url, status=response.status_code)
+                    raise DownloadError(f"HTTP {response.status_code} {response.reason} from {shown}",
+                                        url=shown, status=response.status_code)
                 expected = response.headers.get("Content-Length")
-                if max_bytes is not None and expected is not None and expected.isdigit() \
-                        and int(expected) > max_bytes:
-                    raise LimitExceeded(f"{url}: {expected} bytes, more than the {max_bytes}-byte cap")
                 tmp = Path(tmp_name(dest.with_name("." + dest.name)))
                 try:
-                    received = _stream_to(response, tmp, url, _capped(progress, max_bytes, url))
-                    if expected is not None and "Content-Encoding" not in response.headers \
+                    received = _stream_to(response, tmp, shown, progress, cap=max_bytes, limits=limits)
+                    if expected is not None and expected.isdigit() and "Content-Encoding" not in response.headers \
                             and int(expected) != received:
-                        raise DownloadError(f"truncated body from {url}: {received} of {expected} bytes",
-                                            url=url)
+                        raise DownloadError(f"truncated body from {shown}: {received} of {expected} bytes",
+                                            url=shown)
                     os.replace(tmp, dest)
                 finally:
                     tmp.unlink(missing_ok=True)
@@ -248,7 +263,7 @@ class Cache:
                     info_path.unlink(missing_ok=True)
                     return dest
                 _write_json(info_path, {
-                    "url": url, "etag": response.headers.get("ETag"),
+                    "url": shown, "etag": response.headers.get("ETag"),
                     "last_modified": response.headers.get("Last-Modified"),
                     "max_age": _max_age(directives), "fetched_at": time.time(),
                 })
@@ -264,18 +279,146 @@ class Cache:
         raise DownloadError(why, url=url, status=status)
 
 
-def _stream_to(response: requests.Response, tmp: Path, url: str, progress) -> int:
+@dataclass(frozen=True)
+class TransferLimits:
+    """How long one HTTP body may take, overall: `deadline` seconds plus one second per `min_rate`
+    bytes (of the declared size, or of what arrived when no size is declared). The per-read
+    timeout alone lets a server that trickles a byte a minute hold a client forever."""
+
+    deadline: float = HTTP_DEADLINE
+    min_rate: float = HTTP_MIN_RATE
+
+    def seconds(self, size: int) -> float:
+        return self.deadline + size / self.min_rate
+
+
+def declared_cap(size: int) -> int:
+    """The most bytes accepted for a file whose metadata declares `size` (a little slack, so a size
+    that is slightly off is reported by the size check, naming both numbers)."""
+    return size + max(SIZE_SLACK, size // 100)
+
+
+def _interrupt(response: requests.Response) -> None:
+    """Wake a read blocked on `response`'s socket (the overall deadline passed): shut the socket down,
+    which ends the read at once; closing the response from this thread would race the reader.
+    http.client hands the socket of a closing connection to the response, hence two places to look."""
+    raw = response.raw
+    sock = getattr(getattr(raw, "connection", None), "sock", None)
+    if sock is None:
+        sock = getattr(getattr(getattr(getattr(raw, "_fp", None), "fp", None), "raw", None), "_sock", None)
+    with contextlib.suppress(OSError):
+        if sock is not None:
+            sock.shutdown(socket.SHUT_RDWR)
+
+
+def bounded_blocks(response: requests.Response, url: str, *, what: str = "", size: int | None = None,
+                   cap: int | None = None, limits: TransferLimits | None = None,
+                   chunk: int = _CHUNK) -> Iterator[bytes]:
+    """The body of `response`, block by block, stopped at the declared `size` (plus slack) or `cap`,
+    and at the overall deadline (`limits`), with errors naming `what` (pin, file) and `url`.
+
+    A watchdog shuts the socket when the deadline passes, so a stalled read ends then and not one
+    per-read timeout later.
+    """
+    limits = limits or TransferLimits()
+    label = f"{what}: " if what else ""
+    length = response.headers.get("Content-Length", "")
+    known = size if size is not None else (int(length) if length.isdigit() else None)
+    caps = [c for c in (declared_cap(size) if size is not None else None, cap) if c is not None]
+    most = min(caps) if caps else None
+    if most is not None and length.isdigit() and "Content-Encoding" not in response.headers \
+            and int(length) > most:
+        raise LimitExceeded(f"{label}{url} announces {int(length):,} bytes, more than the {most:,} accepted "
+                            f"({_why_cap(size, cap)})")
+    start = time.monotonic()
     received = 0
+    stop = threading.Event()
+    expired = threading.Event()
+
+    def allowed() -> float:
+        return limits.seconds(max(known or 0, received))
+
+    def watch() -> None:
+        while not stop.wait(max(0.0, start + allowed() - time.monotonic()) + 0.01):
+            if time.monotonic() - start > allowed():
+                expired.set()
+                _interrupt(response)
+                return
+
+    dog = threading.Thread(target=watch, name="pinstorm-transfer-deadline", daemon=True)
+    dog.start()
+
+    def late(e: BaseException | None = None) -> DownloadError:
+        return DownloadError(f"{label}{url} did not finish within {allowed():.1f} s (deadline {limits.deadline:g} s "
+                             f"+ size / {limits.min_rate:,.0f} B/s; PINSTORM_HTTP_DEADLINE, PINSTORM_HTTP_MIN_RATE): "
+                             f"{received:,} of {known if known is not None else 'an undeclared number of'} bytes "
+                             "arrived", url=url)
+
+    try:
+        try:
+            for block in response.iter_content(chunk):
+                received += len(block)
+                if most is not None and received > most:
+                    raise LimitExceeded(f"{label}{url} sent more than the {most:,} bytes accepted "
+                                        f"({_why_cap(size, cap)}); stopped at {received:,}")
+                if expired.is_set() or time.monotonic() - start > allowed():
+                    raise late()
+                yield block
+        except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as e:
+            if isinstance(e, BoardError):
+                raise
+            if expired.is_set():
+                raise late(e) from e
+            raise DownloadError(f"{label}transfer from {url} broke off after {received:,} bytes: {e}", url=url) from e
+        if expired.is_set():
+            raise late()
+    finally:
+        stop.set()
+
+
+def _why_cap(size: int | None, cap: int | None) -> str:
+    if size is not None and (cap is None or declared_cap(size) <= cap):
+        return f"the metadata declares {size:,} bytes, plus slack"
+    return f"the {cap}-byte cap"
+
+
+def _stream_to(response: requests.Response, tmp: Path, url: str, progress, *, what: str = "",
+               size: int | None = None, cap: int | None = None, limits: TransferLimits | None = None) -> int:
+    """Write a bounded body (`bounded_blocks`) to `tmp`; an undeclared size is also bounded by the
+    free space of the disk, so an endless body ends in a clear error, not a bare ENOSPC."""
+    received = 0
+    free, reserve = _free_space(tmp.parent)
+    disk_bound = free is not None and size is None and (cap is None or free - reserve < cap)
+    if disk_bound:
+        cap = max(0, free - reserve)
     try:
         with open(tmp, "wb") as out:
-            for block in response.iter_content(_CHUNK):
+            for block in bounded_blocks(response, url, what=what, size=size, cap=cap, limits=limits):
                 out.write(block)
                 received += len(block)
                 if progress:
                     progress(len(block))
-    except requests.RequestException as e:
-        raise DownloadError(f"transfer from {url} broke off after {received} bytes: {e}", url=url) from e
+    except LimitExceeded as e:
+        if disk_bound:
+            raise LimitExceeded(f"{e}: the disk of {tmp.parent} had {free:,} bytes free "
+                                f"(keeping {reserve:,} in reserve)") from None
+        raise
+    except OSError as e:
+        if isinstance(e, BoardError) or e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        raise BoardError(f"{what + ': ' if what else ''}no space left on the cache disk writing {tmp} "
+                         f"from {url} after {received:,} bytes ({_free_space(tmp.parent)[0] or 0:,} bytes free)") from e
     return received
+
+
+def _free_space(folder: Path) -> tuple[int | None, int]:
+    """(free bytes on the disk of `folder`, the reserve an undeclared download leaves: 16 MiB, or
+    5% of a small disk)."""
+    try:
+        usage = shutil.disk_usage(folder)
+    except OSError:
+        return None, 0
+    return usage.free, min(DISK_RESERVE, usage.total // 20)
 
 
 def _cache_control(headers) -> dict[str, str | None]:
@@ -294,22 +437,6 @@ def _max_age(directives: dict[str, str | None]) -> float:
         return 0.0
     value = directives.get("max-age") or ""
     return float(value) if value.isdigit() else 0.0
-
-
-def _capped(progress: Callable[[int], None] | None, max_bytes: int | None, url: str):
-    """A progress callback that also stops a body at `max_bytes` (LimitExceeded)."""
-    if max_bytes is None:
-        return progress
-    seen = [0]
-
-    def advance(n: int) -> None:
-        seen[0] += n
-        if seen[0] > max_bytes:
-            raise LimitExceeded(f"{url}: more than the {max_bytes}-byte cap")
-        if progress:
-            progress(n)
-
-    return advance
 
 
 def _write_json(path: Path, data: dict) -> None:

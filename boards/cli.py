@@ -62,13 +62,17 @@ def board_register_cmd(kind, name, path, url, bucket, endpoint_url, cache, no_ve
 
 @board.command("list")
 def board_list_cmd():
-    """List registered boards."""
+    """List registered boards (credentials in URLs and options shown as ***)."""
+    from .secrets import redact_text, secret_values
+
     rows = []
     for name, spec in registry.board_specs().items():
         where = spec.get("url") or spec.get("path") or spec.get("bucket") or ""
         if name == registry.DEFAULT_BOARD and not where:
             where = str(registry.default_local_path())
-        rows.append({"name": name, "kind": spec.get("kind"), "where": where})
+        hidden = secret_values(spec)  # registrations of this process still hold their secrets
+        rows.append({"name": name, "kind": redact_text(str(spec.get("kind")), hidden),
+                     "where": redact_text(str(where), hidden)})
     _show(pd.DataFrame(rows))
 
 
@@ -181,16 +185,25 @@ def versions_cmd(name, board):
     _show(api.pin_versions(name, board=board))
 
 
+def confirm_destructive(what: str, yes: bool) -> None:
+    """Ask before deleting anything: `--yes` skips the question; without a terminal to ask on,
+    refuse (a pipe or a script's stdin is not an answer, `echo n | ...` included)."""
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        raise click.UsageError(f"refusing to delete {what} without confirmation: stdin is not a terminal, so "
+                               "pinstorm cannot ask; add --yes to delete without asking")
+    click.confirm(f"Remove {what}?", default=False, abort=True)  # only y / yes deletes
+
+
 @click.command("remove")
 @click.argument("name")
 @board_option
 @click.option("--version", "-v", help="Remove only this version.")
-@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation (required when stdin is not a terminal).")
 def remove_cmd(name, board, version, yes):
-    """Remove a pin (all versions) or one version."""
+    """Remove a pin (all versions) or one version; asks first (`--yes` skips the question)."""
     what = f"version {version} of pin {name!r}" if version else f"pin {name!r} and all its versions"
-    if not yes and sys.stdin.isatty():
-        click.confirm(f"Remove {what} from board {board or registry.DEFAULT_BOARD!r}?", abort=True)
+    confirm_destructive(f"{what} from board {board or registry.DEFAULT_BOARD!r}", yes)
     api.pin_remove(name, board=board, version=version)
     click.echo(f"removed {what}")
-

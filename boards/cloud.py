@@ -25,12 +25,11 @@ os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
 from pinstorm.extras import require  # noqa: E402
 
+from . import secrets as secret_rules  # noqa: E402
 from .cache import Cache  # noqa: E402
 from .errors import BoardError, CredentialsError, DownloadError  # noqa: E402
 from .fs_board import FsBoard  # noqa: E402
 
-# option names whose values must never appear in a message
-_SECRET_OPTION = re.compile(r"secret|password|passwd|token|key|credential|session", re.I)
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$")
 _CREDENTIAL_ERRORS = {"NoCredentialsError", "PartialCredentialsError", "NoAuthTokenError",
                       "CredentialRetrievalError", "UnauthorizedSSOTokenError", "SSOTokenLoadError",
@@ -48,7 +47,7 @@ class BucketBoard(FsBoard):
                  secrets: tuple[str, ...] = (), **kwargs):
         super().__init__(name, fs, root, kind=kind, **kwargs)
         self.bucket = bucket
-        self.endpoint = endpoint
+        self.endpoint = secret_rules.strip_url(endpoint) if endpoint else endpoint  # shown in messages
         self._secrets = tuple(s for s in secrets if isinstance(s, str) and len(s) >= 4)
 
     def __repr__(self) -> str:
@@ -60,9 +59,7 @@ class BucketBoard(FsBoard):
 
     # ---- error translation ----------------------------------------------------------------
     def _scrub(self, text: str) -> str:
-        for s in self._secrets:
-            text = text.replace(s, "***")
-        return text
+        return secret_rules.redact_text(text, self._secrets)
 
     @contextlib.contextmanager
     def _errors(self, action: str) -> Iterator[None]:
@@ -182,11 +179,8 @@ def _root(bucket: str, path: str) -> str:
 
 
 def _secrets(options: dict) -> tuple[str, ...]:
-    out = []
-    for k, v in options.items():
-        if _SECRET_OPTION.search(k) and isinstance(v, str):
-            out.append(v)
-    return tuple(out)
+    """The secret strings among a board's options (see `secrets.secret_values`), to scrub from messages."""
+    return secret_rules.secret_values(options)
 
 
 def s3_board(name: str, bucket: str, path: str = "", endpoint_url: str | None = None,
@@ -206,7 +200,8 @@ def s3_board(name: str, bucket: str, path: str = "", endpoint_url: str | None = 
         options["endpoint_url"] = endpoint_url
     fs = s3fs.S3FileSystem(**options)
     board = BucketBoard(name, fs, _root(bucket, path), kind="s3", bucket=bucket, endpoint=endpoint_url,
-                        secrets=_secrets(storage_options), cache=cache, versions=versions)
+                        secrets=_secrets({**storage_options, "endpoint_url": endpoint_url}), cache=cache,
+                        versions=versions)
     if create_bucket:
         board.ensure_bucket()
     return board
@@ -237,9 +232,7 @@ def gcs_board(name: str, bucket: str, path: str = "", endpoint_url: str | None =
     except Exception as e:  # a malformed or missing service-account file fails right here
         raise CredentialsError(f"gcs board {name!r} (bucket {bucket!r}): cannot load credentials "
                                f"({type(e).__name__}: {_first_line(e)})") from e
-    secrets = _secrets(storage_options) + ((token,) if isinstance(token, str) and token not in
-                                            {"anon", "google_default", "cloud", "cache", "browser"}
-                                            and not os.path.exists(token) else ())
+    secrets = _secrets({**storage_options, "endpoint_url": endpoint_url, "token": token})
     board = BucketBoard(name, fs, _root(bucket, path), kind="gcs", bucket=bucket, endpoint=endpoint_url,
                         secrets=secrets, cache=cache, versions=versions)
     if create_bucket:

@@ -11,8 +11,10 @@ otherwise, metadata is capped at `max_index_bytes` and parsed with a loader that
 and refuses alias bombs, and archives extract within the board's limits.
 
 One HTTP client policy: every request goes through one `requests.Session` (connection pool sized for
-parallel fetches, `PINSTORM_HTTP_TIMEOUT` timeout, two retries on refused connections and 502/503/504
-with no Retry-After sleeps, the board's headers sent to its own origin only).
+parallel fetches, `PINSTORM_HTTP_TIMEOUT` per read and an overall deadline per body that scales with
+its declared size, two retries on refused connections and 502/503/504 with no Retry-After sleeps, the
+board's credentials sent to its own origin only, redirects included: `OriginSession`). A file's body
+stops at the size its data.txt declares (plus slack): an endless body cannot fill the cache.
 
 Revalidation stays hand-written (`Cache.fetch_url`, ~60 lines) rather than CacheControl: CacheControl
 keeps a response body inside its own serialised cache entry, so a cached file is not a plain file at
@@ -33,15 +35,16 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl
 
 import requests
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
 from . import index as board_index
-from . import paths
+from . import paths, secrets
 from .board import Board
-from .cache import HTTP_TIMEOUT, Cache, _stream_to
+from .cache import HTTP_DEADLINE, HTTP_MIN_RATE, HTTP_TIMEOUT, Cache, TransferLimits, _stream_to, bounded_blocks
 from .errors import DownloadError, LimitExceeded, MalformedMetadata, PinNotFound, UnsafePath
 from .legacy_view import pin_folder
 from .meta import PinMeta, parse_version
@@ -51,9 +54,50 @@ LEGACY = "legacy"  # the one pseudo-version of a legacy (unversioned) pin
 POOL_SIZE = 32  # connections kept per host: pin_get_many runs up to 16 threads on one board
 
 
-def http_session() -> requests.Session:
-    """The one HTTP client of a data.txt board: pooled, with bounded retries and no long sleeps."""
-    session = requests.Session()
+class OriginSession(requests.Session):
+    """A Session whose credentials (the board's headers, a URL's `user:password@`, its `?token=`)
+    go to one origin (scheme, host, port) only, redirects included.
+
+    Credentials are added per request, only for URLs on the origin; `rebuild_auth`, which requests
+    calls on every redirect, removes them when the next hop leaves it (requests itself strips only
+    `Authorization` and cookies, so an `X-Api-Key` header would follow a 302 anywhere).
+    """
+
+    def __init__(self, home: str, *, headers: dict | None = None, auth: tuple[str, str] | None = None,
+                 params: dict | None = None):
+        super().__init__()
+        self.home = paths.origin(home)
+        self.private_headers = dict(headers or {})
+        self.private_auth = auth
+        self.private_params = dict(params or {})
+
+    def at_home(self, url: str) -> bool:
+        try:
+            return paths.origin(url) == self.home
+        except UnsafePath:
+            return False
+
+    def request(self, method, url, **kwargs):
+        if self.at_home(url):
+            kwargs["headers"] = {**self.private_headers, **(kwargs.get("headers") or {})}
+            if self.private_auth and kwargs.get("auth") is None:
+                kwargs["auth"] = self.private_auth
+            if self.private_params:
+                kwargs["params"] = {**self.private_params, **(kwargs.get("params") or {})}
+        return super().request(method, url, **kwargs)
+
+    def rebuild_auth(self, prepared_request, response):
+        super().rebuild_auth(prepared_request, response)
+        if not self.at_home(prepared_request.url):
+            for name in [*self.private_headers, "Authorization"]:
+                prepared_request.headers.pop(name, None)
+
+
+def http_session(home: str = "http://localhost", *, headers: dict | None = None,
+                 auth: tuple[str, str] | None = None, params: dict | None = None) -> OriginSession:
+    """The one HTTP client of a data.txt board: pooled, with bounded retries and no long sleeps,
+    its credentials sent to `home`'s origin only."""
+    session = OriginSession(home, headers=headers, auth=auth, params=params)
     retry = Retry(total=2, connect=2, read=0, status=2, other=0, backoff_factor=0.1,
                   status_forcelist=(502, 503, 504), allowed_methods=("GET", "HEAD"),
                   raise_on_status=False, respect_retry_after_header=False)
@@ -70,32 +114,49 @@ class DatatxtBoard(Board):
     def __init__(self, name: str, url: str, *, cache: str | Path | Cache | None = None, versions: bool = True,
                  headers: dict | None = None, index_max_age: float = 0,
                  allow_external: bool | list[str] = False, max_index_bytes: int = board_index.MAX_INDEX_BYTES,
-                 max_extract_bytes: int | None = None, max_extract_ratio: float | None = None):
+                 max_extract_bytes: int | None = None, max_extract_ratio: float | None = None,
+                 deadline: float | None = None, min_rate: float | None = None):
         """`index_max_age`: seconds to trust the index without asking the server (beyond the
         server's own Cache-Control max-age); raise it when many `pin_get` calls hit one board.
         `allow_external`: follow index paths that are absolute URLs on other hosts (R legacy boards
         wrote some): True for any http(s) origin, or a list of origins such as
         ["https://cdn.example.org"]. `max_index_bytes`: the cap on a data.txt (index or version).
-        `max_extract_bytes` / `max_extract_ratio`: this board's archive extraction bounds."""
+        `max_extract_bytes` / `max_extract_ratio`: this board's archive extraction bounds.
+        `deadline` / `min_rate`: each body must arrive within `deadline` seconds plus one second per
+        `min_rate` bytes (defaults: $PINSTORM_HTTP_DEADLINE = 60, $PINSTORM_HTTP_MIN_RATE = 128 KiB/s).
+        `headers=` (a dict or a list of pairs) and credentials in `url` (`user:password@`, `?token=`)
+        are sent to the board's origin only and never saved, shown or put in a file name."""
         super().__init__(name, cache=cache, versions=versions, max_extract_bytes=max_extract_bytes,
                          max_extract_ratio=max_extract_ratio)
         self.index_max_age = float(index_max_age)
         self._checked_at = float("-inf")
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             raise DownloadError(f"datatxt board {name!r}: url must be http(s)://..., got {url!r}", url=url)
+        url, auth, params = secrets.split_url(url)  # credentials leave the URL: it is shown and names files
+        url, _, query = url.partition("?")
+        params = {**dict(parse_qsl(query, keep_blank_values=True)), **params}
         url = url.rstrip("/")
         self.url = url[: -len("/data.txt")] if url.endswith("/data.txt") else url
         if isinstance(allow_external, str):
             allow_external = [allow_external]
         self.allow_external = allow_external if isinstance(allow_external, bool) else list(allow_external)
         self.max_index_bytes = int(max_index_bytes)
-        self.headers = dict(headers or {})
-        self.session = http_session()
+        self.headers = dict(secrets.header_items(headers))
+        self._auth, self._params = auth, params
+        self._secrets = secrets.secret_values({"headers": self.headers, "params": params,
+                                               "password": auth[1] if auth else None})
+        self.limits = TransferLimits(HTTP_DEADLINE if deadline is None else float(deadline),
+                                     HTTP_MIN_RATE if min_rate is None else float(min_rate))
+        self._declared: dict[tuple[str, str], dict[str, int]] = {}  # file sizes read_meta saw
+        self.session = self._new_session()
         self._parsed: tuple[Any, list[dict]] | None = None
         self._within = threading.local()  # per thread: the pin whose fetch already revalidated the index
 
     def describe(self) -> str:
         return self.url
+
+    def _new_session(self) -> OriginSession:
+        return http_session(self.url, headers=self.headers, auth=self._auth, params=self._params)
 
     def __getstate__(self) -> dict:  # picklable for process pools: a fresh session on the other side
         state = dict(self.__dict__)
@@ -104,7 +165,7 @@ class DatatxtBoard(Board):
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        self.session = http_session()
+        self.session = self._new_session()
         self._within = threading.local()
 
     # ---- URLs and requests ----------------------------------------------------------------
@@ -112,15 +173,14 @@ class DatatxtBoard(Board):
         """An index or metadata path as a URL this board may follow (see `paths.resolve_url`)."""
         return paths.resolve_url(self.url, path, allow=self.allow_external, pin=pin, board=self.url)
 
-    def _headers_for(self, url: str) -> dict:
-        """The board's headers (credentials, perhaps) go to its own origin only."""
-        return self.headers if paths.origin(url) == paths.origin(self.url) else {}
+    def _scrub(self, text: str) -> str:
+        return secrets.redact_text(text, self._secrets)
 
     def _request(self, url: str) -> requests.Response:
         try:
-            r = self.session.get(url, headers=self._headers_for(url), stream=True, timeout=HTTP_TIMEOUT)
+            r = self.session.get(url, stream=True, timeout=HTTP_TIMEOUT)
         except requests.RequestException as e:
-            raise DownloadError(f"cannot reach {url}: {e}", url=url) from e
+            raise DownloadError(f"cannot reach {url}: {self._scrub(str(e))}", url=url) from e
         if r.status_code >= 400:
             r.close()
             raise DownloadError(f"HTTP {r.status_code} {r.reason} from {url}", url=url, status=r.status_code)
@@ -129,28 +189,46 @@ class DatatxtBoard(Board):
     def _get(self, url: str) -> bytes:
         """A small document (a version's data.txt), at most `max_index_bytes`."""
         with self._request(url) as r:
-            body = bytearray()
             try:
-                for block in r.iter_content(1 << 16):
-                    body += block
-                    if len(body) > self.max_index_bytes:
-                        raise LimitExceeded(f"{url}: more than the {self.max_index_bytes}-byte cap on metadata "
-                                            f"(max_index_bytes=) of board {self.name!r}")
-            except requests.RequestException as e:
-                raise DownloadError(f"transfer from {url} broke off: {e}", url=url) from e
-        return bytes(body)
+                return b"".join(bounded_blocks(r, url, cap=self.max_index_bytes, limits=self.limits,
+                                               chunk=1 << 16))
+            except LimitExceeded:
+                raise LimitExceeded(f"{url}: more than the {self.max_index_bytes}-byte cap on metadata "
+                                    f"(max_index_bytes=) of board {self.name!r}") from None
 
-    def _download(self, url: str, dest: Path) -> None:
-        """Stream `url` into `dest`, refusing a body shorter than its Content-Length."""
+    def _download(self, url: str, dest: Path, *, what: str = "", size: int | None = None) -> None:
+        """Stream `url` into `dest`: no more than the declared `size` (plus slack), within the
+        board's deadline, refusing a body shorter than its Content-Length."""
         with self._request(url) as r:
-            received = _stream_to(r, dest, url, None)
+            received = _stream_to(r, dest, url, None, what=what, size=size, limits=self.limits)
             expected = r.headers.get("Content-Length")
-            if expected is not None and "Content-Encoding" not in r.headers and int(expected) != received:
-                raise DownloadError(f"truncated body from {url}: {received} of {expected} bytes", url=url)
+            if expected is not None and expected.isdigit() and "Content-Encoding" not in r.headers \
+                    and int(expected) != received:
+                raise DownloadError(f"{what + ': ' if what else ''}truncated body from {url}: {received} of "
+                                    f"{expected} bytes", url=url)
 
     def _fetch_url(self, url: str, dest: Path, *, max_bytes: int | None = None) -> Path:
-        return self.cache.fetch_url(url, dest, session=self.session, headers=self._headers_for(url),
-                                    max_bytes=max_bytes)
+        try:
+            return self.cache.fetch_url(url, dest, session=self.session, max_bytes=max_bytes, limits=self.limits)
+        except DownloadError as e:
+            if not self._secrets:
+                raise
+            raise DownloadError(self._scrub(str(e)), url=e.url, status=e.status) from None
+
+    def _declare(self, name: str, version: str, meta: PinMeta) -> None:
+        """Remember the file sizes a version's data.txt declares: its downloads stop there."""
+        if meta.file_size and len(meta.file_size) == len(meta.file):
+            if len(self._declared) > 1024:
+                self._declared.clear()
+            self._declared[(name, version)] = dict(zip(meta.file, meta.file_size))
+
+    def _declared_size(self, name: str, version: str, file: str) -> int | None:
+        sizes = self._declared.get((name, version))
+        if sizes is None:
+            self.read_meta(name, version)  # download_file called on its own: read the sizes first
+            sizes = self._declared.get((name, version), {})
+        size = sizes.get(file)
+        return int(size) if isinstance(size, int) and size >= 0 else None
 
     # ---- index ----------------------------------------------------------------------------
     def list_entries(self) -> list[dict]:
@@ -206,6 +284,7 @@ class DatatxtBoard(Board):
         meta = PinMeta.from_dict(raw, source=url)
         self._check_files(meta, name, url)
         meta.name, meta.version = name, version
+        self._declare(name, version, meta)
         return meta
 
     @staticmethod
@@ -218,7 +297,8 @@ class DatatxtBoard(Board):
 
     def download_file(self, name: str, version: str, file: str, dest: Path) -> None:
         paths.check_relative(file, pin=name, board=self.url)
-        self._download(self._version_url(name, version) + file, dest)
+        self._download(self._version_url(name, version) + file, dest, size=self._declared_size(name, version, file),
+                       what=f"pin {name!r} version {version} file {file!r} of board {self.name!r}")
 
     # ---- legacy (unversioned, mutable) pins ----------------------------------------------
     def _legacy_meta(self, entry: dict) -> PinMeta:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .errors import BoardError, CredentialsError, DownloadError, PinNotFound
+from .secrets import redact_text
 
 ENV_ENDPOINT = "PINSTORM_KAGGLE_ENDPOINT"
 PRODUCTION = "https://api.kaggle.com"
@@ -158,14 +159,14 @@ class KaggleClient:
     def _translate(self, e: BaseException, action: str, name: str | None) -> Exception:
         import requests
 
-        base = self.endpoint or PRODUCTION
+        base = redact_text(self.endpoint or PRODUCTION)
         if isinstance(e, BoardError):
             return e
         if isinstance(e, requests.HTTPError):
             response = getattr(e, "response", None)
             status = getattr(response, "status_code", None)
-            url = getattr(response, "url", None) or base
-            detail = str(e).splitlines()[0][:200] if str(e) else ""
+            url = redact_text(getattr(response, "url", None) or base)  # a signed download URL carries a key
+            detail = redact_text(str(e).splitlines()[0])[:200] if str(e) else ""
             if status in (401, 403):
                 hint = (" (for a competition, also accept its rules on kaggle.com)"
                         if name and competition_of(name) else "")
@@ -186,9 +187,10 @@ class KaggleClient:
         if isinstance(e, (requests.RequestException, OSError)) or \
                 (isinstance(e, ValueError) and "does not match expected size" in str(e)):
             return DownloadError(f"kaggle board {self.name!r}: transfer failed while trying to {action} "
-                                 f"(truncated or broken body): {type(e).__name__}: {str(e)[:200]}", url=base)
-        return DownloadError(f"kaggle board {self.name!r}: {action} failed: {type(e).__name__}: {str(e)[:200]}",
-                             url=base)
+                                 f"(truncated or broken body): {type(e).__name__}: {redact_text(str(e))[:200]}",
+                                 url=base)
+        return DownloadError(f"kaggle board {self.name!r}: {action} failed: {type(e).__name__}: "
+                             f"{redact_text(str(e))[:200]}", url=base)
 
     def call(self, action: str, name: str | None, fn: Callable[[Any], Any], *, raw_api: bool = False) -> Any:
         """Run `fn(client)` with a fresh kagglesdk client (or `fn(api)`), translating the client's errors."""

@@ -2,20 +2,22 @@
 
 A board named "local" always exists. Registrations made in Python last for the process unless
 `persist=True`; the CLI persists them in a YAML file (`$PINSTORM_CONFIG`, else `boards.yaml` in
-the user config folder) so later commands and processes see them. Secrets are never written there:
-options named like a password, secret, token or key stay in the process at any depth (inside
-`client_kwargs`, `storage_options`, ...), and so do the values of headers other than a few harmless
-ones (`Authorization`, cookies and API-key headers never reach the file). The file is created with
-mode 0600 and read, modified and rewritten under a file lock, so two processes registering at once
-both keep their boards.
+the user config folder) so later commands and processes see them. Secrets are never written there
+(`secrets.public`: secret-named options at any depth, header values but a few harmless ones, in a
+dict or a list of pairs, and the userinfo and token query parameters of any URL, the board's own
+included); they stay in the process. The file is created with mode 0600 and read, modified and
+rewritten under a file lock, so two processes registering at once both keep their boards; a full
+or read-only disk is one `BoardError` naming the file and the free space.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import importlib
 import os
 import re
+import shutil
 import threading
 import warnings
 from pathlib import Path
@@ -25,8 +27,11 @@ import platformdirs
 import yaml
 from filelock import FileLock
 
+from . import secrets
 from .board import Board
 from .errors import BoardError, BoardNotRegistered
+
+_public = secrets.public  # the one rule for what may be saved (boards/secrets.py)
 
 ENV_CONFIG = "PINSTORM_CONFIG"
 ENV_LOCAL_BOARD = "PINSTORM_BOARD"
@@ -43,53 +48,6 @@ KINDS = {
     "gcloud": "pinstorm.boards.cloud:gcs_board",
     "kaggle": "pinstorm.boards.kaggle_board:KaggleBoard",
 }
-_SECRET = re.compile(r"secret|password|passwd|pwd|token|^key$|_key$|access_key|key_id|apikey|api-key|credentials?$|"
-                     r"auth|cookie|signature|session|private|bearer", re.I)
-# header values that may be saved; every other header (Authorization, Cookie, X-Api-Key...) is not
-_SAFE_HEADERS = {"accept", "accept-encoding", "accept-language", "user-agent", "cache-control"}
-
-
-# gcsfs `token=` values that name a credential source rather than hold a credential
-_TOKEN_MODES = {"anon", "google_default", "cloud", "cache", "browser"}
-
-
-def _is_secret(option: str, value: Any) -> bool:
-    """Secret-looking options are kept out of the config file, except paths to credential files
-    and gcsfs token modes such as "anon"."""
-    if not _SECRET.search(str(option)):
-        return False
-    if str(option) == "token" and isinstance(value, str) and value in _TOKEN_MODES:
-        return False
-    return not (isinstance(value, (str, Path)) and Path(str(value)).expanduser().is_file())
-
-
-def _public(options: dict, where: str = "") -> tuple[dict, list[str]]:
-    """(options without secrets at any depth, the dotted names of what was left out)."""
-    kept: dict = {}
-    dropped: list[str] = []
-    for k, v in options.items():
-        dotted = f"{where}{k}"
-        if _is_secret(k, v):
-            dropped.append(dotted)
-        elif str(k).lower() == "headers" and isinstance(v, dict):
-            safe = {h: x for h, x in v.items() if str(h).lower() in _SAFE_HEADERS}
-            dropped += [f"{dotted}.{h}" for h in v if h not in safe]
-            kept[k] = safe
-        elif isinstance(v, dict):
-            kept[k], inner = _public(v, f"{dotted}.")
-            dropped += inner
-        elif isinstance(v, (list, tuple)):
-            items = []
-            for i, item in enumerate(v):
-                if isinstance(item, dict):
-                    item, inner = _public(item, f"{dotted}[{i}].")
-                    dropped += inner
-                items.append(item)
-            kept[k] = items
-        else:
-            kept[k] = str(v) if isinstance(v, Path) else v
-    return kept, dropped
-
 _lock = threading.RLock()
 _boards: dict[str, Board] = {}
 _specs: dict[str, dict] = {}
@@ -123,26 +81,56 @@ def _write_config(boards: dict[str, dict]) -> None:
     from .tempnames import tmp_name
 
     path = config_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = tmp_name(path.with_name("." + path.name))
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with _config_errors(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = tmp_name(path.with_name("." + path.name))
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(yaml.safe_dump({"boards": boards}, sort_keys=True))
+            os.chmod(tmp, 0o600)  # whatever the umask
+            os.replace(tmp, path)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+
+
+@contextlib.contextmanager
+def _config_errors(path: Path) -> Iterator[None]:
+    """A full, read-only or unwritable config disk: one BoardError naming the file and the free space
+    (the config is left as it was: it is replaced atomically or not at all)."""
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(yaml.safe_dump({"boards": boards}, sort_keys=True))
-        os.chmod(tmp, 0o600)  # whatever the umask
-        os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+        yield
+    except OSError as e:
+        if isinstance(e, BoardError):
+            raise
+        free = _free_bytes(path)
+        why = "no space left on its disk" if e.errno in (errno.ENOSPC, errno.EDQUOT) else e.strerror or str(e)
+        raise BoardError(f"cannot save the board config {path}: {why} ({free} free); free some space, or set "
+                         f"${ENV_CONFIG} to a file on another disk") from e
+
+
+def _free_bytes(path: Path) -> str:
+    for folder in (path.parent, *path.parents):
+        try:
+            return f"{shutil.disk_usage(folder).free:,} bytes"
+        except OSError:
+            continue
+    return "unknown bytes"
 
 
 @contextlib.contextmanager
 def _config_locked() -> Iterator[None]:
     """Serialise read-modify-write of the config file between processes."""
     path = config_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(path.with_name(f".{path.name}.lock")), timeout=60):
+    with _config_errors(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = FileLock(str(path.with_name(f".{path.name}.lock")), timeout=60)
+        lock.acquire()
+    try:
         yield
+    finally:
+        lock.release()
 
 
 def _ensure_loaded() -> None:
@@ -173,8 +161,8 @@ def _make(kind: str, name: str, options: dict) -> Board:
 
 
 def _default_name(kind: str) -> str:
-    if kind.startswith(("http://", "https://")):
-        slug = re.sub(r"[^A-Za-z0-9]+", "-", kind.split("://", 1)[1]).strip("-")
+    if kind.startswith(("http://", "https://")):  # named from the URL without its credentials
+        slug = re.sub(r"[^A-Za-z0-9]+", "-", secrets.strip_url(kind).split("://", 1)[1]).strip("-")
         return slug.removesuffix("-data-txt") or "datatxt"
     return "gcs" if kind == "gcloud" else kind
 
@@ -190,6 +178,8 @@ def board_register(board: str = "local", name: str | None = None, *, persist: bo
     with _lock:
         _ensure_loaded()
         kept, dropped = _public(options)  # before the board exists: storage libraries mutate nested options
+        if secrets.has_secret(board):  # a board URL with user:password@ or ?token=
+            dropped.append("kind (URL credentials)")
         instance = _make(board, name, dict(options))
         _boards[name] = instance
         _specs[name] = {"kind": board, **options}
@@ -200,7 +190,7 @@ def board_register(board: str = "local", name: str | None = None, *, persist: bo
                               "credential chain", stacklevel=2)
             with _config_locked():
                 config = _read_config()
-                config[name] = {"kind": board, **kept}
+                config[name] = {"kind": secrets.strip_url(board), **kept}
                 _write_config(config)
             _specs[name]["_persisted"] = True
         return instance

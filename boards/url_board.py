@@ -143,13 +143,15 @@ class UrlBoard(DatatxtBoard):
         meta = PinMeta.from_dict(raw, source=url)
         self._check_files(meta, name, url)
         meta.name, meta.version = name, version
+        self._declare(name, version, meta)
         return meta
 
     def download_file(self, name: str, version: str, file: str, dest: Path) -> None:
         if not self._is_legacy_version(name, version):
             return super().download_file(name, version, file, dest)
         url = self._legacy_version_url(name, version) + check_relative(file, pin=name, board=self.url)
-        self._download(url, dest)  # the board's one HTTP client (datatxt_board.http_session)
+        self._download(url, dest, size=self._declared_size(name, version, file),  # the board's one HTTP client
+                       what=f"pin {name!r} version {version} file {file!r} of board {self.name!r}")
 
     def fetch(self, name: str, version: str | None = None, *, download: bool = True, trust_cache: bool = True):
         if version in (None, LEGACY) or (download and self._is_versioned(self._entry(name))):
