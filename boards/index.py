@@ -193,14 +193,15 @@ _FLOW_LINE = "- {"
 
 def _json_plain(value: Any, depth: int = 0) -> bool:
     """Whether `value` is made of what JSON and YAML 1.1 read alike: str, int, bool, None, lists, maps."""
-    if value is None or isinstance(value, (str, bool, int)):
+    kind = type(value)
+    if kind is str or kind is int or kind is bool or value is None:
         return True
     if depth > 8:
         return False
-    if isinstance(value, list):
-        return all(_json_plain(v, depth + 1) for v in value)
-    if isinstance(value, dict):
-        return all(isinstance(k, str) and _json_plain(v, depth + 1) for k, v in value.items())
+    if kind is list:
+        return all(type(v) is str or _json_plain(v, depth + 1) for v in value)
+    if kind is dict:
+        return all(type(k) is str and (type(v) is str or _json_plain(v, depth + 1)) for k, v in value.items())
     return False
 
 
