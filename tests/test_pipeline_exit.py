@@ -20,7 +20,8 @@ from pinstorm import boards
 
 RUNS = 20
 FEWER = 10  # the same code path again (Python API, remote parts): fewer runs, as the machine is shared
-PYTHON_INSPECT = "import sys; from pinstorm.pipeline.inspect import inspect_dataset; print(inspect_dataset(sys.argv[1])['rows'])"
+PYTHON_INSPECT = ("import sys; from pinstorm.pipeline.inspect import inspect_dataset; "
+                  "print(inspect_dataset(sys.argv[1])['rows'])")
 
 
 @pytest.fixture(scope="module")
