@@ -3,6 +3,13 @@
 `save` writes a DataFrame (parquet, csv, arrow) or a JSON-able object into a staging folder and says
 which type it stored; `load` reads a single-file pin of a table or json type back into an object
 (`NOT_LOADED` for types that come back as paths). Boards never look at formats themselves.
+
+A pin's file may come from someone else's board, so `load` reads it only within a memory budget
+(`parquet_limits.load_budget()`, env ``PINSTORM_MAX_LOAD_BYTES``, default 1 GiB), checked before
+anything is decoded: Parquet by what its row groups decode to (dictionaries included), Arrow IPC
+by its buffers' declared decompressed sizes, CSV and JSON by file size against the budget divided by
+the worst expansion of their parsers (8 and 32). Past it, `LimitExceeded` names the file, the value
+and the limit; ``pin_get(..., files=True)`` still returns the path.
 """
 
 from __future__ import annotations
@@ -13,10 +20,13 @@ from typing import Any
 
 import pandas as pd
 
-from .errors import BoardError
+from . import parquet_limits
+from .errors import BoardError, LimitExceeded
 
 NOT_LOADED = object()
 DATAFRAME_TYPES = ("parquet", "csv", "arrow")
+CSV_EXPANSION = 8     # pandas: one-character cells become 8-byte pointers / offsets and more
+JSON_EXPANSION = 32   # `[{},{},...]`: 3 bytes of text, a 64-byte dict and an 8-byte pointer
 
 
 def type_name(x: Any) -> str:
@@ -61,6 +71,7 @@ def load_pin(pin_type: str, paths: list[Path]) -> Any:
     if pin_type == "table":
         csv = [p for p in paths if p.name == "data.csv"]
         if len(csv) == 1:
+            _check_text(csv[0], CSV_EXPANSION)
             return pd.read_csv(csv[0])
     return NOT_LOADED
 
@@ -69,11 +80,24 @@ def load(pin_type: str, path: Path) -> Any:
     """The object stored in a one-file pin of a table or json type, else NOT_LOADED."""
     suffix = path.suffix.lower()
     if pin_type == "parquet" or (pin_type == "table" and suffix == ".parquet"):
+        parquet_limits.check_file(path, str(path))
         return pd.read_parquet(path)
     if pin_type == "csv" or (pin_type == "table" and suffix == ".csv"):
+        _check_text(path, CSV_EXPANSION)
         return pd.read_csv(path)
     if pin_type in {"arrow", "feather"}:
+        parquet_limits.check_arrow_file(path, str(path))
         return pd.read_feather(path)
     if pin_type == "json":
+        _check_text(path, JSON_EXPANSION)
         return json.loads(path.read_text())
     return NOT_LOADED
+
+
+def _check_text(path: Path, expansion: int) -> None:
+    """A text file (CSV, JSON) is parsed only when `expansion` x its size fits the load budget."""
+    size, budget = path.stat().st_size, parquet_limits.load_budget()
+    if size * expansion > budget:
+        raise LimitExceeded(f"{path}: {size:,} bytes of {path.suffix.lstrip('.') or 'text'} may take up to "
+                            f"{expansion}x that once parsed, over the budget of {budget:,} bytes "
+                            f"({parquet_limits.LOAD_HINT})")
