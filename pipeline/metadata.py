@@ -18,12 +18,25 @@ The Unischema is pickled *without* importing petastorm or pyspark (neither insta
 current pyarrow): `petastorm_unischema_pickle` writes the pickle opcodes for it directly, naming
 petastorm's and pyspark's classes, and a test unpickles the bytes with real petastorm and compares
 them with the Unischema petastorm itself builds.
+
+Nothing from a dataset's files is trusted (it may come from someone else's board). `_common_metadata`
+is read within `MAX_COMMON_METADATA_BYTES` and its JSON checked (`check_info`: types, and counts that
+agree with each other). petastorm unpickles the Unischema bytes it finds there, with an "allow-list"
+that admits ``builtins`` (so ``builtins.exec``) and all of ``pyspark``: pinstorm hands petastorm a
+dataset only when those bytes are *exactly* the ones `petastorm_unischema_pickle` writes
+(`check_petastorm_metadata`), and `petastorm_guard` re-checks the bytes at petastorm's one unpickling
+call, so a file swapped in between is refused too. The pyarrow engine never unpickles anything.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import functools
 import json
 import pickle
+import re
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,10 +52,20 @@ PINSTORM_KEY = b"pinstorm.dataset.v1"
 UNISCHEMA_KEY = b"dataset-toolkit.unischema.v1"
 ROW_GROUPS_PER_FILE_KEY = b"dataset-toolkit.num_row_groups_per_file.v1"
 FORMAT_VERSION = 2   # 2: per-part footer and per-row-group checksums
+MAX_COMMON_METADATA_BYTES = 64 << 20   # ImageNet at 32 MB row groups: ~0.3 MB
+PART_NAME = re.compile(r"part-[0-9]{1,12}\.parquet")
 
 
 class IncompleteDatasetError(PinstormError, FileNotFoundError):
     """A folder that is not a finished dataset: no ``_common_metadata`` (conversion never finished)."""
+
+
+class MalformedDatasetError(PinstormError, ValueError):
+    """``_common_metadata`` too large, unreadable, or with metadata that contradicts itself."""
+
+
+class UntrustedSchemaError(PinstormError, ValueError):
+    """A pickled Unischema that is not byte-for-byte pinstorm's own: petastorm would run it."""
 
 
 ARROW_SCHEMA = pa.schema([
@@ -149,6 +172,7 @@ def _emit(obj, out: bytearray) -> None:
         raise TypeError(f"cannot emit {type(obj).__name__}")
 
 
+@functools.lru_cache(maxsize=1)
 def petastorm_unischema_pickle() -> bytes:
     """The pickled Unischema of a pinstorm dataset, as petastorm's ``dataset_metadata`` stores it,
     written without importing petastorm or pyspark (protocol 2, globals only from modules petastorm's
@@ -205,14 +229,21 @@ def write_common_metadata(location, info: dict, row_groups_per_file: dict[str, i
     location.fs.mv(tmp, location.join(COMMON_METADATA))
 
 
-def read_info(location) -> dict:
-    """The pinstorm JSON of a complete dataset, or `IncompleteDatasetError`."""
-    import pyarrow.parquet as pq
+def read_common_metadata(location) -> dict:
+    """The key-value metadata of ``_common_metadata`` (bytes -> bytes), read within
+    `MAX_COMMON_METADATA_BYTES`; `IncompleteDatasetError` when there is none."""
+    from pinstorm.boards.parquet_limits import BoundedParquetFile
 
     marker = location.join(COMMON_METADATA)
     try:
+        size = location.fs.size(marker)
+        if size is not None and size > MAX_COMMON_METADATA_BYTES:
+            raise MalformedDatasetError(f"{location.url}/{COMMON_METADATA}: {size:,} bytes, over the limit of "
+                                        f"{MAX_COMMON_METADATA_BYTES:,} bytes (pinstorm writes well under 1 MB)")
         with location.fs.open(marker, "rb") as handle:
-            kv = pq.read_metadata(handle).metadata or {}
+            with BoundedParquetFile(handle, f"{location.url}/{COMMON_METADATA}", size=size,
+                                    max_footer_bytes=MAX_COMMON_METADATA_BYTES) as parquet:
+                return dict(parquet.metadata.metadata or {})
     except FileNotFoundError:
         if location.fs.exists(location.path):
             raise IncompleteDatasetError(
@@ -220,7 +251,142 @@ def read_info(location) -> dict:
                 "(a conversion was interrupted, or this is another folder); run `pinstorm convert` "
                 "again to finish it") from None
         raise FileNotFoundError(f"{location.url}: no such dataset") from None
+
+
+def read_info(location) -> dict:
+    """The pinstorm JSON of a complete dataset, checked (`check_info`), or `IncompleteDatasetError`."""
+    kv = read_common_metadata(location)
     if PINSTORM_KEY not in kv:
         raise IncompleteDatasetError(f"{location.url}: {COMMON_METADATA} has no pinstorm metadata "
                                      "(a petastorm dataset pinstorm did not write?)")
-    return json.loads(kv[PINSTORM_KEY])
+    where = f"{location.url}/{COMMON_METADATA}"
+    try:
+        info = json.loads(kv[PINSTORM_KEY])
+    except (ValueError, RecursionError) as error:
+        raise MalformedDatasetError(f"{where}: the pinstorm metadata is not JSON: {error}") from None
+    check_info(info, where)
+    return info
+
+
+def _count(value, what: str, where: str) -> int:
+    if type(value) is not int or not 0 <= value < 2**53:
+        raise MalformedDatasetError(f"{where}: {what} must be a count, got {str(value)[:60]!r}")
+    return value
+
+
+def _strings(value, what: str, where: str) -> list:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise MalformedDatasetError(f"{where}: {what} must be a list of strings")
+    return value
+
+
+def check_info(info, where: str) -> None:
+    """The pinstorm JSON has the types readers rely on and counts that agree: rows = sum of
+    row_group_rows = sum of the parts' rows; row_groups = len(row_group_rows) = sum of the parts'
+    row groups; one checksum per row group; classes, class_rows and num_classes agree; part names
+    are ``part-N.parquet``. Each part's footer is checked against these when it is opened."""
+    if not isinstance(info, dict):
+        raise MalformedDatasetError(f"{where}: the pinstorm metadata must be a JSON object")
+    files = info.get("files")
+    if not isinstance(files, dict) or not files:
+        raise MalformedDatasetError(f"{where}: 'files' must name the dataset's parts")
+    group_rows = info.get("row_group_rows")
+    if not isinstance(group_rows, list):
+        raise MalformedDatasetError(f"{where}: 'row_group_rows' must be a list of counts")
+    for i, rows in enumerate(group_rows):
+        _count(rows, f"row_group_rows[{i}]", where)
+    at = 0
+    for name in sorted(files):
+        entry = files[name]
+        if not isinstance(name, str) or not PART_NAME.fullmatch(name):
+            raise MalformedDatasetError(f"{where}: {str(name)[:80]!r} is not a part name (part-N.parquet)")
+        if not isinstance(entry, dict):
+            raise MalformedDatasetError(f"{where}: part {name}: its entry must be an object")
+        groups = _count(entry.get("row_groups"), f"part {name} row_groups", where)
+        for key in ("rows", "bytes"):
+            if key in entry:
+                _count(entry[key], f"part {name} {key}", where)
+        for key in ("xxh3", "footer_xxh3"):
+            if key in entry and not isinstance(entry[key], str):
+                raise MalformedDatasetError(f"{where}: part {name} {key} must be a string")
+        if "row_group_xxh3" in entry and len(_strings(entry["row_group_xxh3"], f"part {name} row_group_xxh3",
+                                                      where)) != groups:
+            raise MalformedDatasetError(f"{where}: part {name} has {groups} row groups but "
+                                        f"{len(entry['row_group_xxh3'])} row-group checksums")
+        if "rows" in entry and sum(group_rows[at:at + groups]) != entry["rows"]:
+            raise MalformedDatasetError(f"{where}: part {name} declares {entry['rows']} rows, its row groups "
+                                        f"{sum(group_rows[at:at + groups])}")
+        at += groups
+    if at != len(group_rows) or _count(info.get("row_groups"), "row_groups", where) != at:
+        raise MalformedDatasetError(f"{where}: {info.get('row_groups')} row groups declared, the parts hold {at} "
+                                    f"and row_group_rows lists {len(group_rows)}")
+    if _count(info.get("rows"), "rows", where) != sum(group_rows):
+        raise MalformedDatasetError(f"{where}: {info['rows']} rows declared, the row groups hold {sum(group_rows)}")
+    _count(info.get("bytes", 0), "bytes", where)
+    classes = _strings(info.get("classes", []), "classes", where)
+    if _count(info.get("num_classes", len(classes)), "num_classes", where) != len(classes):
+        raise MalformedDatasetError(f"{where}: num_classes is {info['num_classes']} but {len(classes)} classes "
+                                    "are listed")
+    if "class_rows" in info:
+        class_rows = info["class_rows"]
+        if not isinstance(class_rows, list) or len(class_rows) != len(classes) or \
+                sum(_count(r, "class_rows", where) for r in class_rows) != info["rows"]:
+            raise MalformedDatasetError(f"{where}: class_rows must count the rows of each of the "
+                                        f"{len(classes)} classes, {info['rows']} in all")
+    names = info.get("names", {})
+    if not isinstance(names, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in names.items()):
+        raise MalformedDatasetError(f"{where}: names must map class ids to names (strings)")
+
+
+def check_petastorm_metadata(location, info: dict) -> None:
+    """What petastorm will read from ``_common_metadata`` is pinstorm's own: the Unischema pickle
+    byte-for-byte (else `UntrustedSchemaError`: petastorm would unpickle, i.e. run, it) and the row
+    groups per file equal to the checked pinstorm metadata."""
+    kv = read_common_metadata(location)
+    where = f"{location.url}/{COMMON_METADATA}"
+    if kv.get(UNISCHEMA_KEY) != petastorm_unischema_pickle():
+        raise UntrustedSchemaError(
+            f"{where}: its pickled Unischema ({UNISCHEMA_KEY.decode()}, {len(kv.get(UNISCHEMA_KEY) or b'')} "
+            "bytes) is not the one pinstorm writes, and petastorm would unpickle (run) it; read the dataset "
+            "with engine='pyarrow', which never unpickles, or convert it again")
+    try:
+        per_file = json.loads(kv.get(ROW_GROUPS_PER_FILE_KEY) or b"null")
+    except ValueError:
+        per_file = None
+    if per_file != {name: entry["row_groups"] for name, entry in info["files"].items()}:
+        raise MalformedDatasetError(f"{where}: petastorm's row groups per file "
+                                    f"({ROW_GROUPS_PER_FILE_KEY.decode()}) disagree with pinstorm's metadata")
+
+
+_guarding = contextvars.ContextVar("pinstorm_petastorm_guard", default=None)
+_guard_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def petastorm_guard(where: str):
+    """Within: petastorm's Unischema unpickler (``dataset_metadata.depickle_legacy_package_name_compatible``)
+    accepts only pinstorm's own bytes in this thread, else `UntrustedSchemaError` before unpickling.
+
+    Installed once into petastorm's module; outside this context petastorm behaves as before (its
+    own ``make_reader`` on another dataset). Wrap your own ``petastorm.make_reader`` calls in it to
+    open only pinstorm datasets safely.
+    """
+    from petastorm.etl import dataset_metadata
+
+    with _guard_lock:
+        original = dataset_metadata.depickle_legacy_package_name_compatible
+        if not getattr(original, "pinstorm_guard", False):
+            def guarded(pickled, _original=original):
+                place = _guarding.get()
+                if place is not None and bytes(pickled) != petastorm_unischema_pickle():
+                    raise UntrustedSchemaError(f"{place}: petastorm was about to unpickle a Unischema of "
+                                               f"{len(pickled)} bytes that is not pinstorm's own; refused")
+                return _original(pickled)
+
+            guarded.pinstorm_guard = True
+            dataset_metadata.depickle_legacy_package_name_compatible = guarded
+    token = _guarding.set(where)
+    try:
+        yield
+    finally:
+        _guarding.reset(token)

@@ -26,6 +26,13 @@ are handed on (`CorruptPartError`, naming part and row group). The petastorm eng
 itself, so each batch it returns must match one of the shard's row-group checksums; on a mismatch
 the shard is re-read with pyarrow to name the part and row group. A stored value that is not a JPEG
 at all is refused naming its part, row group and original file name.
+
+No code from the dataset runs, and no row group is decoded past the memory budget
+(`PINSTORM_MAX_ROW_GROUP_BYTES`): the pyarrow engine reads parts through
+`boards.parquet_limits.BoundedParquetFile`; the petastorm engine is used only when
+``_common_metadata``'s pickled Unischema is byte-for-byte pinstorm's own (`UntrustedSchemaError`
+otherwise, at `make_dataset`), petastorm's unpickler is guarded while it opens the dataset, and
+every row group of the shard is bounded the same way before petastorm is handed the dataset.
 TensorFlow is imported inside the functions, so ``import pipeline`` stays light.
 """
 
@@ -37,7 +44,7 @@ import warnings
 
 import numpy as np
 
-from .metadata import read_info
+from .metadata import check_petastorm_metadata, petastorm_guard, read_info
 from .storage import locate, petastorm_filesystem
 from .verify import (CorruptPartError, check_parts, open_part, read_row_group, rows_digest, verified)
 from pinstorm.errors import PinstormError
@@ -127,15 +134,18 @@ class _EpochSource:
             names = sorted(self.info["files"])
             digests = [d for name in names for d in self.info["files"][name]["row_group_xxh3"]]
             expected = {digests[g] for g in self.groups}
+        check_petastorm_metadata(self.location, self.info)
+        self._bound_row_groups()
         _quiet_petastorm()
-        reader = make_batch_reader(
-            self.location.url, schema_fields=["image", "label"], num_epochs=1,
-            # reader_workers=0: the "dummy" pool reads in the generator's thread; stored order is kept and
-            # the thread pool's short and empty epochs were never seen with it.
-            reader_pool_type="dummy" if self.workers == 0 else "thread", workers_count=max(1, self.workers),
-            shuffle_row_groups=self.shuffle, seed=seed,
-            cur_shard=self.shard[0] if sharded else None, shard_count=self.shard[1] if sharded else None,
-            filesystem=petastorm_filesystem(self.location))
+        with petastorm_guard(self.location.url):
+            reader = make_batch_reader(
+                self.location.url, schema_fields=["image", "label"], num_epochs=1,
+                # reader_workers=0: the "dummy" pool reads in the generator's thread; stored order is kept and
+                # the thread pool's short and empty epochs were never seen with it.
+                reader_pool_type="dummy" if self.workers == 0 else "thread", workers_count=max(1, self.workers),
+                shuffle_row_groups=self.shuffle, seed=seed,
+                cur_shard=self.shard[0] if sharded else None, shard_count=self.shard[1] if sharded else None,
+                filesystem=petastorm_filesystem(self.location))
         try:
             for batch in reader:
                 images = np.asarray(batch.image, dtype=object)
@@ -147,6 +157,22 @@ class _EpochSource:
         finally:
             reader.stop()
             reader.join()
+
+    def _bound_row_groups(self):
+        """Every row group petastorm will read fits the memory budget (footer, page headers and
+        dictionaries; nothing expanded), checked before petastorm decodes any of them."""
+        names = sorted(self.info["files"])
+        where = [(name, rg) for name in names for rg in range(self.info["files"][name]["row_groups"])]
+        by_part = {}
+        for g in self.groups:
+            by_part.setdefault(where[g][0], []).append(where[g][1])
+        for name, groups in by_part.items():
+            handle = open_part(self.location, self.info, name)
+            try:
+                for rg in groups:
+                    handle.check_row_group(rg, ["image", "label"])
+            finally:
+                handle.close()
 
     def _name_corruption(self):
         """A petastorm batch matched no recorded checksum: find the part and row group with pyarrow."""
@@ -354,6 +380,8 @@ def make_dataset(url, *, batch_size: int, image_size=(224, 224), training: bool 
 
     location = locate(url, storage_options)
     info = read_info(location)
+    if engine == "petastorm":
+        check_petastorm_metadata(location, info)   # before petastorm could unpickle anything
     info["url"] = location.url
     groups = shard_row_groups(info, shard)
     if not verify:

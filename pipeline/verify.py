@@ -19,6 +19,11 @@ written with Parquet page CRCs and read with their verification on (`PAGE_CRC`),
 columns the content checksum does not (wnid, filename, height, width) for every reader that checks
 them.
 
+Parts are opened as `boards.parquet_limits.BoundedParquetFile`: a footer that disagrees with the
+dataset's metadata (row groups, rows per row group) is a `CorruptPartError`, and a row group that
+would decode past the memory budget (`PINSTORM_MAX_ROW_GROUP_BYTES`, default 512 MiB; dictionary
+expansion included) is refused before it is decoded (`ParquetLimitExceeded`).
+
 Errors name the dataset, the part and the row group: `MissingPartError`, `CorruptPartError`.
 """
 
@@ -134,26 +139,53 @@ def check_parts(location, info: dict, names=None) -> None:
 
 
 def open_part(location, info: dict, name: str):
-    """A `pq.ParquetFile` for one part, after its footer checksum matched (when recorded)."""
-    import pyarrow.parquet as pq
+    """A bounded Parquet file (`BoundedParquetFile`) for one part, after its footer checksum matched
+    (when recorded) and its row groups agree with the dataset's metadata."""
+    from pinstorm.boards.parquet_limits import BoundedParquetFile
 
     entry = info["files"][name]
     path = location.join(name)
+    where = f"{location.url}/{name}"
     try:
         if "footer_xxh3" in entry:
             found = footer_digest(location.fs, path, entry.get("bytes"))
             if found != entry["footer_xxh3"]:
-                raise CorruptPartError(f"{location.url}/{name}: footer checksum mismatch (the part changed after "
-                                       "conversion)")
+                raise CorruptPartError(f"{where}: footer checksum mismatch (the part changed after conversion)")
         if location.is_local:   # memory-mapped: ~40 % less CPU per row than reads
-            return pq.ParquetFile(path, memory_map=True, **reader_options())
-        return pq.ParquetFile(location.fs.open(path, "rb"), **reader_options())
+            handle = BoundedParquetFile(path, where, memory_map=True, **reader_options())
+        else:
+            handle = BoundedParquetFile(location.fs.open(path, "rb"), where, size=entry.get("bytes"),
+                                        close_source=True, **reader_options())
+        try:
+            _check_footer(handle, info, name, where)
+        except BaseException:
+            handle.close()
+            raise
+        return handle
     except FileNotFoundError:
         raise MissingPartError(f"{location.url}/{name}: part file missing") from None
     except PinstormError:
         raise
     except Exception as error:
         raise CorruptPartError(f"{location.url}/{name}: cannot be read as Parquet: {error}") from None
+
+
+def _check_footer(handle, info: dict, name: str, where: str) -> None:
+    """The part's footer holds the row groups that the dataset's metadata lists, and (when the footer
+    is checksummed, so any disagreement is the metadata's) of the sizes it lists. Older datasets
+    without checksums are counted per epoch instead (`IncompleteEpochError`)."""
+    groups = info["files"][name]["row_groups"]
+    if handle.num_row_groups != groups:
+        raise CorruptPartError(f"{where}: {handle.num_row_groups} row groups in the file, {groups} in the dataset's "
+                               "metadata")
+    if "footer_xxh3" not in info["files"][name]:
+        return
+    first = sum(info["files"][n]["row_groups"] for n in sorted(info["files"]) if n < name)
+    for rg in range(groups):
+        rows = handle.metadata.row_group(rg).num_rows
+        if rows != info["row_group_rows"][first + rg]:
+            raise CorruptPartError(f"{where} row group {rg}: {rows} rows in the file, "
+                                   f"{info['row_group_rows'][first + rg]} in the dataset's metadata")
 
 
 def read_row_group(handle, location, info: dict, name: str, rg: int, columns=("image", "label")):
@@ -165,6 +197,8 @@ def read_row_group(handle, location, info: dict, name: str, rg: int, columns=("i
         columns += [c for c in ("image", "label") if c not in columns]
     try:
         table = handle.read_row_group(rg, columns=columns)
+    except PinstormError:
+        raise
     except Exception as error:
         raise CorruptPartError(f"{location.url}/{name} row group {rg}: cannot be read: {error}") from None
     if digests is not None:
