@@ -216,6 +216,22 @@ def test_max_parameters_is_the_callers_choice(tmp_path, genuine):
     assert load_experiment("small", max_parameters=parameters).count_params() == parameters
 
 
+@settings(max_examples=25, deadline=None)
+@given(side=st.integers(24, 300), width=st.floats(0.01, 2.0), units=st.one_of(st.none(), st.integers(1, 600)),
+       normalization=st.sampled_from(["lrn", "batch", "none", None]), classes=st.integers(2, 5000))
+def test_alexnet_is_counted_exactly_without_building_it(side, width, units, normalization, classes):
+    """The count ``load_experiment`` checks first is the one a graph-mode build (no memory) gives."""
+    import tensorflow as tf
+
+    from pinstorm.training import build_model
+    from pinstorm.training.experiments import parameter_count
+
+    kwargs = {"width": width, "dense_units": units, "normalization": normalization}
+    with tf.Graph().as_default():
+        built = build_model("alexnet", (side, side, 3), classes, **kwargs).count_params()
+    assert parameter_count("alexnet", side, classes, kwargs) == built
+
+
 @pytest.mark.parametrize("name", ["resnet50", "mobilenet_v2"])
 def test_the_application_bound_is_not_below_the_real_count(name):
     from pinstorm.training import build_model

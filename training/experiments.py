@@ -379,21 +379,41 @@ def _checked_lineage(path: Path, name: str) -> dict:
 
 
 def parameter_count(model_name: str, image_size: int, num_classes: int, kwargs: dict) -> int:
-    """The parameters a model would have, without allocating them: checked before ``build_model``.
+    """The parameters a model would have, counted from its spec without allocating them.
 
-    AlexNet (parameters depend on the input size and every kwarg) is built in a throw-away graph,
-    where variables have shapes but no memory (0.1 s); the keras.applications models end in global
-    pooling, so a bound from the classifier width is exact enough (and their graph build takes seconds).
+    Checked before ``build_model``: a lineage asking for a million classes must not allocate
+    gigabytes first. AlexNet is counted layer by layer as ``models.alexnet`` builds it (the tests
+    compare the count with the built model's); the keras.applications models end in global
+    pooling, so their trunk is bounded by a constant and only the classifier grows.
     """
     key = model_name.lower().replace("-", "_").replace("resnet_50", "resnet50")
     if key in _TOP_FEATURES:
         return _APPLICATION_TRUNK + (_TOP_FEATURES[key] + 1) * num_classes
-    import tensorflow as tf
+    if key == "alexnet":
+        return _alexnet_parameters(image_size, num_classes, **kwargs)
+    import tensorflow as tf                              # any other model: built in a graph, shapes only
 
     from .models import build_model
 
     with tf.Graph().as_default():
         return int(build_model(model_name, (image_size, image_size, 3), num_classes, **kwargs).count_params())
+
+
+def _alexnet_parameters(side: int, num_classes: int, *, width: float = 1.0, dense_units=None,
+                        normalization="lrn", **_) -> int:
+    from .models import _stem
+
+    kernel, stride = _stem(side)
+    f1, f2, f3, f4, f5 = (max(8, int(round(f * width))) for f in (96, 256, 384, 384, 256))
+    units = dense_units or max(16, int(round(4096 * width)))
+    side = (side + 4 - kernel) // stride + 1 if stride == 4 else -(-side // stride)
+    for _ in range(3):                                   # pool1, pool2, pool5: 3x3, stride 2, valid
+        side = (side - 3) // 2 + 1
+    convs = (kernel * kernel * 3 * f1 + f1) + (25 * f1 * f2 + f2) + (9 * f2 * f3 + f3) + (9 * f3 * f4 + f4) \
+        + (9 * f4 * f5 + f5)
+    norms = 4 * (f1 + f2) if normalization == "batch" else 0
+    dense = (side * side * f5 + 1) * units + (units + 1) * units + (units + 1) * num_classes
+    return convs + norms + dense
 
 
 def _build_checked(lineage: dict, name: str, max_parameters: int):
