@@ -36,6 +36,7 @@ def run(role: str, index: int, spec: dict, ready, start, results) -> None:
     start.wait(120)
     deadline = time.monotonic() + spec["seconds"]
     rng = random.Random(index)
+    grace = {"grace": spec["grace"]} if "grace" in spec else {}  # bench/measurements only
     i = 0
     while time.monotonic() < deadline or (role == "pruner" and i < len(spec["ages"])):
         try:
@@ -57,8 +58,8 @@ def run(role: str, index: int, spec: dict, ready, start, results) -> None:
             else:  # the pruner: OLD's versions go one by one (oldest first); PIN keeps its newest only
                 if i < len(spec["ages"]):
                     days = (spec["ages"][i] - 50) / 86400  # the i oldest seeded versions are older than this
-                    out["deleted"] += [(OLD, v) for v in board.pin_versions_prune(OLD, days=days)]
-                out["deleted"] += [(PIN, v) for v in board.pin_versions_prune(PIN, n=1)]
+                    out["deleted"] += [(OLD, v) for v in board.pin_versions_prune(OLD, days=days, **grace)]
+                out["deleted"] += [(PIN, v) for v in board.pin_versions_prune(PIN, n=1, **grace)]
                 time.sleep(spec["seconds"] / (2 * len(spec["ages"])))
                 out["ok"] += 1
                 i += 1
