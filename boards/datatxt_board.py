@@ -44,7 +44,8 @@ from urllib3.util.retry import Retry
 from . import index as board_index
 from . import paths, secrets
 from .board import Board
-from .cache import HTTP_DEADLINE, HTTP_MIN_RATE, HTTP_TIMEOUT, Cache, TransferLimits, _stream_to, bounded_blocks
+from .cache import (HTTP_DEADLINE, HTTP_MIN_RATE, HTTP_TIMEOUT, Cache, TransferLimits, _stream_to, bounded_blocks,
+                    declared_cap)
 from .errors import DownloadError, LimitExceeded, MalformedMetadata, PinNotFound, UnsafePath
 from .legacy_view import pin_folder
 from .meta import PinMeta, parse_version
@@ -349,8 +350,10 @@ class DatatxtBoard(Board):
         # every target is checked before the first byte is written (no file, .http.json or .lock)
         targets = [(self._abs(meta.extra["base_url"] + f, pin=name),
                     paths.contained(folder, f, pin=name, board=self.url)) for f in meta.file]
-        for url, target in targets:  # each file revalidated on its own, as R legacy pins did
-            self._fetch_url(url, target)
+        sizes = dict(zip(meta.file, meta.file_size)) if len(meta.file_size or []) == len(meta.file) else {}
+        for f, (url, target) in zip(meta.file, targets):  # each file revalidated on its own, as R legacy pins did
+            size = sizes.get(f)
+            self._fetch_url(url, target, max_bytes=declared_cap(size) if isinstance(size, int) else None)
         (folder / "data.txt").write_text(meta.to_yaml())
         return meta, folder
 

@@ -12,11 +12,13 @@ import subprocess
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import pytest
 import yaml
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pinstorm import boards
 from pinstorm.boards import registry
@@ -316,3 +318,26 @@ def test_a_full_config_disk_is_one_clear_error(tmp_path, monkeypatch):
     assert config.read_text() == before  # the old config is intact
     assert [p.name for p in config.parent.iterdir() if p.name.startswith(".boards.yaml.")] \
         in ([], [".boards.yaml.lock"])  # no half-written temporary
+
+
+# ---- the one rule, as a property ------------------------------------------------------------------
+
+_word = st.text("abcdefghijklmnopqrstuvwxyz0123456789-_.~", min_size=1, max_size=12)
+
+
+@settings(max_examples=80, deadline=None)
+@given(user=_word, password=_word.map(lambda s: "S3CR3T" + s), token=_word.map(lambda s: "T0K3N" + s),
+       param=st.sampled_from(["token", "access_token", "sig", "X-Amz-Signature", "api_key", "X-Goog-Credential"]),
+       path=_word, where=st.sampled_from(["url", "endpoint_url", "proxy"]))
+def test_no_url_secret_survives_saving_naming_or_printing(user, password, token, param, path, where):
+    from pinstorm.boards import secrets
+
+    url = f"https://{quote(user, safe='')}:{quote(password, safe='')}@host.example:8443/{path}?a=1&{param}={token}"
+    clean, auth, query = secrets.split_url(url)
+    assert auth == (user, password) and query == {param: token}
+    kept, dropped = secrets.public({where: url, "nested": {"proxies": {"https": url}}})
+    shown = secrets.redact_text(f"cannot reach {url}: boom", secrets.secret_values({where: url}))
+    for text in (clean, yaml.safe_dump(kept), shown, str(boards.Cache("/tmp/x").url_path("b", url))):
+        assert "S3CR3T" not in text and "T0K3N" not in text, text
+    assert f"{where} (URL credentials)" in dropped
+    assert clean.startswith("https://host.example:8443/") and "a=1" in clean
