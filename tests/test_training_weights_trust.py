@@ -382,3 +382,19 @@ def test_declared_sizes_past_the_largest_variable_are_refused(tmp_path, extra):
     else:
         with pytest.raises(UnsafeWeights, match="none of the model's variables has that shape"):
             check_weights_file(path, shapes)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(flips=st.lists(st.tuples(st.integers(0, 8191), st.integers(0, 255)), min_size=1, max_size=20))
+def test_a_damaged_structure_is_refused_or_passes_never_a_raw_error(tmp_path, genuine, flips):
+    """Bytes changed in the file's first 8 KiB (superblock, object headers, B-trees, heaps)."""
+    data = bytearray(genuine["weights"].read_bytes())
+    for position, value in flips:
+        data[position] = value
+    path = tmp_path / "damaged.weights.h5"
+    path.write_bytes(bytes(data))
+    try:
+        summary = check_weights_file(path, genuine["shapes"])
+    except UnsafeWeights:
+        return
+    assert summary.declared_bytes <= 8 * max(math.prod(s) for s in genuine["shapes"]) * summary.datasets

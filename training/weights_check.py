@@ -69,7 +69,12 @@ def check_weights_file(path, shapes: Iterable[tuple[int, ...]], *,
     except OSError as error:
         raise UnsafeWeights(f"{path} is not a readable HDF5 file: {error}") from error
     with handle:
-        return _walk(handle, limits)
+        try:
+            return _walk(handle, limits)
+        except UnsafeWeights:
+            raise
+        except (OSError, KeyError, RuntimeError, ValueError, TypeError) as error:   # a damaged structure
+            raise UnsafeWeights(f"{path}: its HDF5 structure cannot be inspected: {error}") from error
 
 
 @dataclass(frozen=True)
