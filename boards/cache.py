@@ -288,6 +288,11 @@ class TransferLimits:
     deadline: float = HTTP_DEADLINE
     min_rate: float = HTTP_MIN_RATE
 
+    def __post_init__(self) -> None:
+        if not (self.deadline > 0 and self.min_rate > 0):
+            raise BoardError(f"transfer limits must be positive: deadline={self.deadline!r} s, "
+                             f"min_rate={self.min_rate!r} bytes/s")
+
     def seconds(self, size: int) -> float:
         return self.deadline + size / self.min_rate
 
@@ -339,7 +344,7 @@ def bounded_blocks(response: requests.Response, url: str, *, what: str = "", siz
         return limits.seconds(max(known or 0, received))
 
     def watch() -> None:
-        while not stop.wait(max(0.0, start + allowed() - time.monotonic()) + 0.01):
+        while not stop.wait(min(60.0, max(0.0, start + allowed() - time.monotonic()) + 0.01)):
             if time.monotonic() - start > allowed():
                 expired.set()
                 _interrupt(response)
