@@ -398,3 +398,34 @@ def test_a_damaged_structure_is_refused_or_passes_never_a_raw_error(tmp_path, ge
     except UnsafeWeights:
         return
     assert summary.declared_bytes <= 8 * max(math.prod(s) for s in genuine["shapes"]) * summary.datasets
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=20) | st.sampled_from([8, 32, 224, 10, 1000, 0.125, 1.4, "lrn", "alexnet"]),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(
+        st.sampled_from(["width", "dense_units", "dropout", "normalization", "name", "alpha", "x"]), children,
+        max_size=4),
+    max_leaves=12)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(name=st.sampled_from(["alexnet", "resnet50", "mobilenet_v2", "AlexNet", "vgg"]) | JSON_VALUES,
+       image_size=JSON_VALUES, num_classes=JSON_VALUES, kwargs=JSON_VALUES)
+def test_any_lineage_is_checked_or_one_experiment_error(tmp_path, name, image_size, num_classes, kwargs):
+    """Whatever JSON a board puts in the model record: a spec within bounds, or one ExperimentError."""
+    from pinstorm.training.experiments import ExperimentError, _checked_lineage
+
+    path = tmp_path / "lineage.json"
+    path.write_text(json.dumps({"model": {"name": name, "image_size": image_size, "num_classes": num_classes,
+                                          "kwargs": kwargs}}))
+    try:
+        model = _checked_lineage(path, "prop")["model"]
+    except ExperimentError:
+        return
+    assert type(model["image_size"]) is int and 8 <= model["image_size"] <= 8192
+    assert type(model["num_classes"]) is int and 2 <= model["num_classes"] <= 1_000_000
+    assert model["kwargs"] is None or isinstance(model["kwargs"], dict)
+    for value in (model["kwargs"] or {}).values():
+        assert value is None or isinstance(value, (bool, int, float, str))
+        assert not isinstance(value, (int, float)) or abs(value) <= 65536
