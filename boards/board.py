@@ -112,11 +112,9 @@ class Board(PinsApiMixin):
         if self.read_only:
             raise ReadOnlyBoard(f"board {self.name!r} ({self.kind}) is read-only; cannot pin {name!r}")
         name = self.check_name(name if name is not None else _default_name(x))
-        root = staging_dir()
-        try:
-            staging = root / "stage"
-            staging.mkdir()
-            files, pin_type, default_title, extra = self._stage(x, name, staging, type=type, zip=zip)
+        with self.staging(name) as (staging, in_place):
+            files, pin_type, default_title, extra = self._stage(x, name, staging, type=type, zip=zip,
+                                                                link=not in_place)
             meta = PinMeta.from_files(files, type=pin_type, title=title or default_title,
                                       description=description, user=metadata)
             meta.file = [f.relative_to(staging).as_posix() for f in files]
@@ -135,13 +133,26 @@ class Board(PinsApiMixin):
             version = self.write_version(name, staging, meta)
             meta.name, meta.version = name, version
             self._written[(name, version)] = meta  # pin_get below needs no listing or data.txt read
-        finally:
-            shutil.rmtree(root, ignore_errors=True)
         if not self.versions:
             older = [v for v in self.list_versions(name) if v != version]
             if older:
                 self.delete(name, older)
         return self.pin_get(name, version=version)
+
+    @contextlib.contextmanager
+    def staging(self, name: str):
+        """(an empty private folder where `pin` assembles a version, whether it is on the board itself).
+
+        Here: a fresh TMPDIR folder, into which `pin` links the user's files rather than copying them
+        (a 155 GB archive must not need 155 GB of TMPDIR); `write_version` then reads them once.
+        Boards on a local disk stage inside the board, so a version is written once and renamed."""
+        root = staging_dir()
+        try:
+            staging = root / "stage"
+            staging.mkdir()
+            yield staging, False
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
 
     def repair_version(self, name: str, version: str, meta: PinMeta, staging: Path) -> bool:
         """Make a stored version hold the bytes in `staging` (which hash to `meta`) if its own bytes
@@ -149,8 +160,9 @@ class Board(PinsApiMixin):
         (object stores, read-only boards) keep the version as it is."""
         return False
 
-    def _stage(self, x: Any, name: str, staging: Path, *, type: str | None, zip: bool):
-        """Write `x` into `staging`; return (files, type, default title, extra data.txt fields)."""
+    def _stage(self, x: Any, name: str, staging: Path, *, type: str | None, zip: bool, link: bool = False):
+        """Write `x` into `staging`; return (files, type, default title, extra data.txt fields).
+        `link`: user files are symlinked, not copied (`staging` is a TMPDIR folder; see `staging`)."""
         extra: dict = {}
         if isinstance(x, pd.DataFrame):
             path, kind, title = drivers.save_dataframe(x, name, staging, type)
@@ -180,7 +192,10 @@ class Board(PinsApiMixin):
             target = staging / rel
             if target != src:
                 target.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(src, target)  # a copy, never a link: later edits must not reach the pin
+                if link:  # staged by reference: the board stores a copy of the bytes, never the link
+                    target.symlink_to(Path(src).resolve())
+                else:
+                    shutil.copyfile(src, target)  # a copy, never a link: later edits must not reach the pin
             files.append(target)
         return files, type or "file", f"{name}: {len(files)} file(s)", extra
 

@@ -91,6 +91,16 @@ class FsBoard(Board):
         with contextlib.suppress(Exception):
             self.fs.invalidate_cache(path)
 
+    def __getstate__(self) -> dict:
+        """Pickled for process pools: a batch belongs to the process that opened it."""
+        state = self.__dict__.copy()
+        state.update(_batch_lock=None, _batch_depth=0, _batch_written={})
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._batch_lock = threading.Lock()
+
     # ---- batches --------------------------------------------------------------------------
     @contextlib.contextmanager
     def batch(self):
@@ -375,15 +385,40 @@ class FsBoard(Board):
     def download_file(self, name: str, version: str, file: str, dest: Path) -> None:
         self.fs.get_file(self._path(name, version, file), str(dest))
 
+    @contextlib.contextmanager
+    def staging(self, name: str):
+        """On a local disk, versions are assembled in a temporary folder inside the pin's own folder
+        (owned by this process, see `tempnames`) and renamed into place: the bytes are written once,
+        nothing goes through TMPDIR. Elsewhere, as `Board.staging`."""
+        if not self.is_local:
+            with super().staging(name) as staged:
+                yield staged
+            return
+        folder = Path(self._path(name))
+        created = not folder.exists()
+        folder.mkdir(parents=True, exist_ok=True)
+        sweep(folder)  # what killed writers left in this pin's folder
+        staging = Path(tmp_name(folder / "stage"))
+        staging.mkdir()
+        try:
+            yield staging, True
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)  # gone already when it became the version
+            if created:
+                with contextlib.suppress(OSError):  # a pin that got no version leaves no folder
+                    folder.rmdir()
+
     def write_version(self, name: str, staging: Path, meta: PinMeta) -> str:
         version = meta.version_name
         final = self._path(name, version)
         if self.is_local:
             Path(final).parent.mkdir(parents=True, exist_ok=True)
-            sweep(Path(final).parent)  # what killed writers left in this pin's folder
-            tmp = Path(tmp_name(final))
+            in_place = staging.parent == Path(final).parent and is_temporary(staging.name)
+            tmp = staging if in_place else Path(tmp_name(final))
             try:
-                shutil.copytree(staging, tmp)
+                if not in_place:
+                    sweep(Path(final).parent)  # what killed writers left in this pin's folder
+                    shutil.copytree(staging, tmp)
                 view = legacy_view.version_view(meta)
                 if view is not None:  # R 0.4.5's view of this version, in place before the version exists
                     (tmp / view[0]).parent.mkdir(parents=True, exist_ok=True)

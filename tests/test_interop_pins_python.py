@@ -156,7 +156,7 @@ def test_versions_prune_and_delete(tmp_path):
     with pytest.raises(ValueError):
         board.pin_versions_prune("obj")
     assert board.pin_versions_prune("obj", days=365) == []  # all created just now
-    assert board.pin_versions_prune("obj", n=2) == versions[:2]
+    assert board.pin_versions_prune("obj", n=2, grace=0) == versions[:2]  # grace=0: all are seconds old
     assert board.list_versions("obj") == versions[2:]
     board.pin_version_delete("obj", versions[2])
     assert board.list_versions("obj") == versions[3:]

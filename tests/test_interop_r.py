@@ -243,7 +243,7 @@ def test_r_1x_reads_what_pinstorm_pin_writes_and_prunes(http_board, r110, tmp_pa
     board, folder, url = http_board
     for i in range(3):
         board.pin_write({"i": i}, "counter", type="json")
-    board.pin_versions_prune("counter", n=1)
+    board.pin_versions_prune("counter", n=1, grace=0)  # grace=0: the versions are seconds old
     board.pin_write(FRAME, "gone", type="csv")
     board.pin_remove("gone")
     out = r110.run(r"""
