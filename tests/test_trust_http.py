@@ -96,16 +96,27 @@ def _endless(handler):
         handler.wfile.write(block)
 
 
+def _endless_chunked(handler):
+    handler.protocol_version = "HTTP/1.1"  # chunked transfer encoding: a body that announces no end
+    handler.send_response(200)
+    handler.send_header("Transfer-Encoding", "chunked")
+    handler.end_headers()
+    chunk = b"10000\r\n" + b"\0" * 65536 + b"\r\n"
+    while True:
+        handler.wfile.write(chunk)
+
+
 def _tree_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
 
 # ---- case 5: endless and stalled bodies ----------------------------------------------------------
 
-def test_an_endless_body_stops_at_the_declared_size(pinned, tmp_path):
+@pytest.mark.parametrize("endless", [_endless, _endless_chunked], ids=["until-close", "chunked"])
+def test_an_endless_body_stops_at_the_declared_size(pinned, tmp_path, endless):
     folder, file_path = pinned
     with Site(folder) as site:
-        site.routes[file_path] = _endless
+        site.routes[file_path] = endless
         web = boards.board_register(site.url, name="web")
         with pytest.raises(LimitExceeded) as info:
             web.pin_get("blob")
