@@ -178,7 +178,7 @@ def _child_load(target: str) -> dict:
 
 @pytest.mark.slow      # a TensorFlow child process: 10-15 s on 2 busy cores
 def test_a_gzip_bomb_dataset_is_refused_under_a_memory_limit(http_board, tmp_path, genuine, monkeypatch):
-    def bomb(f):                  # 16 GiB declared, 16 MiB of zeros actually stored in gzip chunks
+    def bomb(f):                  # 16 GiB declared; 16 MiB of zeros written, a few KiB of gzip chunks stored
         del f[FC7]
         dataset = f.create_dataset(FC7, shape=(4 << 30,), dtype="f4", chunks=(1 << 20,), compression="gzip")
         dataset[: 4 << 20] = 0
