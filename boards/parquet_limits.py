@@ -12,9 +12,10 @@ group and before anything is decoded:
   size, and for compressed chunks the page headers themselves (one small read each: the sizes that
   decompression will allocate, which the footer's total must cover);
 * dictionary-encoded binary chunks, where the footer counts the dictionary once but decoding copies
-  a value per row: bounded by rows x dictionary page size (the longest value cannot be longer); when
-  that passes the budget, the chunk is read *as a dictionary* (indices + values, 4 bytes a row) and
-  its exact expanded size computed from the value lengths; it is expanded only within the budget.
+  a value per row: bounded by rows x the longest value of the dictionary page (read and, if need be,
+  decompressed here: it is part of the declared size); when that passes the budget, the chunk is
+  read *as a dictionary* (indices + values, 4 bytes a row) and its exact expanded size computed from
+  the value lengths; it is expanded only within the budget.
   DELTA_BYTE_ARRAY chunks (each value a prefix of the previous plus a suffix) by values x
   uncompressed size, the only sound bound short of decoding.
 
@@ -45,6 +46,7 @@ MAX_PAGE_HEADER = 16 * MIB            # pyarrow's own limit
 LOAD_HINT = f"raise {LOAD_ENV} for data you trust, or read its path with pin_get(..., files=True)"
 _WIDTH = {"BOOLEAN": 1, "INT32": 4, "INT64": 8, "INT96": 12, "FLOAT": 4, "DOUBLE": 8}
 _DICTIONARY = {"PLAIN_DICTIONARY", "RLE_DICTIONARY"}
+_CODECS = {"SNAPPY": "snappy", "GZIP": "gzip", "ZSTD": "zstd", "BROTLI": "brotli", "LZ4_RAW": "lz4_raw"}
 
 
 class ParquetLimitExceeded(LimitExceeded):
@@ -197,10 +199,16 @@ class BoundedParquetFile:
             try:
                 self.file = pq.ParquetFile(source, thrift_string_size_limit=max_footer_bytes,
                                            thrift_container_size_limit=max(1000, max_footer_bytes // 8), **options)
-            except (OSError, pa.ArrowException) as error:
+            except (OSError, ValueError, IndexError, KeyError, pa.ArrowException) as error:
                 raise MalformedParquet(f"{where}: cannot be read as Parquet: {error}") from None
-            self.metadata = self.file.metadata
-            self._check_footer()
+            try:
+                self.metadata = self.file.metadata
+                self._check_footer()
+                self.file.schema_arrow
+            except (LimitExceeded, MalformedMetadata):
+                raise
+            except (ValueError, OSError, IndexError, KeyError, pa.ArrowException) as error:
+                raise MalformedParquet(f"{where}: unreadable footer: {error}") from None
         except BaseException:
             self.close()
             raise
@@ -258,6 +266,14 @@ class BoundedParquetFile:
     def _chunks(self, rg: int) -> list[_Chunk]:
         if rg in self._bounds:
             return self._bounds[rg]
+        try:
+            return self._read_chunks(rg)
+        except (LimitExceeded, MalformedMetadata):
+            raise
+        except (ValueError, OSError, IndexError, KeyError, pa.ArrowException) as error:   # pyarrow's accessors
+            raise MalformedParquet(f"{self.where} row group {rg}: unreadable footer entry: {error}") from None
+
+    def _read_chunks(self, rg: int) -> list[_Chunk]:
         if not 0 <= rg < self.num_row_groups:
             raise MalformedParquet(f"{self.where}: no row group {rg} (it has {self.num_row_groups})")
         group, schema = self.metadata.row_group(rg), self.file.schema
@@ -282,22 +298,28 @@ class BoundedParquetFile:
                     meta.total_compressed_size > self.size or values > self.max_row_group_bytes:
                 raise self._over(where, f"declares {values} values, {declared} bytes uncompressed and "
                                         f"{meta.total_compressed_size} compressed", values * width)
-            pages = self._pages(meta, where) if meta.compression != "UNCOMPRESSED" else None
             encodings = set(meta.encodings)
             dictionary = kind in ("BYTE_ARRAY",) and (meta.has_dictionary_page or bool(encodings & _DICTIONARY))
+            pages = self._pages(meta, where, first_only=meta.compression == "UNCOMPRESSED") \
+                if meta.compression != "UNCOMPRESSED" or dictionary else []
             bound = values * width + declared
             if kind == "BYTE_ARRAY" and "DELTA_BYTE_ARRAY" in encodings:
                 bound = values * width + values * declared
-            elif dictionary:
-                longest = pages[0] if pages and meta.has_dictionary_page else declared   # else the whole chunk
+            elif dictionary and declared <= self.max_row_group_bytes:
+                # every row may reference the longest dictionary value: read it from the dictionary page
+                # (bounded: the page is part of `declared`), else bound it by the page, else the chunk
+                longest = self._longest_value(meta, pages[0]) if pages and pages[0][0] == 2 else None
+                if longest is None:
+                    longest = pages[0][2] if pages and pages[0][0] == 2 else declared
                 bound = values * width + values * longest + declared
             chunks.append(_Chunk(path.split(".")[0], path, flat, bound, dictionary))
         self._bounds[rg] = chunks
         return chunks
 
-    def _pages(self, meta, where) -> list[int]:
-        """Uncompressed sizes of a compressed chunk's pages (the dictionary page first, if any), read
-        from the page headers; refused when they add up to more than the footer declares."""
+    def _pages(self, meta, where, first_only: bool = False) -> list[tuple[int, int, int, int, int]]:
+        """(page type, header bytes, uncompressed size, compressed size, offset) of a chunk's pages (the
+        dictionary page first, if any; only the first with `first_only`), read from the page headers;
+        refused when they add up to more than the footer declares."""
         if meta.total_compressed_size == 0 or meta.num_values == 0:
             return []
         offsets = [o for o in (meta.data_page_offset, meta.dictionary_page_offset) if o]
@@ -305,14 +327,14 @@ class BoundedParquetFile:
         end = start + meta.total_compressed_size
         if start < 4 or end > self.size:
             raise MalformedParquet(f"{where}: pages at bytes {start}..{end} of a {self.size}-byte file")
-        sizes, total, at = [], 0, start
+        pages, total, at = [], 0, start
         while at < end:
             window = 256
             while True:
                 self._handle.seek(at)
                 data = self._handle.read(min(window, end - at))
                 try:
-                    _, uncompressed, compressed, length = page_header(data)
+                    kind, uncompressed, compressed, length = page_header(data)
                     break
                 except EOFError:
                     if window >= MAX_PAGE_HEADER or len(data) < window:
@@ -322,13 +344,35 @@ class BoundedParquetFile:
                     raise MalformedParquet(f"{where}: page header at byte {at}: {error}") from None
             if uncompressed < 0 or compressed < 0:
                 raise MalformedParquet(f"{where}: page at byte {at} declares negative sizes")
-            sizes.append(uncompressed)
+            pages.append((kind, length, uncompressed, compressed, at))
             total += length + uncompressed
             if total > meta.total_uncompressed_size:
                 raise MalformedParquet(f"{where}: page headers declare at least {total} bytes uncompressed, the "
                                        f"footer {meta.total_uncompressed_size}")
+            if first_only:
+                break
             at += length + compressed
-        return sizes
+        return pages
+
+    def _longest_value(self, meta, page) -> int | None:
+        """The longest value in a (PLAIN) dictionary page, or None if it cannot be read here."""
+        _, length, uncompressed, compressed, at = page
+        self._handle.seek(at + length)
+        data = self._handle.read(compressed)
+        if meta.compression != "UNCOMPRESSED":
+            codec = _CODECS.get(meta.compression)
+            if codec is None:
+                return None
+            try:
+                data = pa.Codec(codec).decompress(data, decompressed_size=uncompressed).to_pybytes()
+            except (pa.ArrowException, ValueError, OSError):
+                return None
+        longest, pos, size = 0, 0, len(data)
+        while pos + 4 <= size:
+            n = int.from_bytes(data[pos:pos + 4], "little")
+            longest = max(longest, n)
+            pos += 4 + n
+        return longest
 
     def _over(self, where, what, value):
         return ParquetLimitExceeded(f"{where}: {what}; decoding could take {value:,} bytes, over the budget "
@@ -373,7 +417,7 @@ class BoundedParquetFile:
         rest = [c for c in columns if c not in exact]
         try:
             table = self.file.read_row_group(rg, columns=rest) if rest else None
-        except (OSError, pa.ArrowException) as error:
+        except (OSError, ValueError, pa.ArrowException) as error:
             raise MalformedParquet(f"{self.where} row group {rg}: cannot be read: {error}") from None
         if not exact:
             return table
@@ -404,11 +448,12 @@ class BoundedParquetFile:
         return total
 
     def _dictionary_columns(self, rg, names) -> dict:
-        """{name: (dictionary column, exact expanded bytes)}, read without expanding."""
+        """{name: (dictionary column, bytes)}, read without expanding: the expanded values, offsets and
+        validity, plus the dictionary read itself (held while expanding, or kept as the result)."""
         try:
             reader = pq.ParquetFile(self.source, read_dictionary=names, **self._options)
             table = reader.read_row_group(rg, columns=names)
-        except (OSError, pa.ArrowException) as error:
+        except (OSError, ValueError, pa.ArrowException) as error:
             raise MalformedParquet(f"{self.where} row group {rg}: cannot be read: {error}") from None
         out = {}
         for name in names:
@@ -417,7 +462,7 @@ class BoundedParquetFile:
             for chunk in column.chunks:
                 if pa.types.is_dictionary(chunk.type):
                     lengths = pc.binary_length(chunk.dictionary).cast(pa.int64())
-                    size += (pc.sum(pc.take(lengths, chunk.indices)).as_py() or 0) + 9 * len(chunk) + 8
+                    size += (pc.sum(pc.take(lengths, chunk.indices)).as_py() or 0) + 9 * len(chunk) + 8 + chunk.nbytes
                 else:
                     size += chunk.nbytes
             out[name] = (column, size)

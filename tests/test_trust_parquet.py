@@ -271,16 +271,18 @@ def test_a_compressed_part_over_the_budget_is_refused_from_its_declared_sizes(tm
     assert "budget of 67,108,864 bytes" in line
 
 
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        out.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
+        n >>= 7
+        if not n:
+            return bytes(out)
+
+
 def _patch_num_values(path: Path, old: int, new: int) -> None:
     """Rewrite the first column chunk's num_values (Thrift compact: field 5, i64) in the footer."""
-    def varint(n):
-        out = bytearray()
-        while True:
-            out.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
-            n >>= 7
-            if not n:
-                return bytes(out)
-
+    varint = _varint
     data = path.read_bytes()
     length = int.from_bytes(data[-8:-4], "little")
     footer = data[-8 - length:-8]
@@ -305,6 +307,32 @@ def test_a_footer_declaring_10_to_the_12_values_is_refused(tmp_path, http_board)
         line = _run_bounded(f"{READS[read]}\nprint('OK')", url, tensorflow=read == "pyarrow")
         assert "MalformedParquet" in line, line
         assert "part-00000.parquet row group 0 column image: 1000000000000 values declared" in line, line
+
+
+def test_a_footer_understating_its_pages_is_refused_from_the_page_headers(tmp_path, http_board):
+    """The footer says 1,000 bytes uncompressed; the zstd page header says 96 MB: decompression would
+    allocate the latter, so the page headers are read (a few bytes each) and must agree."""
+    folder = tmp_path / "lying"
+    images = pa.array([b"\xff\xd8\xff" + bytes(MIB)] * 96, pa.binary())
+    info = _dataset(folder, {"part-00000.parquet": _table(images)}, compression="zstd")
+    part = folder / "part-00000.parquet"
+    declared = pq.ParquetFile(part).metadata.row_group(0).column(0).total_uncompressed_size
+    data = part.read_bytes()
+    length = int.from_bytes(data[-8:-4], "little")
+    footer = data[-8 - length:-8]
+    old, new = b"\x16" + _varint(declared * 2), b"\x16" + _varint(1000 * 2)
+    assert footer.count(old) == 1
+    footer = footer.replace(old, new)
+    part.write_bytes(data[:-8 - length] + footer + len(footer).to_bytes(4, "little") + b"PAR1")
+    assert pq.ParquetFile(part).metadata.row_group(0).column(0).total_uncompressed_size == 1000
+    entry = info["files"]["part-00000.parquet"]
+    entry.update(bytes=part.stat().st_size, xxh3=xxhash.xxh3_128(part.read_bytes()).hexdigest(),
+                 footer_xxh3=footer_digest(_LocalFs(), str(part)))
+    _write_common_metadata(folder, info)
+    url = _serve(http_board, folder)
+    line = _run_bounded("pipeline.verify_dataset('board://web/ds')\nprint('OK')", url)
+    assert "MalformedParquet" in line and "part-00000.parquet row group 0 column image: page headers declare" in line
+    assert "the footer 1000" in line, line
 
 
 def test_an_oversized_common_metadata_is_refused_by_its_size(tmp_path, http_board, monkeypatch):
@@ -482,7 +510,7 @@ def test_dictionary_expansion_is_counted_exactly(rows, value):
     pq.write_table(pa.table({"b": images}), buffer, store_schema=False, compression="zstd")
     budget = 256 * MIB
     with BoundedParquetFile(io.BytesIO(buffer.getvalue()), "dict", max_row_group_bytes=budget) as file:
-        if rows * value + 9 * rows + 8 > budget:
+        if rows * value + 13 * rows + value > budget:   # + the dictionary read itself (indices, the value)
             with pytest.raises(ParquetLimitExceeded, match="column b"):
                 file.read_row_group(0)
         else:
