@@ -25,6 +25,7 @@ import zlib
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 
+from .diskspace import require_room
 from .errors import ArchiveTooLarge, UnsafeArchive
 
 ARCHIVE_SUFFIXES = (".zip", ".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".gz")
@@ -161,13 +162,17 @@ def extract(archive: str | Path, dest: str | Path, *, limits: ExtractLimits | di
     if dest.exists():
         return sorted(p for p in dest.rglob("*") if p.is_file())
     budget = _Budget(archive, ExtractLimits.of(limits))
+    name = archive.name.lower()
+    if not name.endswith(".zip"):  # a zip declares its sizes, checked below; a stream is at least as large
+        require_room(dest.parent, archive.stat().st_size, what=f"extracting {archive.name}")
     tmp = dest.with_name(f".{dest.name}.tmp-{uuid.uuid4().hex[:8]}")
     tmp.mkdir(parents=True)
     try:
-        name = archive.name.lower()
         if name.endswith(".zip"):
             with zipfile.ZipFile(archive) as zf:
                 _check_zip(archive, zf)
+                # declared sizes: a lie only makes this check weaker; the budget counts real bytes
+                require_room(dest.parent, sum(i.file_size for i in zf.infolist()), what=f"extracting {archive.name}")
                 _extract_zip(zf, tmp, budget)
         elif name.endswith((".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz")):
             with tarfile.open(archive, "r|*") as tf:

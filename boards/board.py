@@ -75,7 +75,9 @@ class Board(PinsApiMixin):
         """A local folder already holding the version's files (local boards), else None."""
         return None
 
-    def download_file(self, name: str, version: str, file: str, dest: Path) -> None:
+    def download_file(self, name: str, version: str, file: str, dest: Path, offset: int = 0) -> None:
+        """Copy `file` of a version to `dest`; with `offset`, append its bytes from `offset` on to the
+        `offset` bytes `dest` already holds (resuming a download cut short)."""
         raise NotImplementedError
 
     def write_version(self, name: str, staging: Path, meta: PinMeta) -> str:
@@ -271,9 +273,9 @@ class Board(PinsApiMixin):
             meta.version = v
             sizes = dict(zip(meta.file, meta.file_size)) if meta.file_size else {}
             with progress_bar(f"{self.name}/{name}", sum(sizes.values()) or None) as advance:
-                def download(f: str, dest: Path) -> None:
-                    self.download_file(name, v, f, dest)
-                    advance(sizes.get(f, 0))
+                def download(f: str, dest: Path, offset: int) -> None:
+                    self.download_file(name, v, f, dest, offset=offset)
+                    advance(sizes.get(f, 0) - offset)
 
                 folder = self.cache.fetch_version(self.name, name, meta, download)
             return meta, folder

@@ -37,10 +37,11 @@ import xxhash
 from filelock import FileLock
 
 from . import secrets
+from .diskspace import require_room
 from .errors import BoardError, DownloadError, IntegrityError, LimitExceeded
 from .meta import PinMeta, hash_file, hash_files, hash_matches
 from .paths import contained
-from .tempnames import sweep, tmp_name
+from .tempnames import FOREIGN_MAX_AGE, sweep, tmp_name
 
 ENV_CACHE = "PINSTORM_CACHE"
 HTTP_TIMEOUT = float(os.environ.get("PINSTORM_HTTP_TIMEOUT", "60"))  # per connect / read
@@ -160,10 +161,14 @@ class Cache:
                       and (p / "data.txt").is_file())
 
     def fetch_version(self, board: str, name: str, meta: PinMeta,
-                      download: Callable[[str, Path], None]) -> Path:
+                      download: Callable[[str, Path, int], None]) -> Path:
         """The cached folder of an immutable version, downloading it once if absent.
 
-        `download(file_name, dest_path)` copies one file of the version from the board.
+        `download(file_name, dest_path, offset)` copies one file of the version from the board,
+        appending from byte `offset` of the file (0: the whole file). Files go to a resumable
+        `.<version>.partial` folder that outlives a crash or a dropped connection: the next fetch
+        (under the same lock) keeps the files already there and resumes the one cut short, then
+        verifies every byte once. The free space is checked against the declared sizes first.
         """
         dest = self.version_dir(board, name, meta.version or meta.version_name)
         if dest.is_dir():
@@ -172,19 +177,35 @@ class Cache:
         with FileLock(str(dest) + ".lock"):
             if dest.is_dir():  # another process finished while we waited
                 return dest
-            sweep(dest.parent)  # what killed downloads left behind
-            tmp = Path(tmp_name(dest.with_name("." + dest.name)))
-            tmp.mkdir()
-            try:
-                for f in meta.file:
-                    target = contained(tmp, f, pin=name, board=board)  # names come from metadata
+            sweep(dest.parent)  # what killed writers left behind
+            _drop_stale_partials(dest.parent)
+            partial = dest.with_name(f".{dest.name}{PARTIAL}")
+            source = f"pin {name!r} version {meta.version} on board {board!r}"
+            sizes = dict(zip(meta.file, meta.file_size)) if meta.file_size else {}
+            targets = {f: contained(partial, f, pin=name, board=board) for f in meta.file}  # names from metadata
+            have = {f: _size_or_zero(t) for f, t in targets.items()}
+            require_room(dest.parent, sum(max(0, int(sizes.get(f) or 0) - have[f]) for f in meta.file),
+                         what=f"downloading {source}")
+            for attempt in range(2):
+                resumed = False
+                for f, target in targets.items():
                     target.parent.mkdir(parents=True, exist_ok=True)
-                    download(f, target)
-                verify(meta, tmp, source=f"pin {name!r} version {meta.version} on board {board!r}")
-                (tmp / "data.txt").write_text(meta.to_yaml())
-                os.replace(tmp, dest)
-            finally:
-                shutil.rmtree(tmp, ignore_errors=True)
+                    want, got = sizes.get(f), _size_or_zero(target)
+                    if want is not None and got == want:
+                        continue  # whole already (verified below, with the rest)
+                    if want is None or got > want:
+                        got = 0
+                    resumed = resumed or got > 0
+                    download(f, target, got)
+                try:
+                    verify(meta, partial, source=source)
+                    break
+                except IntegrityError:
+                    shutil.rmtree(partial, ignore_errors=True)  # never resume onto bytes that failed
+                    if attempt or not (resumed or any(have.values())):
+                        raise
+            (partial / "data.txt").write_text(meta.to_yaml())
+            os.replace(partial, dest)
             write_stamp(meta, dest, stamp_path(dest))
         return dest
 
@@ -388,7 +409,8 @@ def _why_cap(size: int | None, cap: int | None) -> str:
 
 
 def _stream_to(response: requests.Response, tmp: Path, url: str, progress, *, what: str = "",
-               size: int | None = None, cap: int | None = None, limits: TransferLimits | None = None) -> int:
+               size: int | None = None, cap: int | None = None, limits: TransferLimits | None = None,
+               append: bool = False) -> int:
     """Write a bounded body (`bounded_blocks`) to `tmp`; an undeclared size is also bounded by the
     free space of the disk, so an endless body ends in a clear error, not a bare ENOSPC."""
     received = 0
@@ -397,7 +419,7 @@ def _stream_to(response: requests.Response, tmp: Path, url: str, progress, *, wh
     if disk_bound:
         cap = max(0, free - reserve)
     try:
-        with open(tmp, "wb") as out:
+        with open(tmp, "ab" if append else "wb") as out:  # append: resuming after a partial download
             for block in bounded_blocks(response, url, what=what, size=size, cap=cap, limits=limits):
                 out.write(block)
                 received += len(block)
@@ -452,3 +474,28 @@ def _write_json(path: Path, data: dict) -> None:
 
 __all__ = ["Cache", "StaleCacheWarning", "check_folder", "default_cache_root", "stamp_path", "verify",
            "hash_files", "write_stamp"]
+
+
+PARTIAL = ".partial"  # suffix of a version folder whose download may be resumed
+
+
+def _size_or_zero(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _drop_stale_partials(folder: Path, older_than: float = FOREIGN_MAX_AGE) -> None:
+    """Partial downloads nobody resumed for a day are garbage: remove them."""
+    now = time.time()
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(folder):
+            if entry.name.startswith(".") and entry.name.endswith(PARTIAL) and entry.is_dir(follow_symlinks=False):
+                with contextlib.suppress(OSError):
+                    if now - max(_mtimes(Path(entry.path))) > older_than:
+                        shutil.rmtree(entry.path, ignore_errors=True)
+
+
+def _mtimes(folder: Path) -> list[float]:
+    return [folder.stat().st_mtime] + [p.stat().st_mtime for p in folder.rglob("*")]

@@ -101,10 +101,10 @@ class BucketBoard(FsBoard):
         with self._errors(f"read data.txt of {name!r} version {version}"):
             return super().read_meta(name, version)
 
-    def download_file(self, name: str, version: str, file: str, dest: Path) -> None:
+    def download_file(self, name: str, version: str, file: str, dest: Path, offset: int = 0) -> None:
         try:
             with self._errors(f"download {name}/{version}/{file}"):
-                super().download_file(name, version, file, dest)
+                super().download_file(name, version, file, dest, offset=offset)
         except FileNotFoundError as e:
             raise DownloadError(f"{self.kind} board {self.name!r}: {name}/{version}/{file} listed in data.txt "
                                 f"is missing from bucket {self.bucket!r}", url=self.endpoint, status=404) from e

@@ -177,9 +177,9 @@ class DatatxtBoard(Board):
     def _scrub(self, text: str) -> str:
         return secrets.redact_text(text, self._secrets)
 
-    def _request(self, url: str) -> requests.Response:
+    def _request(self, url: str, headers: dict | None = None) -> requests.Response:
         try:
-            r = self.session.get(url, stream=True, timeout=HTTP_TIMEOUT)
+            r = self.session.get(url, stream=True, timeout=HTTP_TIMEOUT, headers=headers)
         except requests.RequestException as e:
             raise DownloadError(f"cannot reach {url}: {self._scrub(str(e))}", url=url) from e
         if r.status_code >= 400:
@@ -197,11 +197,19 @@ class DatatxtBoard(Board):
                 raise LimitExceeded(f"{url}: more than the {self.max_index_bytes}-byte cap on metadata "
                                     f"(max_index_bytes=) of board {self.name!r}") from None
 
-    def _download(self, url: str, dest: Path, *, what: str = "", size: int | None = None) -> None:
+    def _download(self, url: str, dest: Path, *, what: str = "", size: int | None = None, offset: int = 0) -> None:
         """Stream `url` into `dest`: no more than the declared `size` (plus slack), within the
-        board's deadline, refusing a body shorter than its Content-Length."""
-        with self._request(url) as r:
-            received = _stream_to(r, dest, url, None, what=what, size=size, limits=self.limits)
+        board's deadline, refusing a body shorter than its Content-Length. With `offset`, ask for the
+        rest of the file only (a Range request) and append it; a server that answers with the whole
+        file (200) starts it over."""
+        with self._request(url, headers={"Range": f"bytes={offset}-"} if offset else None) as r:
+            append = bool(offset) and r.status_code == 206 and \
+                r.headers.get("Content-Range", "").startswith(f"bytes {offset}-")
+            if offset and r.status_code == 206 and not append:
+                raise DownloadError(f"{what + ': ' if what else ''}{url} answered a resume from byte {offset} with "
+                                    f"Content-Range {r.headers.get('Content-Range')!r}", url=url)
+            rest = None if size is None else max(0, size - offset) if append else size
+            received = _stream_to(r, dest, url, None, what=what, size=rest, limits=self.limits, append=append)
             expected = r.headers.get("Content-Length")
             if expected is not None and expected.isdigit() and "Content-Encoding" not in r.headers \
                     and int(expected) != received:
@@ -296,10 +304,10 @@ class DatatxtBoard(Board):
                 raise UnsafePath(f"file name 'data.txt' (pin {name!r} of board {source}) is reserved for the "
                                  "pin's metadata")
 
-    def download_file(self, name: str, version: str, file: str, dest: Path) -> None:
+    def download_file(self, name: str, version: str, file: str, dest: Path, offset: int = 0) -> None:
         paths.check_relative(file, pin=name, board=self.url)
         self._download(self._version_url(name, version) + file, dest, size=self._declared_size(name, version, file),
-                       what=f"pin {name!r} version {version} file {file!r} of board {self.name!r}")
+                       what=f"pin {name!r} version {version} file {file!r} of board {self.name!r}", offset=offset)
 
     # ---- legacy (unversioned, mutable) pins ----------------------------------------------
     def _legacy_meta(self, entry: dict) -> PinMeta:

@@ -77,3 +77,7 @@ class LimitExceeded(BoardError, ValueError):
 
 class ArchiveTooLarge(LimitExceeded, UnsafeArchive):
     """An archive that expands past the extraction limits (a zip or gzip bomb, or just too big)."""
+
+
+class DiskFull(BoardError, OSError):
+    """A download, extraction or write does not fit on its disk: names the folder and the numbers."""

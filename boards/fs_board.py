@@ -382,8 +382,13 @@ class FsBoard(Board):
     def local_folder(self, name: str, version: str) -> Path | None:
         return Path(self._path(name, version)) if self.is_local else None
 
-    def download_file(self, name: str, version: str, file: str, dest: Path) -> None:
-        self.fs.get_file(self._path(name, version, file), str(dest))
+    def download_file(self, name: str, version: str, file: str, dest: Path, offset: int = 0) -> None:
+        if not offset:
+            self.fs.get_file(self._path(name, version, file), str(dest))
+            return
+        with self.fs.open(self._path(name, version, file), "rb") as src, open(dest, "ab") as out:
+            src.seek(offset)  # a ranged read on object stores: only the missing bytes travel
+            shutil.copyfileobj(src, out, 1 << 22)
 
     @contextlib.contextmanager
     def staging(self, name: str):

@@ -205,7 +205,9 @@ class KaggleBoard(Board):
         meta.name, meta.version = name, version
         return meta
 
-    def download_file(self, name: str, version: str, file: str, dest: Path) -> None:
+    def download_file(self, name: str, version: str, file: str, dest: Path, offset: int = 0) -> None:
+        """The official client resumes a partial `dest` itself (a Range request, guarded by the file's
+        ETag in a `.kaggle-partial` marker), so `offset` needs no handling here."""
         competition = self._competition(name)
         if competition:
             from kagglesdk.competitions.types.competition_api_service import ApiDownloadDataFileRequest
@@ -230,7 +232,7 @@ class KaggleBoard(Board):
             with api.build_kaggle_client() as client:
                 response = ask(client)  # the client follows Kaggle's 302 to the file
                 try:
-                    api.download_file(response, str(dest), client.http_client(), quiet=True, resume=False,
+                    api.download_file(response, str(dest), client.http_client(), quiet=True, resume=True,
                                       max_retries=self.retries)
                 finally:
                     response.close()

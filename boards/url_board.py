@@ -146,12 +146,12 @@ class UrlBoard(DatatxtBoard):
         self._declare(name, version, meta)
         return meta
 
-    def download_file(self, name: str, version: str, file: str, dest: Path) -> None:
+    def download_file(self, name: str, version: str, file: str, dest: Path, offset: int = 0) -> None:
         if not self._is_legacy_version(name, version):
-            return super().download_file(name, version, file, dest)
+            return super().download_file(name, version, file, dest, offset=offset)
         url = self._legacy_version_url(name, version) + check_relative(file, pin=name, board=self.url)
         self._download(url, dest, size=self._declared_size(name, version, file),  # the board's one HTTP client
-                       what=f"pin {name!r} version {version} file {file!r} of board {self.name!r}")
+                       what=f"pin {name!r} version {version} file {file!r} of board {self.name!r}", offset=offset)
 
     def fetch(self, name: str, version: str | None = None, *, download: bool = True, trust_cache: bool = True):
         if version in (None, LEGACY) or (download and self._is_versioned(self._entry(name))):

@@ -111,8 +111,8 @@ KILLED_GET = textwrap.dedent("""
     from pinstorm import boards
     from pinstorm.boards.datatxt_board import DatatxtBoard
     real = DatatxtBoard.download_file
-    def pausing_download(self, *args):  # pause after the first file landed in the cache's temporary
-        real(self, *args)
+    def pausing_download(self, *args, **kwargs):  # pause after the first file landed in the cache's partial folder
+        real(self, *args, **kwargs)
         open(sys.argv[3], "w").close()
         time.sleep(600)
     DatatxtBoard.download_file = pausing_download
@@ -135,7 +135,8 @@ def _kill_when_ready(script: str, *args: str, marker, env) -> None:
 
 
 def _garbage(*folders) -> list:
-    return [p for f in folders for p in f.rglob("*") if ".tmp-" in p.name or p.name.startswith("pinstorm-stage-")]
+    return [p for f in folders for p in f.rglob("*")
+            if ".tmp-" in p.name or p.name.startswith("pinstorm-stage-") or p.name.endswith(".partial")]
 
 
 def test_kill_9_mid_pin_and_mid_download_leaves_nothing_after_the_next_call(tmp_path, monkeypatch):
@@ -160,7 +161,7 @@ def test_kill_9_mid_pin_and_mid_download_leaves_nothing_after_the_next_call(tmp_
 
     with boards.serve_board(root) as url:
         _kill_when_ready(KILLED_GET, url, str(cache), marker=tmp_path / "m2", env=env)
-        assert any(".tmp-" in p.name for p in _garbage(cache))
+        assert any(p.name.endswith(".partial") for p in _garbage(cache))  # resumable, until the next call
         web = boards.board_register("datatxt", name="web", url=url, cache=cache)
         got = web.pin_get("big")
     assert sorted(Path(p).read_bytes() for p in got) == sorted(p.read_bytes() for p in src.iterdir())

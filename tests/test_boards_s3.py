@@ -140,7 +140,9 @@ def test_server_errors_are_clear_and_the_cache_never_holds_a_partial_file(s3_ser
     pin_cache = tmp_path / "cache" / "via-proxy" / "big"
 
     def cached_versions():
-        return [p.name for p in pin_cache.iterdir() if p.is_dir()] if pin_cache.exists() else []
+        # version folders a reader could be served; a hidden `.<version>.partial` is a resumable download
+        return [p.name for p in pin_cache.iterdir() if p.is_dir() and not p.name.startswith(".")] \
+            if pin_cache.exists() else []
 
     proxy.fail(r"/big\.bin", 500, method="GET", content_type="application/xml",
                body="<Error><Code>InternalError</Code><Message>disk on fire</Message></Error>")
