@@ -8,6 +8,7 @@ No test reads the machine's ~/.kaggle: HOME and KAGGLE_CONFIG_DIR point into tmp
 from __future__ import annotations
 
 import io
+import os
 import json
 import warnings
 import zipfile
@@ -289,3 +290,25 @@ def test_client_adapter_is_separate_from_the_board(board):
     with pytest.raises(boards.BoardError, match="http"):
         kaggle_client.normalise_endpoint("ftp://x", "k")
     assert kaggle_client.normalise_endpoint("http://h:1/v1/", "k") == "http://h:1"
+
+
+def test_an_interrupted_download_resumes_where_it_stopped(kaggle_server, token_file, tmp_path):
+    """The dropped connection of a long Kaggle download costs only the bytes not yet received: the next
+    pin_get asks for the rest (the official client's Range resume, guarded by the file's ETag)."""
+    big = os.urandom(3 << 20)  # random bytes: the zip stores them as they are
+    kaggle_server.add_dataset("carol/big-archive", {"big.bin": big}, title="a big archive")
+    board = KaggleBoard(name="resume", token=token_file, endpoint=kaggle_server.endpoint, cache=tmp_path / "cache",
+                        retries=0)
+    first = len(kaggle_server.file_ranges)
+    kaggle_server.cut_downloads = 1
+    with pytest.raises(DownloadError):
+        board.pin_get("carol/big-archive")
+    [partial] = [p for p in (tmp_path / "cache").rglob("*.partial")]  # hidden, never served
+    [kept] = [p for p in partial.iterdir() if p.suffix == ".zip"]
+    have = kept.stat().st_size
+    assert 0 < have
+    files = board.pin_get("carol/big-archive")
+    assert [Path(f).read_bytes() for f in files if Path(f).name == "big.bin"] == [big]
+    ranges = [r for _, r in kaggle_server.file_ranges[first:]]
+    assert ranges[0] is None and f"bytes={have}-" in ranges[1:]
+    assert not [p for p in (tmp_path / "cache").rglob("*.partial")]

@@ -8,7 +8,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import errno
-import subprocess
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -23,6 +22,8 @@ from hypothesis import strategies as st
 from pinstorm import boards
 from pinstorm.boards import registry
 from pinstorm.boards.errors import BoardError, DownloadError, LimitExceeded
+
+from disk_support import small_disk  # noqa: F401 - fixture
 
 PASSWORD = "pa55-S3CRET-word"
 API_KEY = "k3y-S3CRET-value"
@@ -170,8 +171,8 @@ def test_a_normal_download_still_works_with_a_tight_rate(pinned):
         assert Path(web.pin_get("blob")[0]).read_bytes() == bytes(range(100))
 
 
-def test_a_url_without_declared_size_stops_before_the_disk_is_full(tmp_path):
-    disk = _tmpfs(tmp_path / "small-disk", "1m")
+def test_a_url_without_declared_size_stops_before_the_disk_is_full(tmp_path, small_disk):
+    disk = small_disk(tmp_path / "small-disk", "1m")
     with Site() as site:
         site.routes["/endless.bin"] = _endless
         cache = boards.Cache(disk)
@@ -276,27 +277,6 @@ def test_messages_never_show_url_credentials(tmp_path):
 
 # ---- case 10 (config part): a full config disk ----------------------------------------------------
 
-def _tmpfs(path: Path, size: str) -> Path:
-    path.mkdir(parents=True)
-    try:
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-                              capture_output=True, timeout=30)
-    except (OSError, subprocess.SubprocessError) as e:
-        pytest.skip(f"cannot mount a tmpfs here: {e}")
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode(errors='replace').strip()}")
-    _mounted.append(path)
-    return path
-
-
-_mounted: list[Path] = []
-
-
-@pytest.fixture(autouse=True)
-def _unmount():
-    yield
-    while _mounted:
-        subprocess.run(["umount", "-l", str(_mounted.pop())], capture_output=True, timeout=30)
 
 
 def _fill(disk: Path) -> None:
@@ -308,8 +288,8 @@ def _fill(disk: Path) -> None:
             assert e.errno == errno.ENOSPC
 
 
-def test_a_full_config_disk_is_one_clear_error(tmp_path, monkeypatch):
-    disk = _tmpfs(tmp_path / "config-disk", "256k")
+def test_a_full_config_disk_is_one_clear_error(tmp_path, monkeypatch, small_disk):
+    disk = small_disk(tmp_path / "config-disk", "256k")
     config = disk / "pinstorm" / "boards.yaml"
     monkeypatch.setenv("PINSTORM_CONFIG", str(config))
     boards.board_register("local", name="first", path=str(tmp_path / "b1"), persist=True)

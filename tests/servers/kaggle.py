@@ -20,6 +20,7 @@ import base64
 import contextlib
 import datetime as dt
 import email.utils
+import hashlib
 import io
 import json
 import re
@@ -98,6 +99,8 @@ class KaggleServer(LocalServer):
         self.competitions: dict[str, Competition] = {}
         self.calls: list[str] = []  # "service/method" of every API call
         self.file_downloads: list[str] = []  # paths of every file served
+        self.file_ranges: list[tuple[str, str | None]] = []  # (path, Range header) of every file request
+        self.cut_downloads = 0  # how many of the next file bodies to cut in half (a dropped connection)
         self.lock = threading.Lock()
         owner = self
 
@@ -307,8 +310,31 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send(404, b"not found", "text/plain")
         with state.lock:
             state.file_downloads.append(path)
-        self._send(200, data, "application/octet-stream",
-                   {"Last-Modified": email.utils.format_datetime(when.astimezone(dt.timezone.utc), usegmt=True)})
+            state.file_ranges.append((path, self.headers.get("Range")))
+            cut = state.cut_downloads > 0 and self.command == "GET"
+            if cut:
+                state.cut_downloads -= 1
+        # like Kaggle's file hosts: ranges, a validator the client's resume checks, a last-modified time
+        headers = {"Last-Modified": email.utils.format_datetime(when.astimezone(dt.timezone.utc), usegmt=True),
+                   "ETag": '"%s"' % hashlib.sha1(data).hexdigest(), "Accept-Ranges": "bytes"}
+        status, body = 200, data
+        if (m := re.match(r"^bytes=(\d+)-$", self.headers.get("Range", ""))) and int(m.group(1)) < len(data):
+            start = int(m.group(1))
+            status, body = 206, data[start:]
+            headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
+        if cut:  # the connection drops mid-body: full Content-Length, half the bytes, then closed
+            self.send_response(status)
+            self.send_header("Content-Type", "application/octet-stream")
+            self.send_header("Content-Length", str(len(body)))
+            for k, v in headers.items():
+                self.send_header(k, v)
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.write(body[: len(body) // 2])
+            self.wfile.flush()
+            self.close_connection = True
+            return
+        self._send(status, body, "application/octet-stream", headers)
 
     do_HEAD = do_GET
 
