@@ -20,7 +20,7 @@ from typing import Any, Iterable
 
 import pandas as pd
 
-from . import archive, drivers, paths
+from . import archive, drivers, paths, secrets
 from .cache import Cache, StaleCacheWarning, check_folder, stamp_path
 from .errors import (BoardError, DownloadError, IntegrityError, InvalidPinName, PinNotFound, ReadOnlyBoard,
                      VersionNotFound)
@@ -173,7 +173,7 @@ class Board(PinsApiMixin):
             downloaded = self.cache.fetch_url(x, self.cache.url_path(self.name, x))
             target = staging / paths.url_file_name(x)  # one safe segment, whatever the URL says
             shutil.copyfile(downloaded, target)
-            extra["source_url"] = x
+            extra["source_url"] = secrets.strip_url(x)  # data.txt is public: no user:password@, no ?token=
             sources = [(target, target.name)]
         elif isinstance(x, (str, Path)) or (isinstance(x, (list, tuple)) and x and
                                            all(isinstance(p, (str, Path)) for p in x)):
@@ -447,7 +447,8 @@ def _discard(folder: Path) -> bool:
 
 def _default_name(x: Any) -> str:
     if isinstance(x, (str, Path)):
-        base = Path(str(x).split("?", 1)[0].rstrip("/")).name
+        text = secrets.strip_url(x) if isinstance(x, str) and "://" in x else str(x)
+        base = Path(text.split("?", 1)[0].rstrip("/")).name
         stem = base.split(".")[0] if "." in base else base
         if stem:
             return stem

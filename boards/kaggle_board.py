@@ -27,7 +27,7 @@ import xxhash
 
 from pinstorm.extras import ensure
 
-from . import paths
+from . import paths, secrets
 from .board import FIND_COLUMNS, Board
 from .cache import Cache
 from .errors import CredentialsError, InvalidPinName, PinNotFound, ReadOnlyBoard, UnsafePath, VersionNotFound
@@ -75,7 +75,7 @@ class KaggleBoard(Board):
         self._info: dict[str, tuple[float, Any]] = {}
 
     def describe(self) -> str:
-        return f"kaggle ({self.endpoint or PRODUCTION})"
+        return f"kaggle ({secrets.redact_url(self.endpoint or PRODUCTION)})"
 
     def __getstate__(self) -> dict:  # picklable for process pools: the client signs in again there
         state = dict(self.__dict__)

@@ -332,3 +332,18 @@ def test_no_url_secret_survives_saving_naming_or_printing(user, password, token,
         assert "S3CR3T" not in text and "T0K3N" not in text, text
     assert f"{where} (URL credentials)" in dropped
     assert clean.startswith("https://host.example:8443/") and "a=1" in clean
+
+
+def test_a_pinned_url_keeps_no_credentials_in_its_data_txt_or_name(tmp_path):
+    served = tmp_path / "site"
+    served.mkdir()
+    (served / "notes.txt").write_text("hello")
+    board = boards.board_register("local", name="mine", path=tmp_path / "board")
+    with boards.serve_board(served) as url:
+        secret_url = url.replace("http://", f"http://user:{PASSWORD}@") + f"/notes.txt?token={TOKEN}"
+        [path] = board.pin(secret_url)  # the name comes from the URL's path, never its userinfo
+    assert Path(path).read_text() == "hello"
+    meta = (tmp_path / "board" / "notes").rglob("data.txt")
+    for text in [p.read_text() for p in meta]:
+        assert PASSWORD not in text and TOKEN not in text
+    assert board.pin_info("notes")["source_url"].endswith("/notes.txt")
