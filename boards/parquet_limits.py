@@ -28,6 +28,7 @@ dictionary column can already be gigabytes, and pyarrow cannot be stopped inside
 from __future__ import annotations
 
 import os
+import struct
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -46,6 +47,7 @@ MAX_PAGE_HEADER = 16 * MIB            # pyarrow's own limit
 LOAD_HINT = f"raise {LOAD_ENV} for data you trust, or read its path with pin_get(..., files=True)"
 _WIDTH = {"BOOLEAN": 1, "INT32": 4, "INT64": 8, "INT96": 12, "FLOAT": 4, "DOUBLE": 8}
 _DICTIONARY = {"PLAIN_DICTIONARY", "RLE_DICTIONARY"}
+_U32 = struct.Struct("<I")
 _CODECS = {"SNAPPY": "snappy", "GZIP": "gzip", "ZSTD": "zstd", "BROTLI": "brotli", "LZ4_RAW": "lz4_raw"}
 
 
@@ -174,6 +176,7 @@ class _Chunk:
     flat: bool
     bound: int           # bytes this chunk may decode to (a sound upper bound)
     dictionary_binary: bool
+    refine: tuple | None = None   # (bytes besides the values, values, column meta, dictionary page)
 
 
 class BoundedParquetFile:
@@ -212,7 +215,7 @@ class BoundedParquetFile:
         except BaseException:
             self.close()
             raise
-        self._bounds: dict[int, list[_Chunk]] = {}
+        self._bounds: dict[tuple, list[_Chunk]] = {}
 
     # -- footer -------------------------------------------------------------------------------------------
     def _check_tail(self, size, max_footer_bytes):
@@ -263,23 +266,30 @@ class BoundedParquetFile:
             raise MalformedParquet(f"{self.where}: no column(s) {', '.join(unknown)}")
         return list(columns)
 
-    def _chunks(self, rg: int) -> list[_Chunk]:
-        if rg in self._bounds:
-            return self._bounds[rg]
+    def _chunks(self, rg: int, columns) -> list[_Chunk]:
+        """The bounds of the chunks of row group `rg` under the top-level `columns` (only those are
+        looked at: page headers are read only for what will be decoded)."""
+        key = (rg, frozenset(columns))
+        if key in self._bounds:
+            return self._bounds[key]
         try:
-            return self._read_chunks(rg)
+            self._bounds[key] = self._read_chunks(rg, key[1])
+            return self._bounds[key]
         except (LimitExceeded, MalformedMetadata):
             raise
         except (ValueError, OSError, IndexError, KeyError, pa.ArrowException) as error:   # pyarrow's accessors
             raise MalformedParquet(f"{self.where} row group {rg}: unreadable footer entry: {error}") from None
 
-    def _read_chunks(self, rg: int) -> list[_Chunk]:
+    def _read_chunks(self, rg: int, wanted) -> list[_Chunk]:
         if not 0 <= rg < self.num_row_groups:
             raise MalformedParquet(f"{self.where}: no row group {rg} (it has {self.num_row_groups})")
         group, schema = self.metadata.row_group(rg), self.file.schema
         chunks = []
         for i in range(group.num_columns):
-            meta, leaf = group.column(i), schema.column(i)
+            leaf = schema.column(i)
+            if leaf.path.split(".")[0] not in wanted:
+                continue
+            meta = group.column(i)
             path = meta.path_in_schema
             flat = leaf.max_repetition_level == 0 and "." not in path
             where = f"{self.where} row group {rg} column {path}"
@@ -305,15 +315,15 @@ class BoundedParquetFile:
             bound = values * width + declared
             if kind == "BYTE_ARRAY" and "DELTA_BYTE_ARRAY" in encodings:
                 bound = values * width + values * declared
-            elif dictionary and declared <= self.max_row_group_bytes:
-                # every row may reference the longest dictionary value: read it from the dictionary page
-                # (bounded: the page is part of `declared`), else bound it by the page, else the chunk
-                longest = self._longest_value(meta, pages[0]) if pages and pages[0][0] == 2 else None
-                if longest is None:
-                    longest = pages[0][2] if pages and pages[0][0] == 2 else declared
-                bound = values * width + values * longest + declared
-            chunks.append(_Chunk(path.split(".")[0], path, flat, bound, dictionary))
-        self._bounds[rg] = chunks
+            refine = None
+            if dictionary:
+                # every row may reference the longest dictionary value: no longer than the dictionary
+                # page (else the chunk); `_refine` reads the page for the longest value when needed
+                has_page = bool(pages) and pages[0][0] == 2
+                bound = values * width + values * (pages[0][2] if has_page else declared) + declared
+                if has_page and declared <= self.max_row_group_bytes:
+                    refine = (values * width + declared, values, meta, pages[0])
+            chunks.append(_Chunk(path.split(".")[0], path, flat, bound, dictionary, refine))
         return chunks
 
     def _pages(self, meta, where, first_only: bool = False) -> list[tuple[int, int, int, int, int]]:
@@ -354,6 +364,16 @@ class BoundedParquetFile:
             at += length + compressed
         return pages
 
+    def _refine(self, chunks) -> None:
+        """Tighten dictionary chunks' bounds with the longest value of their dictionary page."""
+        for chunk in chunks:
+            if chunk.refine is not None:
+                base, values, meta, page = chunk.refine
+                longest = self._longest_value(meta, page)
+                if longest is not None:
+                    chunk.bound = min(chunk.bound, base + values * longest)
+                chunk.refine = None
+
     def _longest_value(self, meta, page) -> int | None:
         """The longest value in a (PLAIN) dictionary page, or None if it cannot be read here."""
         _, length, uncompressed, compressed, at = page
@@ -367,10 +387,12 @@ class BoundedParquetFile:
                 data = pa.Codec(codec).decompress(data, decompressed_size=uncompressed).to_pybytes()
             except (pa.ArrowException, ValueError, OSError):
                 return None
-        longest, pos, size = 0, 0, len(data)
-        while pos + 4 <= size:
-            n = int.from_bytes(data[pos:pos + 4], "little")
-            longest = max(longest, n)
+        longest, pos, end = 0, 0, len(data) - 4
+        unpack = _U32.unpack_from
+        while pos <= end:
+            n = unpack(data, pos)[0]
+            if n > longest:
+                longest = n
             pos += 4 + n
         return longest
 
@@ -382,7 +404,7 @@ class BoundedParquetFile:
         """A sound upper bound of what reading `columns` of row group `rg` decodes to (footer and page
         headers only); no exact dictionary count."""
         wanted = set(self._columns(columns))
-        return sum(c.bound for c in self._chunks(rg) if c.column in wanted)
+        return sum(c.bound for c in self._chunks(rg, wanted))
 
     # -- reads --------------------------------------------------------------------------------------------
     def check_row_group(self, rg: int, columns=None, *, budget: int | None = None) -> tuple[int, dict]:
@@ -391,9 +413,12 @@ class BoundedParquetFile:
         budget). Nothing is expanded."""
         budget = self.max_row_group_bytes if budget is None else budget
         columns = self._columns(columns)
-        chunks = [c for c in self._chunks(rg) if c.column in set(columns)]
+        chunks = self._chunks(rg, columns)
         total = sum(c.bound for c in chunks)
         exact = {}
+        if total > budget:
+            self._refine(chunks)
+            total = sum(c.bound for c in chunks)
         if total > budget:
             # The loose dictionary bound is over: count the flat dictionary chunks exactly.
             candidates = sorted({c.column for c in chunks if c.dictionary_binary and c.flat})
