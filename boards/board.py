@@ -22,6 +22,7 @@ import pandas as pd
 
 from . import archive, drivers, paths, secrets
 from .cache import Cache, StaleCacheWarning, check_folder, stamp_path
+from .diskspace import require_room, storage_errors
 from .errors import (BoardError, DownloadError, IntegrityError, InvalidPinName, PinNotFound, ReadOnlyBoard,
                      VersionNotFound)
 from .meta import FILE_HASH_FIELD, PinMeta, format_created, hash_matches, parse_version, utc_now
@@ -114,7 +115,8 @@ class Board(PinsApiMixin):
         if self.read_only:
             raise ReadOnlyBoard(f"board {self.name!r} ({self.kind}) is read-only; cannot pin {name!r}")
         name = self.check_name(name if name is not None else _default_name(x))
-        with self.staging(name) as (staging, in_place):
+        with storage_errors(f"pin {name!r} on board {self.name!r}", self.describe()), \
+                self.staging(name) as (staging, in_place):
             files, pin_type, default_title, extra = self._stage(x, name, staging, type=type, zip=zip,
                                                                 link=not in_place)
             meta = PinMeta.from_files(files, type=pin_type, title=title or default_title,
@@ -124,8 +126,11 @@ class Board(PinsApiMixin):
             if tags is not None:  # pins 1.x's `tags` field
                 meta.extra["tags"] = [str(t) for t in tags]
             latest = self._latest_or_none(name)
-            if latest is not None:
-                old = self.read_meta(name, latest)
+            try:
+                old = self.read_meta(name, latest) if latest is not None else None
+            except PinNotFound:  # pruned or removed since the listing: there is nothing to compare with
+                old = None
+            if old is not None:
                 if _same_content(old, meta, staging) and _same_metadata(old, meta):
                     # identical content and metadata: keep the version (repairing its bytes if they rotted)
                     self.repair_version(name, latest, old, staging)
@@ -189,6 +194,8 @@ class Board(PinsApiMixin):
                     src.unlink()
             extra[ZIPPED_FIELD] = True
             return [out], type or "file", f"{name}: {len(sources)} zipped file(s)", extra
+        if not link:  # copied onto the board's own disk: say so now if it cannot fit
+            require_room(staging, sum(Path(src).stat().st_size for src, _ in sources), what=f"pin {name!r}")
         files = []
         for src, rel in sources:
             target = staging / rel

@@ -416,6 +416,7 @@ class FsBoard(Board):
     def write_version(self, name: str, staging: Path, meta: PinMeta) -> str:
         version = meta.version_name
         final = self._path(name, version)
+        created = False
         if self.is_local:
             Path(final).parent.mkdir(parents=True, exist_ok=True)
             in_place = staging.parent == Path(final).parent and is_temporary(staging.name)
@@ -436,6 +437,7 @@ class FsBoard(Board):
                         raise  # else: an identical version (same second, same hash) is already there
                 else:
                     self._stamp(name, version, meta)
+                    created = True
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
         else:
@@ -447,8 +449,27 @@ class FsBoard(Board):
             self.fs.pipe_file(posixpath.join(final, "data.txt"), meta.to_yaml().encode())
         self._fresh()
         meta.name, meta.version = name, version
-        self._publish(name, meta)
+        try:
+            self._publish(name, meta)
+        except BaseException:
+            if created:  # a version is visible only once indexed: take it back (a full disk, a crash)
+                self._withdraw(name, version)
+            raise
         return version
+
+    def _withdraw(self, name: str, version: str) -> None:
+        """Remove a local version whose indexes could not be written, so a failed `pin()` leaves the
+        board as it was; then let the indexes settle again on the space it freed (best effort: the
+        next write or `board repair` reconciles them otherwise)."""
+        final = Path(self._path(name, version))
+        gone = Path(tmp_name(final))
+        with contextlib.suppress(OSError):
+            os.replace(final, gone)  # invisible at once; then deleted
+            shutil.rmtree(gone, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            final.parent.rmdir()  # a new pin's now empty folder
+        with contextlib.suppress(Exception):
+            self._update_index()
 
     def _stamp(self, name: str, version: str, meta: PinMeta) -> None:
         """Record a just-written local version as verified (its bytes were hashed while staged)."""
