@@ -13,7 +13,9 @@ Every category holds 3 JPEGs of ~0.6 KB, so the time is board overhead, not data
 5. S3 (moto) and GCS (the emulator) on 127.0.0.1: repartition ms/pin at 30 -> 300 categories.
 
 Writes bench/results/scale.json and bench/results/scale.png. `--quick`: local up to 1,000, buckets up
-to 100. The full run goes to 21,841 (about 10 minutes on 2 cores).
+to 100. The full run goes to 21,841 (about 10 minutes on 2 cores). `--against REV` also runs the same
+measurements (local up to 300 pins, where the old quadratic cost is still affordable) on commit REV,
+in the same run, and reports ms/pin of both (see bench/baseline.py).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results"
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the test servers
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # baseline.py
 
 
 def make_tree(root: Path, count: int, start: int = 0) -> Path:
@@ -154,6 +157,10 @@ def plot(result: dict, path: Path) -> None:
         rows = result.get(kind) or []
         if rows:
             left.plot([r["pins"] for r in rows], [r["ms_per_pin"] for r in rows], "^-", label=f"{kind}, repartition")
+    old = (result.get("baseline") or {}).get("local") or []
+    if old:
+        left.plot([r["pins"] for r in old], [r["ms_per_pin"] for r in old], "x:", color="#c33",
+                  label=f"local, repartition at {result['baseline']['rev']} (before)")
     left.set(xscale="log", yscale="log", xlabel="pins on the board", ylabel="ms per pin",
              title="Cost of one category pin as the board grows")
     left.legend(fontsize=8)
@@ -172,10 +179,15 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="local up to 1,000 pins, buckets up to 100")
     ap.add_argument("--no-buckets", action="store_true", help="skip S3 and GCS")
+    ap.add_argument("--local-sizes", help="comma-separated board sizes, e.g. 10,100,300")
+    ap.add_argument("--against", metavar="REV", help="also measure commit REV (local up to 300 pins) in this run")
+    ap.add_argument("--json-out", help=argparse.SUPPRESS)  # bench/baseline.py: results there, no plot
     args = ap.parse_args(argv)
     os.environ.setdefault("PINSTORM_PROGRESS", "0")
     os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
     local_sizes = [10, 100, 1000] if args.quick else [10, 100, 1000, 5000, 21841]
+    if args.local_sizes:
+        local_sizes = [int(n) for n in args.local_sizes.split(",")]
     bucket_sizes = [30, 100] if args.quick else [30, 100, 300]
     with tempfile.TemporaryDirectory(prefix="pinstorm-bench-scale-") as tmp:
         work = Path(tmp)
@@ -200,6 +212,28 @@ def main(argv=None) -> dict:
             result["ratios"][f"{kind}_ms_per_pin_vs_smallest"] = {
                 r["pins"]: round(r["ms_per_pin"] / rows[0]["ms_per_pin"], 2) for r in rows}
     result["quick"] = args.quick
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(result, indent=2))
+        return result
+    if args.against:
+        from baseline import run_against
+
+        sizes = ",".join(str(n) for n in local_sizes if n <= 300) or "10,100"
+        print(f"--- the same on {args.against} (local {sizes}) ---", flush=True)
+        old = run_against(args.against, Path(__file__).resolve(),
+                          ["--local-sizes", sizes, *(["--no-buckets"] if args.no_buckets else []),
+                           *(["--quick"] if args.quick else [])])
+        result["baseline"] = {"rev": args.against, **old}
+        now = {r["pins"]: r for r in result["local"]}
+        result["ratios"]["local_ms_per_pin_before_vs_after"] = {
+            r["pins"]: round(r["ms_per_pin"] / now[r["pins"]]["ms_per_pin"], 1)
+            for r in old["local"] if r["pins"] in now}
+        for kind in ("s3", "gcs"):
+            mine = {r["pins"]: r for r in result.get(kind) or []}
+            if old.get(kind):
+                result["ratios"][f"{kind}_ms_per_pin_before_vs_after"] = {
+                    r["pins"]: round(r["ms_per_pin"] / mine[r["pins"]]["ms_per_pin"], 1)
+                    for r in old[kind] if r["pins"] in mine}
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "scale.json").write_text(json.dumps(result, indent=2))
     plot(result, RESULTS / "scale.png")

@@ -11,7 +11,8 @@ from .cache import Cache, StaleCacheWarning
 from .errors import (BoardError, BoardNotRegistered, CredentialsError, DownloadError, IntegrityError,
                      InvalidPinName, MalformedMetadata, PinNotFound, ReadOnlyBoard, UnsafeArchive,
                      VersionNotFound)
-from .errors import ArchiveTooLarge, LimitExceeded, UnsafePath
+from .errors import ArchiveTooLarge, DiskFull, LimitExceeded, UnsafePath
+from .parquet_limits import MalformedParquet, ParquetLimitExceeded
 from .archive import ExtractLimits
 from .registry import board_deregister, board_get, board_list, board_register
 from .parallel import PinFetchError, pin_get_many
@@ -27,7 +28,8 @@ __all__ = [
     "board_list", "board_register", "pin", "pin_find", "pin_get", "pin_get_many", "pin_info",
     "pin_remove", "pin_versions", "serve_board",
     # bounds and containment of untrusted boards (docs/boards.md, "Security model")
-    "ArchiveTooLarge", "ExtractLimits", "LimitExceeded", "UnsafePath",
+    "ArchiveTooLarge", "DiskFull", "ExtractLimits", "LimitExceeded", "MalformedParquet", "ParquetLimitExceeded",
+    "UnsafePath",
     # pins 1.x / pins-python names
     "PinMetadata", "cache_prune", "pin_download", "pin_meta", "pin_read", "pin_search", "pin_upload",
     "pin_version_delete", "pin_versions_prune", "pin_write", "write_board_manifest",

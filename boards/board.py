@@ -23,8 +23,8 @@ import pandas as pd
 from . import archive, drivers, paths, secrets
 from .cache import Cache, StaleCacheWarning, check_folder, stamp_path
 from .diskspace import require_room, storage_errors
-from .errors import (BoardError, DownloadError, IntegrityError, InvalidPinName, PinNotFound, ReadOnlyBoard,
-                     VersionNotFound)
+from .errors import (BoardError, DownloadError, IntegrityError, InvalidPinName, LimitExceeded, PinNotFound,
+                     ReadOnlyBoard, VersionNotFound)
 from .meta import FILE_HASH_FIELD, PinMeta, format_created, hash_matches, parse_version, utc_now
 from .tempnames import staging_dir, tmp_name
 from .names import check_pin_name
@@ -144,7 +144,10 @@ class Board(PinsApiMixin):
             older = [v for v in self.list_versions(name) if v != version]
             if older:
                 self.delete(name, older)
-        return self.pin_get(name, version=version)
+        try:
+            return self.pin_get(name, version=version)
+        except LimitExceeded:  # stored, but larger than the load budget: hand back its files, not an error
+            return self.pin_get(name, version=version, files=True)
 
     @contextlib.contextmanager
     def staging(self, name: str):

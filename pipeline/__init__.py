@@ -12,7 +12,7 @@ from .convert import ConvertResult, DatasetExistsError, convert
 from .images import UndecodableImage, check_image
 from .info import dataset_info
 from .layout import EmptyClassesWarning, Layout, LayoutError, scan
-from .metadata import IncompleteDatasetError
+from .metadata import IncompleteDatasetError, MalformedDatasetError, UntrustedSchemaError
 from .reader import IncompleteEpochError, make_dataset
 from .repartition import imagenet_partition, repartition
 from .samples import digits_quirks, imagenet_size_jpegs, make_digits_tree, make_imagenet_size_tree
@@ -23,4 +23,5 @@ __all__ = [
     "Layout", "LayoutError", "ConvertResult", "DatasetExistsError", "IncompleteDatasetError",
     "IncompleteEpochError", "UndecodableImage", "check_image", "digits_quirks", "imagenet_size_jpegs",
     "make_imagenet_size_tree", "EmptyClassesWarning", "CorruptPartError", "MissingPartError", "verify_dataset",
+    "MalformedDatasetError", "UntrustedSchemaError",
 ]

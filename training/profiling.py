@@ -244,23 +244,25 @@ def _parquet_read(url: str, max_rows: int, min_seconds: float = 0.5) -> StageTim
 
     A small dataset is read again until ``min_seconds`` have passed, so the rate is not all start-up.
     """
-    import fsspec
-    import pyarrow.parquet as pq
+    from pinstorm.pipeline.metadata import read_info
+    from pinstorm.pipeline.storage import locate
+    from pinstorm.pipeline.verify import open_part, read_row_group
 
-    from pinstorm import pipeline
-
-    info = pipeline.dataset_info(url)
-    fs, root = fsspec.core.url_to_fs(info["url"])
-    parts = [f"{root.rstrip('/')}/{part}" for part in sorted(info["files"])]
+    location = locate(url)  # what make_dataset reads, and as it reads it: checked and bounded row groups
+    info = read_info(location)
     rows = nbytes = passes = 0
     started = time.perf_counter()
     while rows < max_rows and (passes == 0 or time.perf_counter() - started < min_seconds):
         passes += 1
-        for path in parts:
-            with fs.open(path, "rb") as handle:
-                for batch in pq.ParquetFile(handle).iter_batches(batch_size=1024):
-                    rows += batch.num_rows
-                    nbytes += batch.nbytes
+        for name in sorted(info["files"]):
+            handle = open_part(location, info, name)
+            try:
+                for rg in range(handle.num_row_groups):
+                    table = read_row_group(handle, location, info, name, rg)
+                    rows += table.num_rows
+                    nbytes += table.nbytes
+            finally:
+                handle.close()
             if rows >= max_rows:
                 break
     seconds = time.perf_counter() - started
