@@ -122,6 +122,40 @@ def http_reads(folder: Path, work: Path) -> dict:
     return out
 
 
+def interop_reads(folder: Path, work: Path) -> dict:
+    """The largest board over HTTP, read by pins-python and (where installed) R pins 0.4.5 and 1.1.0."""
+    import pins
+    import yaml
+
+    from pinstorm import boards
+
+    out: dict = {}
+    with boards.serve_board(folder) as url:
+        start = time.perf_counter()
+        manifest = yaml.safe_load((folder / "_pins.yaml").read_text())
+        web = pins.board_url(url + "/", {name: paths[-1] for name, paths in manifest.items()})
+        table = web.pin_read("categories")
+        out["pins_python"] = {"pins": len(manifest), "categories_rows": len(table),
+                              "seconds": round(time.perf_counter() - start, 2)}
+        try:
+            from r_support import RPins, missing_reason
+        except ImportError:
+            return out
+        for version, code in (("0.4.5", 'board_register_datatxt(url, name = "big")\n'
+                                        'list(pins = nrow(pin_find(board = "big")),\n'
+                                        '     files = length(pin_get("n00000000", board = "big", extract = TRUE)))'),
+                              ("1.1.0", 'b <- board_url(paste0(url, "/"))\n'
+                                        'list(pins = length(pin_list(b)), type = pin_meta(b, "n00000000")$type)')):
+            if missing_reason(version):
+                out[f"r_{version}"] = {"skipped": missing_reason(version)}
+                continue
+            start = time.perf_counter()
+            got = RPins(version, work / f"r-home-{version}").run(code, url=url)
+            out[f"r_{version}"] = {**got, "seconds": round(time.perf_counter() - start, 2)}
+    print(f"interop on the largest board: {json.dumps(out)}", flush=True)
+    return out
+
+
 def bucket_curve(kind: str, sizes: list[int], work: Path) -> list[dict]:
     import uuid
 
@@ -236,6 +270,8 @@ def main(argv=None) -> dict:
         os.environ["PINSTORM_CACHE"] = str(work / "cache")
         result: dict = {"local": local_curve(local_sizes, work)}
         result["http"] = http_reads(work / f"board-{local_sizes[-1]}", work)
+        if not args.json_out:
+            result["interop"] = interop_reads(work / f"board-{local_sizes[-1]}", work)
         if not args.no_buckets:
             for kind in ("s3", "gcs"):
                 result[kind] = bucket_curve(kind, bucket_sizes, work)
