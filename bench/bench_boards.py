@@ -36,6 +36,8 @@ def _best(fn, repeat):
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--against", metavar="REV", help="also measure commit REV in this run (bench/baseline.py)")
+    ap.add_argument("--json-out", help=argparse.SUPPRESS)  # bench/baseline.py: results there, no plot
     args = ap.parse_args(argv)
     size_mb = 16 if args.quick else 256
     small_files = 50 if args.quick else 200
@@ -124,6 +126,18 @@ def main(argv=None) -> dict:
         results["offline_pin_get_s"], _ = _best(lambda: web.pin_get("blob", download=False), repeat * 4)
         results["local_board_pin_get_s"], _ = _best(lambda: src.pin_get("blob"), repeat * 4)
 
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(results, indent=2))
+        return results
+    if args.against:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from baseline import run_against
+
+        old = run_against(args.against, Path(__file__).resolve(), ["--quick"] if args.quick else [])
+        results["baseline"] = {"rev": args.against, **old}
+        results["after_vs_before"] = {k: round(results[k] / old[k], 2) for k in (
+            "cached_pin_get_revalidating_s", "cached_pin_get_index_max_age_60_s", "local_board_pin_get_s",
+            "offline_pin_get_s", "download_board_s", "zip_fetch_extract_board_s") if old.get(k)}
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "boards.json").write_text(json.dumps(results, indent=2))
     _plot(results)
