@@ -16,10 +16,14 @@ updating the index is repaired the same way by the next write, or by `rebuild_in
 (`pinstorm board repair`). On S3, the index is also written with If-Match / If-None-Match, so a
 concurrent overwrite is refused instead of discovered.
 
+On a local disk a version is assembled inside its pin's folder (`staging`) and renamed into place, so
+its bytes are written once; if its indexes cannot be written (a full disk), it is taken back.
+
 Batches: `with board.batch(): ...` stores every version at once and reconciles the indexes once when
-the batch closes, so the cost of a pin does not grow with the pins already on the board (`repartition`,
-`convert` into `board://` and experiment pins use it). A crash inside a batch leaves stored versions
-the index does not list yet: the next write, `rebuild_index()` or `pinstorm board repair` lists them.
+the batch closes, so the cost of a pin does not grow with the pins already on the board (`repartition`
+pins its categories in one; `convert` into `board://` and experiment runs write one pin each). A crash
+inside a batch leaves stored versions the index does not list yet: the next write, `rebuild_index()`
+or `pinstorm board repair` lists them.
 
 Cost of one reconciliation: one listing of the board (a paged recursive listing on object stores,
 1000 keys per request; a two-level glob on local disks), one read and parse of the index (JSON fast
