@@ -178,8 +178,8 @@ class Cache:
             if dest.is_dir():  # another process finished while we waited
                 return dest
             sweep(dest.parent)  # what killed writers left behind
-            _drop_stale_partials(dest.parent)
             partial = dest.with_name(f".{dest.name}{PARTIAL}")
+            _drop_stale_partials(dest.parent, keep=partial)
             source = f"pin {name!r} version {meta.version} on board {board!r}"
             sizes = dict(zip(meta.file, meta.file_size)) if meta.file_size else {}
             targets = {f: contained(partial, f, pin=name, board=board) for f in meta.file}  # names from metadata
@@ -472,10 +472,6 @@ def _write_json(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
-__all__ = ["Cache", "StaleCacheWarning", "check_folder", "default_cache_root", "stamp_path", "verify",
-           "hash_files", "write_stamp"]
-
-
 PARTIAL = ".partial"  # suffix of a version folder whose download may be resumed
 
 
@@ -486,12 +482,14 @@ def _size_or_zero(path: Path) -> int:
         return 0
 
 
-def _drop_stale_partials(folder: Path, older_than: float = FOREIGN_MAX_AGE) -> None:
-    """Partial downloads nobody resumed for a day are garbage: remove them."""
+def _drop_stale_partials(folder: Path, keep: Path, older_than: float = FOREIGN_MAX_AGE) -> None:
+    """Other partial downloads nobody resumed for a day are garbage: remove them (not `keep`, the one
+    about to be resumed, however old)."""
     now = time.time()
     with contextlib.suppress(OSError):
         for entry in os.scandir(folder):
-            if entry.name.startswith(".") and entry.name.endswith(PARTIAL) and entry.is_dir(follow_symlinks=False):
+            if entry.name.startswith(".") and entry.name.endswith(PARTIAL) and entry.name != keep.name \
+                    and entry.is_dir(follow_symlinks=False):
                 with contextlib.suppress(OSError):
                     if now - max(_mtimes(Path(entry.path))) > older_than:
                         shutil.rmtree(entry.path, ignore_errors=True)
@@ -499,3 +497,8 @@ def _drop_stale_partials(folder: Path, older_than: float = FOREIGN_MAX_AGE) -> N
 
 def _mtimes(folder: Path) -> list[float]:
     return [folder.stat().st_mtime] + [p.stat().st_mtime for p in folder.rglob("*")]
+
+
+__all__ = ["Cache", "StaleCacheWarning", "check_folder", "default_cache_root", "stamp_path", "verify",
+           "hash_files", "write_stamp"]
+
