@@ -549,7 +549,11 @@ def _convert(plan, classes, names, split, location, *, parallel, overwrite, prog
     ordered = [part_name(p, plan.partitions) for p in range(plan.partitions)]
     skipped = [s for n in ordered for s in parts[n]["skipped"]]
     reencoded = [r for n in ordered for r in parts[n]["reencoded"]]
-    class_rows = {wnid: sum(parts[n]["class_rows"].get(wnid, 0) for n in ordered) for wnid in classes}
+    class_rows = dict.fromkeys(classes, 0)  # one pass over the parts: not classes x parts (21,841 x 1,000+)
+    for n in ordered:
+        for wnid, count in parts[n]["class_rows"].items():
+            if wnid in class_rows:
+                class_rows[wnid] += count
     rows = sum(parts[n]["rows"] for n in ordered)
     if rows == 0:
         raise ValueError(f"none of the {len(plan.rows)} images could be read; see {location.join(PROGRESS)}")
