@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 
 import click
 
@@ -80,7 +81,32 @@ def cli() -> None:
 def main() -> None:
     """The `pinstorm` console script."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ start-up chatter
-    cli(prog_name="pinstorm")
+    try:
+        cli(prog_name="pinstorm")
+        code = 0
+    except SystemExit as done:  # click ends every run this way
+        code = done.code
+    _leave(code)
+
+
+def _leave(code) -> None:
+    """End the process once the command's work and output are done, without the interpreter's final
+    teardown: there, pyarrow's C++ thread pools can still abort a finished run ("terminate called
+    without an active exception", apache/arrow#34314), and TensorFlow's can hang it. Python's own exit
+    handlers (temporary folders, logging, filelock) run first, as in a normal exit."""
+    import atexit
+    import contextlib
+
+    if isinstance(code, str):  # SystemExit("message"): Python prints it and exits 1
+        print(code, file=sys.stderr)
+        code = 1
+    try:
+        atexit._run_exitfuncs()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code or 0)
 
 
 if __name__ == "__main__":
