@@ -10,9 +10,13 @@ Every category holds 3 JPEGs of ~0.6 KB, so the time is board overhead, not data
    every reader used before (the baseline).
 4. On the largest local board, served over HTTP as a data.txt board with an empty cache: the first
    `pin_find` (fetch + parse), a second one (cached, revalidated), and `imagenet_partition(0, 16)`.
-5. S3 (moto) and GCS (the emulator) on 127.0.0.1: repartition ms/pin at 30 -> 300 categories.
+5. S3 (moto) and GCS (the emulator) on 127.0.0.1: repartition ms/pin at 30 -> 300 categories, and the
+   server's own floor at that size: one raw one-object write, timed right after (the GCS emulator
+   rewrites the metadata of every object it holds on each write, so its floor grows with what it stores).
 6. A dataset of 1,000 categories converted into 10, 100 and 1,000 parts: `convert` per part, and the
    start-up of `dataset_info`, `verify_dataset` and `make_dataset` (to its first batch) per part.
+7. 4 processes repartitioning disjoint quarters of 1,000 categories into one local board, against one
+   process doing all 1,000 (no livelock in index reconciliation: the 4 finish no slower).
 
 Writes bench/results/scale.json and bench/results/scale.png. `--quick`: local up to 1,000, buckets up
 to 100. The full run goes to 21,841 (about 10 minutes on 2 cores). `--against REV` also runs the same
@@ -176,9 +180,15 @@ def bucket_curve(kind: str, sizes: list[int], work: Path) -> list[dict]:
             board = boards.board_register(kind, name=f"{kind}{n}", bucket=bucket, create_bucket=True,
                                           cache=work / f"{kind}-cache-{n}", **server.storage_options())
             row = measure_board(board, work / kind, n, singles=5)
+            start = time.perf_counter()
+            for i in range(20):  # the server's own cost of one write at this size, nothing of pinstorm's
+                board.fs.pipe_file(f"{bucket}/floor/{i}", b"x")
+            row["raw_write_ms"] = round(1000 * (time.perf_counter() - start) / 20, 2)
+            row["ms_per_pin_in_raw_writes"] = round(row["ms_per_pin"] / row["raw_write_ms"], 1)
             rows.append(row)
             print(f"{kind} {n:>5} pins: {row['ms_per_pin']:7.2f} ms/pin batched, {row['unbatched_ms_per_pin']:7.2f} "
-                  "unbatched", flush=True)
+                  f"unbatched; one raw write {row['raw_write_ms']} ms ({row['ms_per_pin_in_raw_writes']} per pin)",
+                  flush=True)
     return rows
 
 
@@ -217,6 +227,43 @@ def dataset_startup(work: Path, parts_list: list[int], categories: int = 1000) -
               f"dataset_info {row['dataset_info_ms_per_part']} ms/part, verify {row['verify_ms_per_part']} ms/part, "
               f"make_dataset first batch {first_batch_s:.2f} s", flush=True)
     return rows
+
+
+_SLICE = """
+import sys
+from pinstorm.boards.fs_board import local_board
+from pinstorm.pipeline import repartition
+repartition(sys.argv[2], local_board("b", sys.argv[1], cache=sys.argv[3]), progress=False)
+"""
+
+
+def concurrent_writers(work: Path, categories: int = 1000, writers: int = 4) -> dict:
+    """Wall time of one process repartitioning all categories, then of `writers` processes each
+    repartitioning a disjoint slice into one board at once (every category must end up listed)."""
+    import subprocess
+
+    from pinstorm.boards.fs_board import local_board
+
+    def run(trees: list[Path], board: Path) -> float:
+        start = time.perf_counter()
+        procs = [subprocess.Popen([sys.executable, "-c", _SLICE, str(board), str(t), str(work / "cw-cache")])
+                 for t in trees]
+        for p in procs:
+            if p.wait() != 0:
+                raise RuntimeError("a repartition process failed")
+        return time.perf_counter() - start
+
+    whole = make_tree(work / "cw-all", categories)
+    slices = [make_tree(work / f"cw-{w}", categories // writers, start=w * (categories // writers))
+              for w in range(writers)]
+    one = run([whole], work / "cw-board-1")
+    many = run(slices, work / f"cw-board-{writers}")
+    listed = len(local_board("check", work / f"cw-board-{writers}").pin_find(""))
+    out = {"categories": categories, "writers": writers, "one_process_s": round(one, 2),
+           "concurrent_s": round(many, 2), "concurrent_vs_one": round(many / one, 2), "listed": listed}
+    print(f"{writers} processes x {categories // writers} categories: {many:.1f} s, one process x {categories}: "
+          f"{one:.1f} s ({out['concurrent_vs_one']}x); {listed} pins listed", flush=True)
+    return out
 
 
 def plot(result: dict, path: Path) -> None:
@@ -279,6 +326,7 @@ def main(argv=None) -> dict:
                 result[kind] = bucket_curve(kind, bucket_sizes, work)
         if not args.json_out:  # the baseline run measures boards only
             result["dataset"] = dataset_startup(work, [10, 100, 1000])
+            result["concurrent"] = concurrent_writers(work)
     base = result["local"][0]["ms_per_pin"]
     result["ratios"] = {
         "local_ms_per_pin_vs_smallest": {r["pins"]: round(r["ms_per_pin"] / base, 2) for r in result["local"]},
@@ -292,6 +340,10 @@ def main(argv=None) -> dict:
         if rows:
             result["ratios"][f"{kind}_ms_per_pin_vs_smallest"] = {
                 r["pins"]: round(r["ms_per_pin"] / rows[0]["ms_per_pin"], 2) for r in rows}
+            if all("ms_per_pin_in_raw_writes" in r for r in rows):  # net of the server's own growth
+                result["ratios"][f"{kind}_pin_in_raw_writes_vs_smallest"] = {
+                    r["pins"]: round(r["ms_per_pin_in_raw_writes"] / rows[0]["ms_per_pin_in_raw_writes"], 2)
+                    for r in rows}
     if result.get("dataset"):
         first = result["dataset"][0]
         result["ratios"]["dataset_per_part_cost_vs_10_parts"] = {

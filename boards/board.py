@@ -151,7 +151,8 @@ class Board(PinsApiMixin):
 
     @contextlib.contextmanager
     def staging(self, name: str):
-        """(an empty private folder where `pin` assembles a version, whether it is on the board itself).
+        """Yields (folder, on_board): an empty private folder where `pin` assembles a version, and
+        whether that folder is on the board itself.
 
         Here: a fresh TMPDIR folder, into which `pin` links the user's files rather than copying them
         (a 155 GB archive must not need 155 GB of TMPDIR); `write_version` then reads them once.
