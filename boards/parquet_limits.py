@@ -59,6 +59,11 @@ class MalformedParquet(MalformedMetadata):
     """A Parquet footer or page header that is unreadable or contradicts itself."""
 
 
+class UnreadableRowGroup(MalformedParquet):
+    """A row group whose bytes fail to decode (a page checksum, a damaged page): the file is corrupt,
+    which a reader of checksummed data (the pipeline) reports as its own corruption error."""
+
+
 def _env_bytes(name: str, default: int) -> int:
     raw = os.environ.get(name)
     if not raw:
@@ -443,7 +448,7 @@ class BoundedParquetFile:
         try:
             table = self.file.read_row_group(rg, columns=rest) if rest else None
         except (OSError, ValueError, pa.ArrowException) as error:
-            raise MalformedParquet(f"{self.where} row group {rg}: cannot be read: {error}") from None
+            raise UnreadableRowGroup(f"{self.where} row group {rg}: cannot be read: {error}") from None
         if not exact:
             return table
         arrays = {}
@@ -479,7 +484,7 @@ class BoundedParquetFile:
             reader = pq.ParquetFile(self.source, read_dictionary=names, **self._options)
             table = reader.read_row_group(rg, columns=names)
         except (OSError, ValueError, pa.ArrowException) as error:
-            raise MalformedParquet(f"{self.where} row group {rg}: cannot be read: {error}") from None
+            raise UnreadableRowGroup(f"{self.where} row group {rg}: cannot be read: {error}") from None
         out = {}
         for name in names:
             column = table.column(name)

@@ -33,6 +33,7 @@ import numpy as np
 import pyarrow as pa
 import xxhash
 
+from pinstorm.boards.parquet_limits import UnreadableRowGroup
 from pinstorm.errors import PinstormError
 
 CHECKSUM = "xxh3_128 of image lengths (int32 LE), image bytes, labels (int32 LE)"
@@ -197,6 +198,8 @@ def read_row_group(handle, location, info: dict, name: str, rg: int, columns=("i
         columns += [c for c in ("image", "label") if c not in columns]
     try:
         table = handle.read_row_group(rg, columns=columns)
+    except UnreadableRowGroup as error:  # damaged bytes (pyarrow >= 15 also checks page CRCs): a corrupt part
+        raise CorruptPartError(str(error)) from None
     except PinstormError:
         raise
     except Exception as error:
