@@ -1,4 +1,4 @@
-"""The module-level pins API (`pin`, `pin_get`, ...), resolving `board=` through the registry.
+"""The module-level pins API (`pin`, `pin_get`, `pin_write`, ...), resolving `board=` through the registry.
 
 Names mirror legacy R pins so scripts port directly; each takes `board=` as a registered name or a
 Board object. With `board=None`, writes go to the default "local" board and reads look there first,
@@ -13,6 +13,8 @@ import pandas as pd
 
 from .board import FIND_COLUMNS, Board
 from .errors import BoardError, PinNotFound
+from .metadata import PinMetadata
+from .pruning import PRUNE_GRACE
 from .registry import DEFAULT_BOARD, board_get, board_names
 
 
@@ -96,9 +98,79 @@ def pin_info(name: str, board: str | Board | None = None, version: str | None = 
     return _board_holding(name, board).pin_info(name, version=version)
 
 
-def pin_versions(name: str, board: str | Board | None = None) -> pd.DataFrame:
-    return _board_holding(name, board).pin_versions(name)
+def pin_versions(name: str, board: str | Board | None = None, as_df: bool = True) -> Any:
+    return _board_holding(name, board).pin_versions(name, as_df=as_df)
 
 
 def pin_remove(name: str, board: str | Board | None = None, version: str | None = None) -> None:
     board_get(board).pin_remove(name, version=version)
+
+
+# ---- pins 1.x / pins-python names, with board= ---------------------------------------------------
+def pin_meta(name: str, board: str | Board | None = None, version: str | None = None) -> PinMetadata:
+    return _board_holding(name, board).pin_meta(name, version=version)
+
+
+def pin_search(search: str | None = None, board: str | Board | None = None) -> pd.DataFrame:
+    return board_get(board).pin_search(search)
+
+
+def pin_versions_prune(name: str, board: str | Board | None = None, n: int | None = None,
+                       days: float | None = None, *, grace: float = PRUNE_GRACE) -> list[str]:
+    return board_get(board).pin_versions_prune(name, n=n, days=days, grace=grace)
+
+
+def pin_version_delete(name: str, version: str, board: str | Board | None = None) -> None:
+    board_get(board).pin_version_delete(name, version)
+
+
+def pin_write(x: Any, name: str | None = None, board: str | Board | None = None, **kwargs: Any) -> PinMetadata:
+    _check_order("pin_write", x, name)
+    return board_get(board).pin_write(x, name=name, **kwargs)
+
+
+def pin_upload(paths: Any, name: str | None = None, board: str | Board | None = None,
+               **kwargs: Any) -> PinMetadata:
+    _check_order("pin_upload", paths, name)
+    return board_get(board).pin_upload(paths, name=name, **kwargs)
+
+
+def pin_read(name: str, board: str | Board | None = None, version: str | None = None,
+             hash: str | None = None) -> Any:
+    _check_order("pin_read", name, board)
+    return _board_holding(name, board).pin_read(name, version=version, hash=hash)
+
+
+def pin_download(name: str, board: str | Board | None = None, version: str | None = None,
+                 hash: str | None = None) -> list[str]:
+    _check_order("pin_download", name, board)
+    return _board_holding(name, board).pin_download(name, version=version, hash=hash)
+
+
+def pin_list(board: str | Board | None = None) -> list[str]:
+    return board_get(board).pin_list()
+
+
+def pin_exists(name: str, board: str | Board | None = None) -> bool:
+    return board_get(board).pin_exists(name)
+
+
+def pin_delete(names: str | list[str], board: str | Board | None = None) -> None:
+    board_get(board).pin_delete(names)
+
+
+def write_board_manifest(board: str | Board | None = None) -> dict[str, list[str]]:
+    """Write `_pins.yaml` at the root of a writable board (pinstorm keeps it current on every pin
+    and remove; this is for boards other tools wrote). Returns the manifest."""
+    from .manifest import write_board_manifest as _write
+
+    return _write(board_get(board))
+
+
+def _check_order(function: str, first: Any, second: Any) -> None:
+    """R's order, `pin_write(board, x, "name")`, put the board first: say so, rather than fail later
+    with "board 'name' is not registered"."""
+    if isinstance(first, Board) or (isinstance(second, Board) and function in ("pin_write", "pin_upload")):
+        raise TypeError(f"{function}: the board goes last here, as board=: boards.{function}(x, 'name', "
+                        f"board=board), or call it on the board: board.{function}(x, 'name') "
+                        "(R's pins puts the board first; pins-python and pinstorm do not)")

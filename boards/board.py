@@ -1,10 +1,12 @@
-"""`Board`: the user-facing pin operations, written once over a few storage primitives.
+"""`Board`: every user operation, written once over a `Storage` (storage.py).
 
-A concrete board (a folder or bucket, an HTTP data.txt site, Kaggle) implements the primitives
-(`list_entries`, `list_versions`, `read_meta`, `download_file`, and for writable boards
-`write_version` and `delete`); everything users call (`pin`, `pin_get`, `pin_find`, `pin_info`,
-`pin_versions`, `pin_remove`) lives here so every board behaves alike: same versions, same cache,
-same errors, same offline fallback.
+A board is a storage backend (a folder, a bucket, an HTTP data.txt or `_pins.yaml` site, Kaggle)
+plus what users call on it: the legacy R names (`pin`, `pin_get`, `pin_find`, `pin_info`,
+`pin_versions`, `pin_remove`), pins 1.x's (`pin_meta`, `pin_search`, `pin_versions_prune`, ...) and
+pins-python's (`pin_write`, `pin_read`, `pin_upload`, `pin_download`, `pin_list`, `pin_exists`,
+`pin_delete`). Every board therefore behaves alike: same versions, same verified cache, same errors,
+same offline fallback. Make one with a constructor (`board_folder`, `board_s3`, ... in
+constructors.py) or, for the legacy API, `board_register`.
 """
 
 from __future__ import annotations
@@ -16,89 +18,120 @@ import shutil
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator, Sequence
 
 import pandas as pd
 
 from . import archive, drivers, paths, secrets
-from .cache import Cache, StaleCacheWarning, check_folder, stamp_path
+from .cache import Cache, StaleCacheWarning, check_folder, stamp_path, verify
 from .diskspace import require_room, storage_errors
 from .errors import (BoardError, DownloadError, IntegrityError, InvalidPinName, LimitExceeded, PinNotFound,
-                     ReadOnlyBoard, VersionNotFound)
-from .meta import FILE_HASH_FIELD, PinMeta, format_created, hash_matches, parse_version, utc_now
-from .tempnames import staging_dir, tmp_name
-from .names import check_pin_name
-from .pins_api import PinsApiMixin
+                     VersionNotFound)
+from .meta import FILE_HASH_FIELD, TIME_FORMAT, PinMeta, format_created, hash_matches, parse_version, utc_now
+from .metadata import PinMetadata, VersionInfo, as_list, created_timestamp
+from .pruning import PRUNE_GRACE, check_prune_rules, version_age, versions_to_prune
+from .storage import ZIPPED_FIELD, Storage
+from .tempnames import tmp_name
 from pinstorm.progress import progress_bar
 
 FIND_COLUMNS = ["name", "description", "type", "board"]
+SEARCH_COLUMNS = ["name", "type", "title", "description", "created", "file_size", "tags", "board"]
+VERSION_COLUMNS = ["version", "created", "hash"]
 EXTRACTED = "_extracted"
-# Field in data.txt marking a pin that pinstorm zipped for transport: pin_get unzips it by default.
-ZIPPED_FIELD = "pinstorm_zipped"
+BOARD_OPTIONS = ("versions", "max_extract_bytes", "max_extract_ratio")  # the Board's own; the rest go to storage
 
 
-class Board(PinsApiMixin):
-    """Base class of every board. Subclasses set `kind` and implement the primitives below
-    (`PinsApiMixin` adds the pins 1.x / pins-python method names over the operations here)."""
+class Board:
+    """A board: the user operations over one `Storage`.
 
-    kind = "board"
-    read_only = False
+    `versions=False` keeps only the newest version of each pin (R's `versions = FALSE`, pins-python's
+    `versioned=False`). `max_extract_bytes` / `max_extract_ratio` bound archive extraction.
+    Backend-specific extras (a folder board's `rebuild_index()`, `fs`, `root`) are reached through
+    the board too; they are documented on the backend class."""
 
-    def __init__(self, name: str, *, cache: str | Path | Cache | None = None, versions: bool = True,
-                 max_extract_bytes: int | None = None, max_extract_ratio: float | None = None):
-        self.name = name
-        self.cache = cache if isinstance(cache, Cache) else Cache(cache)
+    def __init__(self, storage: Storage, *, versions: bool = True, max_extract_bytes: int | None = None,
+                 max_extract_ratio: float | None = None, spec: dict | None = None):
+        self.storage = storage
         self.versions = versions
-        self._written: dict[tuple[str, str], PinMeta] = {}
         # bounds on archive extraction for this board (archive.ExtractLimits; None keeps the default)
         self.extract_limits = archive.ExtractLimits.of(max_bytes=max_extract_bytes, max_ratio=max_extract_ratio)
+        self._spec = dict(spec) if spec is not None else {"kind": storage.kind}
+        self._written: dict[tuple[str, str], PinMeta] = {}
+
+    # ---- identity -------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self.storage.name
+
+    @property
+    def kind(self) -> str:
+        return self.storage.kind
+
+    @property
+    def cache(self) -> Cache:
+        return self.storage.cache
+
+    @property
+    def read_only(self) -> bool:
+        return self.storage.read_only
+
+    @property
+    def spec(self) -> dict:
+        """`{"kind": ..., **options}` that `board_from_spec` turns back into this board (secrets
+        included: in-process only, never written to disk; `board_register(persist=True)` strips them)."""
+        return dict(self._spec)
+
+    def with_cache(self, cache: str | os.PathLike | Cache) -> "Board":
+        """The same board with another cache (a job that must not share the user's cache)."""
+        from .constructors import board_from_spec
+
+        return board_from_spec({**self._spec, "cache": cache}, name=self.name)
+
+    def __getattr__(self, attr: str) -> Any:
+        """Backend extras (`rebuild_index`, `fs`, `root`, ...) come from the storage."""
+        if attr.startswith("__") or attr in ("storage", "_spec", "_written"):
+            raise AttributeError(attr)
+        return getattr(self.storage, attr)
 
     def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.name!r}>"
+        try:
+            from .display import board_text
+        except ImportError:
+            return f"<Board {self.name!r} ({self.kind}) {self.describe()}>"
+        return board_text(self)
 
+    def _repr_html_(self) -> str:
+        from .display import board_html
+
+        return board_html(self)
+
+    # ---- reads of the storage, as they are ------------------------------------------------
     def describe(self) -> str:
-        """One line for `board_list`: where the board lives."""
-        return self.kind
+        """Where the board lives, in one line."""
+        return self.storage.describe()
 
-    # ---- primitives -----------------------------------------------------------------------
     def list_entries(self) -> list[dict]:
-        """Index entries: dicts with at least name, description, type (and title when known)."""
-        raise NotImplementedError
+        """The board's index entries (name, description, type, title, ...)."""
+        return self.storage.list_entries()
 
     def list_versions(self, name: str) -> list[str]:
-        """Version names of a pin, oldest first; PinNotFound if there is no such pin."""
-        raise NotImplementedError
+        """Version names of a pin, oldest first (PinNotFound when there is no such pin)."""
+        return self.storage.list_versions(name)
 
     def read_meta(self, name: str, version: str) -> PinMeta:
-        raise NotImplementedError
-
-    def local_folder(self, name: str, version: str) -> Path | None:
-        """A local folder already holding the version's files (local boards), else None."""
-        return None
-
-    def download_file(self, name: str, version: str, file: str, dest: Path, offset: int = 0) -> None:
-        """Copy `file` of a version to `dest`; with `offset`, append its bytes from `offset` on to the
-        `offset` bytes `dest` already holds (resuming a download cut short)."""
-        raise NotImplementedError
-
-    def write_version(self, name: str, staging: Path, meta: PinMeta) -> str:
-        raise ReadOnlyBoard(f"board {self.name!r} ({self.kind}) is read-only")
-
-    def delete(self, name: str, versions: list[str] | None = None) -> None:
-        raise ReadOnlyBoard(f"board {self.name!r} ({self.kind}) is read-only")
-
-    @contextlib.contextmanager
-    def batch(self):
-        """`with board.batch(): ...`: write many pins and publish the board's indexes once, when the
-        outermost batch closes. Boards without derived indexes have nothing to defer."""
-        yield self
-
-    def default_extract(self, meta: PinMeta) -> bool:
-        """What `extract=None` means: unzip what pinstorm zipped itself, leave other archives be."""
-        return bool(meta.extra.get(ZIPPED_FIELD))
+        """A version's data.txt, as stored."""
+        return self.storage.read_meta(name, version)
 
     def check_name(self, name: str) -> str:
-        return check_pin_name(name)
+        return self.storage.check_name(name)
+
+    def resolve_version(self, name: str, version: str | None, versions: list[str]) -> str:
+        return self.storage.resolve_version(name, version, versions)
+
+    def batch(self):
+        """`with board.batch(): ...`: write many pins and publish the board's indexes (data.txt,
+        `_pins.yaml`) once, when the outermost batch closes."""
+        return self.storage.batch()
 
     # ---- writing --------------------------------------------------------------------------
     def pin(self, x: Any, name: str | None = None, description: str | None = None, zip: bool = False,
@@ -112,11 +145,24 @@ class Board(PinsApiMixin):
         repairs the stored bytes on a local board if they were damaged); the same bytes with a new
         title, description or metadata make a new version, so the change is never dropped.
         """
+        name, version = self._store(x, name, description=description, zip=zip, metadata=metadata, type=type,
+                                    title=title, tags=tags)
+        try:
+            return self.pin_get(name, version=version)
+        except LimitExceeded:  # stored, but larger than the load budget: hand back its files, not an error
+            return self.pin_get(name, version=version, files=True)
+
+    def _store(self, x: Any, name: str | None, *, description: str | None = None, zip: bool = False,
+               metadata: dict | None = None, type: str | None = None, title: str | None = None,
+               tags: Iterable[str] | None = None, created: _dt.datetime | None = None,
+               force_identical_write: bool = False, versioned: bool | None = None) -> tuple[str, str]:
+        """Store one version; returns (pin name, version). The rules of `pin` live here."""
         if self.read_only:
-            raise ReadOnlyBoard(f"board {self.name!r} ({self.kind}) is read-only; cannot pin {name!r}")
-        name = self.check_name(name if name is not None else _default_name(x))
+            raise self.storage.refusal("pin", name)
+        name = self.check_name(name if name is not None else default_pin_name(x))
+        version: str | None = None
         with storage_errors(f"pin {name!r} on board {self.name!r}", self.describe()), \
-                self.staging(name) as (staging, in_place):
+                self.storage.staging(name) as (staging, in_place):
             files, pin_type, default_title, extra = self._stage(x, name, staging, type=type, zip=zip,
                                                                 link=not in_place)
             meta = PinMeta.from_files(files, type=pin_type, title=title or default_title,
@@ -130,50 +176,29 @@ class Board(PinsApiMixin):
                 old = self.read_meta(name, latest) if latest is not None else None
             except PinNotFound:  # pruned or removed since the listing: there is nothing to compare with
                 old = None
-            if old is not None:
-                if _same_content(old, meta, staging) and _same_metadata(old, meta):
-                    # identical content and metadata: keep the version (repairing its bytes if they rotted)
-                    self.repair_version(name, latest, old, staging)
-                    return self.pin_get(name, version=latest)
-                # same bytes with a new title, description or metadata: a new version records it
-            meta.created = format_created(_after(latest))
-            version = self.write_version(name, staging, meta)
-            meta.name, meta.version = name, version
-            self._written[(name, version)] = meta  # pin_get below needs no listing or data.txt read
-        if not self.versions:
-            older = [v for v in self.list_versions(name) if v != version]
-            if older:
-                self.delete(name, older)
-        try:
-            return self.pin_get(name, version=version)
-        except LimitExceeded:  # stored, but larger than the load budget: hand back its files, not an error
-            return self.pin_get(name, version=version, files=True)
+            if old is not None and not force_identical_write \
+                    and _same_content(old, meta, staging) and _same_metadata(old, meta):
+                # identical content and metadata: keep the version (repairing its bytes if they rotted)
+                self.storage.repair_version(name, latest, old, staging)
+                version = latest
+            else:  # new bytes, or the same bytes with a new title, description or metadata
+                meta.created = format_created(_after(latest, created))
+                version = self.storage.write_version(name, staging, meta)
+                meta.name, meta.version = name, version
+                self._written[(name, version)] = meta  # pin_get next needs no listing or data.txt read
+        if not (self.versions if versioned is None else versioned):
+            self._keep_only(name, version)
+        return name, version
 
-    @contextlib.contextmanager
-    def staging(self, name: str):
-        """Yields (folder, on_board): an empty private folder where `pin` assembles a version, and
-        whether that folder is on the board itself.
-
-        Here: a fresh TMPDIR folder, into which `pin` links the user's files rather than copying them
-        (a 155 GB archive must not need 155 GB of TMPDIR); `write_version` then reads them once.
-        Boards on a local disk stage inside the board, so a version is written once and renamed."""
-        root = staging_dir()
-        try:
-            staging = root / "stage"
-            staging.mkdir()
-            yield staging, False
-        finally:
-            shutil.rmtree(root, ignore_errors=True)
-
-    def repair_version(self, name: str, version: str, meta: PinMeta, staging: Path) -> bool:
-        """Make a stored version hold the bytes in `staging` (which hash to `meta`) if its own bytes
-        no longer do; True when something was repaired. Boards that cannot read their bytes cheaply
-        (object stores, read-only boards) keep the version as it is."""
-        return False
+    def _keep_only(self, name: str, version: str) -> None:
+        """Delete every version of `name` but `version` (an unversioned board or write)."""
+        older = [v for v in self.list_versions(name) if v != version]
+        if older:
+            self.storage.delete(name, older)
 
     def _stage(self, x: Any, name: str, staging: Path, *, type: str | None, zip: bool, link: bool = False):
         """Write `x` into `staging`; return (files, type, default title, extra data.txt fields).
-        `link`: user files are symlinked, not copied (`staging` is a TMPDIR folder; see `staging`)."""
+        `link`: user files are symlinked, not copied (`staging` is a TMPDIR folder; see `Storage.staging`)."""
         extra: dict = {}
         if isinstance(x, pd.DataFrame):
             path, kind, title = drivers.save_dataframe(x, name, staging, type)
@@ -213,21 +238,6 @@ class Board(PinsApiMixin):
         return files, type or "file", f"{name}: {len(files)} file(s)", extra
 
     # ---- reading --------------------------------------------------------------------------
-    def resolve_version(self, name: str, version: str | None, versions: list[str]) -> str:
-        if not versions:
-            raise PinNotFound(f"pin {name!r} has no versions on board {self.name!r}")
-        if version is None:
-            return versions[-1]
-        if version in versions:
-            return version
-        matches = [v for v in versions if v.startswith(version)]
-        if len(matches) == 1:
-            return matches[0]
-        if matches:
-            raise VersionNotFound(f"version prefix {version!r} of pin {name!r} is ambiguous: {', '.join(matches)}")
-        raise VersionNotFound(f"pin {name!r} on board {self.name!r} has no version {version!r} "
-                              f"(it has {', '.join(versions[-5:])}{' ...' if len(versions) > 5 else ''})")
-
     def _latest_or_none(self, name: str) -> str | None:
         try:
             versions = self.list_versions(name)
@@ -239,18 +249,21 @@ class Board(PinsApiMixin):
               trust_cache: bool = True) -> tuple[PinMeta, Path]:
         """(metadata, local folder holding the files) of a version, from the cache when possible.
 
-        With `download=False` nothing touches the network: the newest cached version is used.
-        With `trust_cache=False` cached files are verified against their data.txt and re-downloaded
-        if they were damaged.
-        When the board cannot be reached, the newest cached version is served with a warning.
+        With `download=False` nothing touches the network: a board on local disk serves its own
+        folder, others the newest cached version. With `trust_cache=False` cached files are verified
+        against their data.txt and re-downloaded if they were damaged. When the board cannot be
+        reached, the newest cached version is served with a warning.
         """
+        direct = self.storage.direct_fetch(name, version, download=download)
+        if direct is not None:
+            return direct
         cached = self.cache.cached_versions(self.name, name)
-        if not download:
+        if not download and not self._on_local_disk(name):
             if not cached:
                 raise PinNotFound(f"pin {name!r} of board {self.name!r} is not in the cache "
                                   f"({self.cache.root}) and download=False")
             return self._offline(name, self.resolve_version(name, version, cached), full=not trust_cache)
-        known = getattr(self, "_written", {}).pop((name, version), None) if version else None
+        known = self._written.pop((name, version), None) if version else None
         try:
             versions = [version] if known is not None else self.list_versions(name)
         except (DownloadError, OSError) as e:
@@ -261,13 +274,11 @@ class Board(PinsApiMixin):
                           StaleCacheWarning, stacklevel=3)
             return self._offline(name, v, full=not trust_cache)
         v = self.resolve_version(name, version, versions)
-        from .pins_api import version_read
-
-        with version_read(self, name, v):  # pruned under us: VersionNotFound, never a bare FileNotFoundError
-            local = self.local_folder(name, v)
+        with self._reading(name, v):  # pruned under us: VersionNotFound, never a bare FileNotFoundError
+            local = self.storage.local_folder(name, v)
             if local is not None:
                 meta = known or self.read_meta(name, v)
-                self._check(meta, local, self._board_stamp(name, v), full=not trust_cache,
+                self._check(meta, local, self.cache.board_stamp(self.name, name, v), full=not trust_cache,
                             source=f"pin {name!r} version {v} on board {self.name!r} ({local})")
                 return meta, local
             folder = self.cache.version_dir(self.name, name, v)
@@ -284,12 +295,20 @@ class Board(PinsApiMixin):
             meta.version = v
             sizes = dict(zip(meta.file, meta.file_size)) if meta.file_size else {}
             with progress_bar(f"{self.name}/{name}", sum(sizes.values()) or None) as advance:
-                def download(f: str, dest: Path, offset: int) -> None:
-                    self.download_file(name, v, f, dest, offset=offset)
+                def download_one(f: str, dest: Path, offset: int) -> None:
+                    self.storage.download_file(name, v, f, dest, offset=offset)
                     advance(sizes.get(f, 0) - offset)
 
-                folder = self.cache.fetch_version(self.name, name, meta, download)
+                folder = self.cache.fetch_version(self.name, name, meta, download_one)
             return meta, folder
+
+    def _on_local_disk(self, name: str) -> bool:
+        """Whether the board keeps its files on this machine (nothing to download: `download=False`
+        and `--offline` read them in place)."""
+        with contextlib.suppress(BoardError, OSError):
+            versions = self.list_versions(name)
+            return bool(versions) and self.storage.local_folder(name, versions[-1]) is not None
+        return False
 
     def _offline(self, name: str, version: str, *, full: bool) -> tuple[PinMeta, Path]:
         """A cached version served without the board: checked, and an error if damaged."""
@@ -300,25 +319,42 @@ class Board(PinsApiMixin):
                            "the board cannot be reached to fetch it again)")
         return meta, folder
 
-    def _board_stamp(self, name: str, version: str) -> Path:
-        """The verification stamp of a version the board keeps on local disk (kept in the cache)."""
-        folder = self.cache.version_dir(self.name, name, version)  # safe names, inside the cache
-        return folder.parent / f".{folder.name}.board-verified.json"
-
     @staticmethod
     def _check(meta: PinMeta, folder: Path, stamp: Path, *, full: bool, source: str) -> None:
         try:
             check_folder(meta, folder, stamp, full=full, source=source)
         except PermissionError:
-            # an unwritable cache only costs the stamp: check in full, every time
-            from .cache import verify
-
-            verify(meta, folder, source=source)
+            verify(meta, folder, source=source)  # an unwritable cache only costs the stamp: check in full
 
     def _cached_meta(self, name: str, version: str, folder: Path) -> PinMeta:
         meta = PinMeta.from_yaml((folder / "data.txt").read_text(), source=str(folder / "data.txt"))
         meta.name, meta.version = name, version
         return meta
+
+    @contextlib.contextmanager
+    def _reading(self, name: str, version: str | None) -> Iterator[None]:
+        """Around the reading of one version: when it fails because the version's files or data.txt
+        vanished and a fresh listing confirms the version is gone (pruned or removed by another
+        process), raise `VersionNotFound` naming pin, version and board instead of a bare
+        FileNotFoundError / PinNotFound / missing-file IntegrityError / 404. Failures of a version
+        that still exists (damaged bytes, a network fault) stay what they are."""
+        try:
+            yield
+        except VersionNotFound:
+            raise
+        except (FileNotFoundError, PinNotFound, IntegrityError, DownloadError) as e:
+            if version is None or self._still_listed(name, version):
+                raise
+            raise VersionNotFound(f"pin {name!r} version {version} on board {self.name!r} is gone: it was "
+                                  f"deleted (pruned or removed) while being read ({type(e).__name__}: {e})") from e
+
+    def _still_listed(self, name: str, version: str) -> bool:
+        try:
+            return version in self.list_versions(name)
+        except PinNotFound:
+            return False
+        except (BoardError, OSError):
+            return True  # cannot tell (board unreachable): the original error stands
 
     def pin_get(self, name: str, cache: bool = True, extract: bool | None = None, version: str | None = None,
                 files: bool = False, download: bool = True,
@@ -328,46 +364,45 @@ class Board(PinsApiMixin):
         `extract=True` unpacks archives (zip, tar, tar.gz, gz) and returns the extracted files;
         `extract=None` unpacks only pins that pinstorm zipped itself. `files=True` always returns
         paths. `version` takes a full version or a unique prefix. `cache=False` re-verifies cached
-        files (and re-downloads damaged ones) instead of trusting them. `extract_limits` (a dict such
-        as `{"max_bytes": 2**40, "max_ratio": 1000}`) raises or lowers this board's extraction bounds.
+        files (and re-downloads damaged ones) instead of trusting them. `download=False` never touches
+        the network. `extract_limits` (a dict such as `{"max_bytes": 2**40, "max_ratio": 1000}`) raises
+        or lowers this board's extraction bounds.
         """
         name = self.check_name(name)
         meta, folder = self.fetch(name, version, download=download, trust_cache=cache)
-        from .pins_api import version_read  # files pruned under us: VersionNotFound
-
-        paths = [folder / f for f in meta.file]
+        found = [folder / f for f in meta.file]
         if not files:
-            with version_read(self, name, meta.version):
-                loaded = drivers.load_pin(meta.type, paths)
+            with self._reading(name, meta.version):
+                loaded = drivers.load_pin(meta.type, found)
             if loaded is not drivers.NOT_LOADED:
                 return loaded
         if extract is None:
-            extract = self.default_extract(meta)
+            extract = self.storage.default_extract(meta)
         if not extract:
-            return [str(p) for p in paths]
+            return [str(p) for p in found]
         out_root = self.cache.version_dir(self.name, name, meta.version or "") / EXTRACTED
+        limits = self.extract_limits
+        if extract_limits is not None:  # a dict adjusts the board's limits; ExtractLimits replaces them
+            limits = archive.ExtractLimits.of(limits, **extract_limits) if isinstance(extract_limits, dict) \
+                else extract_limits
         result: list[str] = []
-        for p in paths:
+        for p in found:
             if archive.is_archive(p):
-                limits = getattr(self, "extract_limits", None)
-                if extract_limits is not None:  # a dict adjusts the board's limits; ExtractLimits replaces them
-                    limits = archive.ExtractLimits.of(limits, **extract_limits) if isinstance(extract_limits, dict) \
-                        else extract_limits
-                with version_read(self, name, meta.version):
+                with self._reading(name, meta.version):
                     result += [str(q) for q in archive.extract(p, out_root / p.name, limits=limits)]
             else:
                 result.append(str(p))
         return result
 
-    def pin_versions(self, name: str) -> pd.DataFrame:
-        """Versions of a pin, oldest first, with their creation time and hash prefix."""
-        name = self.check_name(name)
-        rows = []
-        for v in self.list_versions(name):
-            parsed = parse_version(v)
-            created = pd.to_datetime(parsed[0], format="%Y%m%dT%H%M%SZ", utc=True) if parsed else pd.NaT
-            rows.append({"version": v, "created": created, "hash": parsed[1] if parsed else ""})
-        return pd.DataFrame(rows, columns=["version", "created", "hash"])
+    def pin_versions(self, name: str, as_df: bool = True) -> pd.DataFrame | list[VersionInfo]:
+        """Versions of a pin, oldest first: a DataFrame (version, created, hash), or with
+        `as_df=False` the versions themselves (`v.version`, `v.created`, `v.hash`)."""
+        versions = [VersionInfo(v) for v in self.list_versions(self.check_name(name))]
+        if not as_df:
+            return versions
+        rows = [{"version": str(v), "created": pd.Timestamp(v.created) if v.created else pd.NaT, "hash": v.hash}
+                for v in versions]
+        return pd.DataFrame(rows, columns=VERSION_COLUMNS)
 
     def pin_info(self, name: str, version: str | None = None) -> dict:
         """Everything known about a version (latest by default): its data.txt plus where it lives."""
@@ -380,47 +415,178 @@ class Board(PinsApiMixin):
         return info
 
     def pin_find(self, text: str = "", name: str | None = None, extended: bool = False) -> pd.DataFrame:
-        """Pins whose name, title or description contains `text` (case-insensitive)."""
-        needle = (text or "").lower()
+        """Pins whose name, title or description contains `text` (case-insensitive; Kaggle searches
+        on its server)."""
         rows = []
-        for e in self.list_entries():
+        for e in self.storage.search(text or ""):
             if name is not None and e.get("name") != name:
                 continue
-            haystack = " ".join(str(e.get(k) or "") for k in ("name", "title", "description")).lower()
-            if needle in haystack:
-                row = {"name": e.get("name"), "description": e.get("description") or "",
-                       "type": e.get("type") or "files", "board": self.name}
-                if extended:
-                    row.update({k: v for k, v in e.items() if k not in row})
-                rows.append(row)
+            row = {"name": e.get("name"), "description": e.get("description") or "",
+                   "type": e.get("type") or "files", "board": self.name}
+            if extended:
+                row.update({k: v for k, v in e.items() if k not in row})
+            rows.append(row)
         df = pd.DataFrame(rows)
         return df if extended and rows else df.reindex(columns=FIND_COLUMNS)
 
     def pin_remove(self, name: str, version: str | None = None) -> None:
         """Remove a pin with all its versions, or just one version."""
         if self.read_only:
-            raise ReadOnlyBoard(f"board {self.name!r} ({self.kind}) is read-only; cannot remove {name!r}")
+            raise self.storage.refusal("remove", name)
         name = self.check_name(name)
         versions = self.list_versions(name)
-        self.delete(name, None if version is None else [self.resolve_version(name, version, versions)])
+        self.storage.delete(name, None if version is None else [self.resolve_version(name, version, versions)])
+
+    # ---- pins 1.x: metadata, search, versions ---------------------------------------------
+    def pin_meta(self, name: str, version: str | None = None) -> PinMetadata:
+        """All of a version's metadata (latest by default), incl. user metadata, tags and urls."""
+        name = self.check_name(name)
+        v = self.resolve_version(name, version, self.list_versions(name))
+        meta = self.read_meta(name, v)
+        out = PinMetadata(meta.to_dict())
+        out["file"], out["file_size"] = list(meta.file), list(meta.file_size)
+        out["user"] = dict(meta.user or {})
+        out["tags"] = as_list(out.get("tags")) or None
+        out["urls"] = as_list(out.get("urls")) or None
+        local = self.storage.local_folder(name, v)
+        cached = self.cache.version_dir(self.name, name, v)
+        folder = local if local is not None else cached if (cached / "data.txt").is_file() else None
+        out.update(name=name, version=v, board=self.name,
+                   local={"dir": str(folder) if folder is not None else None, "version": v, "board": self.name})
+        return out
+
+    def pin_list(self) -> list[str]:
+        """Names of the pins on this board."""
+        return sorted(str(e["name"]) for e in self.list_entries())
+
+    def pin_exists(self, name: str) -> bool:
+        name = self.check_name(name)
+        try:
+            return bool(self.list_versions(name))
+        except PinNotFound:
+            return False
+
+    def pin_search(self, search: str | None = None, as_df: bool = True) -> pd.DataFrame | list[PinMetadata]:
+        """Pins whose name, title, description or tags contain `search` (case-insensitive), with
+        their latest metadata; `as_df=False` gives the `PinMetadata` objects."""
+        needle = (search or "").lower()
+        found: list[PinMetadata] = []
+        for name in self.pin_list():
+            try:
+                meta = self.pin_meta(name)
+            except BoardError:
+                continue  # a pin without readable metadata is not searchable, and must not hide the others
+            haystack = " ".join([name, str(meta.get("title") or ""), str(meta.get("description") or ""),
+                                 *map(str, meta.get("tags") or [])]).lower()
+            if needle in haystack:
+                found.append(meta)
+        if not as_df:
+            return found
+        rows = [{"name": m["name"], "type": m.get("type"), "title": m.get("title"),
+                 "description": m.get("description") or "", "created": created_timestamp(m.get("created")),
+                 "file_size": sum(m.get("file_size") or []), "tags": m.get("tags"), "board": self.name}
+                for m in found]
+        return pd.DataFrame(rows, columns=SEARCH_COLUMNS)
+
+    def pin_version_delete(self, name: str, version: str) -> None:
+        """Delete one version of a pin (a full version name or a unique prefix)."""
+        self.pin_remove(name, version=version)
+
+    def pin_versions_prune(self, name: str, n: int | None = None, days: float | None = None, *,
+                           grace: float = PRUNE_GRACE) -> list[str]:
+        """Delete old versions, keeping the newest `n` and/or those created in the last `days`
+        (a version is kept if either rule keeps it). Returns the versions deleted.
+
+        Whatever the rules say, the newest version is never deleted, nor one younger than `grace`
+        seconds (default 60): a writer that just stored a version is still checking it, and readers
+        that just listed it are about to read it. A version's age counts from the later of the time
+        in its name and the time its data.txt was stored (when the board can tell), so a slow upload
+        is young when it appears; a version of unknown age is kept (`grace=0` deletes it)."""
+        check_prune_rules(n, days, grace)
+        name = self.check_name(name)
+        doomed = versions_to_prune(self.list_versions(name), n, days)
+        if grace > 0:
+            doomed = [v for v in doomed if version_age(v, self.storage.stored_time(name, v)) >= grace]
+        if doomed:
+            self.storage.delete(name, doomed)
+        return doomed
+
+    # ---- pins-python ----------------------------------------------------------------------
+    def pin_write(self, x: Any, name: str | None = None, type: str | None = None, title: str | None = None,
+                  description: str | None = None, metadata: dict | None = None, versioned: bool | None = None,
+                  created: _dt.datetime | None = None, *, force_identical_write: bool = False,
+                  tags: Iterable[str] | None = None) -> PinMetadata:
+        """pins-python's `pin_write`: store `x` and return the stored version's metadata.
+
+        `type`: parquet (default for DataFrames), csv, arrow, json, or file (paths). `versioned=False`
+        keeps only the new version (default: the board's setting). `created` sets the creation time
+        (and so the version name). Writing what the newest version already holds stores nothing and
+        returns that version, unless `force_identical_write=True`; unlike pins-python, a changed
+        title, description or metadata is a change, so it makes a new version."""
+        if isinstance(x, Board) or (isinstance(name, Board)):
+            raise TypeError("pin_write(x, name): the board comes first as the object you call, "
+                            "board.pin_write(x, 'name'), or as board= in boards.pin_write(x, 'name', board=...)")
+        if type == "file":
+            type = None
+        name, version = self._store(x, name, description=description, metadata=metadata, type=type, title=title,
+                                    tags=tags, created=created, force_identical_write=force_identical_write,
+                                    versioned=versioned)
+        return self.pin_meta(name, version)
+
+    def pin_upload(self, paths: str | os.PathLike | Sequence[str | os.PathLike], name: str | None = None,
+                   title: str | None = None, description: str | None = None, metadata: dict | None = None,
+                   tags: Iterable[str] | None = None) -> PinMetadata:
+        """Store files (a path or a list of paths) as a `file` pin; returns its metadata."""
+        return self.pin_write(paths, name=name, title=title, description=description, metadata=metadata,
+                              tags=tags)
+
+    def pin_read(self, name: str, version: str | None = None, hash: str | None = None) -> Any:
+        """The object stored in a pin (DataFrame, JSON value); `hash` must equal its `pin_hash`."""
+        meta = self._check_hash(name, version, hash)
+        if meta["type"] in ("file", "files"):
+            raise BoardError(f"pin {name!r} holds files, not an object: use pin_download()")
+        return self.pin_get(name, version=meta["version"])
+
+    def pin_download(self, name: str, version: str | None = None, hash: str | None = None) -> list[str]:
+        """Local paths of a pin's files (cached; verified against its data.txt)."""
+        meta = self._check_hash(name, version, hash)
+        return self.pin_get(name, version=meta["version"], files=True, extract=False)
+
+    def pin_delete(self, names: str | Sequence[str]) -> None:
+        """Delete one or more pins with all their versions (pins-python's name for `pin_remove`).
+        Every name is checked first: a missing pin deletes nothing."""
+        names = [names] if isinstance(names, str) else list(names)
+        for name in names:
+            if not self.pin_exists(name):
+                raise PinNotFound(f"cannot delete pin {name!r}: it is not on board {self.name!r}")
+        for name in names:
+            self.pin_remove(name)
+
+    def _check_hash(self, name: str, version: str | None, expected: str | None) -> PinMetadata:
+        """The version's metadata, after checking its pin_hash against `expected` (when given)."""
+        meta = self.pin_meta(name, version)
+        actual = str(meta.get("pin_hash") or "")
+        if expected is not None and actual != expected:
+            raise IntegrityError(f"pin {name!r} version {meta['version']}: pin_hash is {actual!r}, "
+                                 f"not the expected {expected!r}")
+        return meta
 
 
 # ---- helpers ------------------------------------------------------------------------------
-def _after(latest: str | None) -> _dt.datetime:
-    """Now, or the first second after `latest` was created: version names have one-second
-    resolution, and two versions in one second would sort by hash rather than by time."""
+def _after(latest: str | None, created: _dt.datetime | None = None) -> _dt.datetime:
+    """Now (or `created`, when the writer gives one), or the first second after `latest` was
+    created: version names have one-second resolution, and two versions in one second would sort by
+    hash rather than by time. A given `created` is used as it is."""
+    if created is not None:
+        return created if created.tzinfo else created.replace(tzinfo=_dt.timezone.utc)
     now = utc_now()
     parsed = parse_version(latest) if latest else None
     if parsed:
-        last = _dt.datetime.strptime(parsed[0], "%Y%m%dT%H%M%SZ").replace(tzinfo=_dt.timezone.utc)
+        last = _dt.datetime.strptime(parsed[0], TIME_FORMAT).replace(tzinfo=_dt.timezone.utc)
         if now <= last:
             time.sleep((last - now).total_seconds() + 1.0 - (time.time() % 1.0) + 0.001)
             now = utc_now()
     return now
-
-
-def builtins_type(x: Any) -> str:
-    return type(x).__name__
 
 
 def _same_content(old: PinMeta, new: PinMeta, staging: Path) -> bool:
@@ -456,7 +622,8 @@ def _discard(folder: Path) -> bool:
     return True
 
 
-def _default_name(x: Any) -> str:
+def default_pin_name(x: Any) -> str:
+    """The pin name `pin(x)` uses when none is given: a path's or URL's file stem."""
     if isinstance(x, (str, Path)):
         text = secrets.strip_url(x) if isinstance(x, str) and "://" in x else str(x)
         base = Path(text.split("?", 1)[0].rstrip("/")).name

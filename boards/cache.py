@@ -153,6 +153,12 @@ class Cache:
     def version_dir(self, board: str, name: str, version: str) -> Path:
         return self.root / _safe_segment(board) / _safe_segment(name) / _safe_segment(version)
 
+    def board_stamp(self, board: str, name: str, version: str) -> Path:
+        """The verification stamp of a version a board keeps on local disk (kept here, beside the
+        cached versions: the board's own folder may be read-only or shared)."""
+        folder = self.version_dir(board, name, version)  # safe names, inside the cache
+        return folder.parent / f".{folder.name}.board-verified.json"
+
     def cached_versions(self, board: str, name: str) -> list[str]:
         folder = self.root / _safe_segment(board) / _safe_segment(name)
         if not folder.is_dir():

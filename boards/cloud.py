@@ -1,4 +1,4 @@
-"""S3 and Google Cloud Storage boards: an `FsBoard` on s3fs / gcsfs, with cloud errors made plain.
+"""S3 and Google Cloud Storage: `BucketStorage`, an `FsStorage` on s3fs / gcsfs, with cloud errors made plain.
 
 A bucket board keeps exactly the local board's layout (`<pin>/<version>/{data.txt, files}` plus the
 root `data.txt` index), so a bucket written here with credentials is readable by anyone with a plain
@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import posixpath
 import re
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -25,10 +27,14 @@ os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
 from pinstorm.extras import require  # noqa: E402
 
+from . import legacy_view  # noqa: E402
 from . import secrets as secret_rules  # noqa: E402
+from .tempnames import FOREIGN_MAX_AGE  # noqa: E402
 from .cache import Cache  # noqa: E402
 from .errors import BoardError, CredentialsError, DownloadError  # noqa: E402
-from .fs_board import FsBoard  # noqa: E402
+from .fs_board import FsStorage, IndexConflict, _modified  # noqa: E402
+from . import index as board_index  # noqa: E402
+from .meta import parse_version  # noqa: E402
 
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$")
 _CREDENTIAL_ERRORS = {"NoCredentialsError", "PartialCredentialsError", "NoAuthTokenError",
@@ -40,22 +46,76 @@ _CONNECTION_ERRORS = {"EndpointConnectionError", "ConnectTimeoutError", "ReadTim
                       "TimeoutError", "ProxyError", "ChunkedEncodingError", "IncompleteRead"}
 
 
-class BucketBoard(FsBoard):
-    """An FsBoard whose storage is a cloud bucket: same layout, cloud errors translated."""
+class BucketStorage(FsStorage):
+    """A bucket (or a folder in one): files go to their final keys, data.txt last, so a version
+    exists exactly when its data.txt does; no lock orders writers, so index writes are checked by
+    re-reading (see fs_board). Storage-library errors become `CredentialsError` / `DownloadError`."""
 
     def __init__(self, name: str, fs, root: str, *, kind: str, bucket: str, endpoint: str | None = None,
-                 secrets: tuple[str, ...] = (), **kwargs):
-        super().__init__(name, fs, root, kind=kind, **kwargs)
+                 secrets: tuple[str, ...] = (), cache: str | Path | Cache | None = None):
+        super().__init__(name, fs, root, kind=kind, cache=cache)
         self.bucket = bucket
         self.endpoint = secret_rules.strip_url(endpoint) if endpoint else endpoint  # shown in messages
         self._secrets = tuple(s for s in secrets if isinstance(s, str) and len(s) >= 4)
 
-    def __repr__(self) -> str:
-        return f"<BucketBoard {self.name!r} {self.describe()}>"
-
     def describe(self) -> str:
         where = f"{self.kind}://{self.root}"
         return f"{where} at {self.endpoint}" if self.endpoint else where
+
+    # ---- object-store layout ----------------------------------------------------------------
+    def write_text(self, path: str, text: str) -> None:
+        self.fs.pipe_file(path, text.encode())  # single-object PUTs are atomic on object stores
+
+    def stored_data_txts(self) -> list[list[str]]:
+        prefix = self.root.rstrip("/") + "/"
+        return [p[len(prefix):].split("/") for p in self.fs.find(self.root) if p.startswith(prefix)]
+
+    def version_data_txts(self, folder: str) -> list[str]:
+        # one recursive listing is one request on object stores; glob costs several
+        depth = folder.rstrip("/").count("/") + 2
+        return [p for p in self.fs.find(folder) if p.endswith("/data.txt") and p.count("/") == depth]
+
+    def write_version(self, name: str, staging: Path, meta) -> str:
+        version = meta.version_name
+        final = self.path(name, version)
+        try:
+            with self._errors(f"write pin {name!r}"):
+                # one call: s3fs and gcsfs upload the files concurrently (a dataset pin holds 1,000+ parts)
+                self.fs.put([str(staging / f) for f in meta.file], [posixpath.join(final, f) for f in meta.file])
+                view = legacy_view.version_view(meta)
+                if view is not None:
+                    self.fs.pipe_file(posixpath.join(final, view[0]), view[1].encode())
+                self.fs.pipe_file(posixpath.join(final, "data.txt"), meta.to_yaml().encode())
+                self.fresh()
+                meta.name, meta.version = name, version
+                self.publish(name, meta)
+        except FileNotFoundError as e:
+            raise self._no_bucket() from e
+        return version
+
+    def sweep_temporaries(self, older_than: float = FOREIGN_MAX_AGE) -> int:
+        """Version folders without a data.txt whose newest object is older than `older_than` seconds
+        (a day by default, so a writer still uploading is never disturbed): no temporary names here."""
+        with self._errors("remove unfinished versions"):
+            self.fresh()
+            prefix = self.root.rstrip("/") + "/"
+            folders: dict[tuple[str, str], list] = {}
+            for key, info in self.fs.find(self.root, detail=True).items():
+                parts = key[len(prefix):].split("/") if key.startswith(prefix) else []
+                if len(parts) >= 3 and not parts[0].startswith("."):
+                    folders.setdefault((parts[0], parts[1]), []).append((parts[2:], info))
+            now = time.time()
+            removed = 0
+            for (pin, version), objects in folders.items():
+                if parse_version(version) is None or any(rest == ["data.txt"] for rest, _ in objects):
+                    continue  # a finished version, or a folder that is not a pins 1.x version: not ours
+                ages = [now - _modified(info) for _, info in objects]
+                if ages and min(ages) > older_than:
+                    self.fs.rm(self.path(pin, version), recursive=True)
+                    removed += 1
+            if removed:
+                self.fresh()
+            return removed
 
     # ---- error translation ----------------------------------------------------------------
     def _scrub(self, text: str) -> str:
@@ -88,10 +148,18 @@ class BucketBoard(FsBoard):
         label = f"HTTP {status}" if status else type(e).__name__
         return DownloadError(f"{where}: cannot {action}: {label}: {reason}", url=self.endpoint, status=status)
 
+    def _no_bucket(self) -> BoardError:
+        return BoardError(f"{self.kind} board {self.name!r}: bucket {self.bucket!r} does not exist"
+                          f"{' at ' + self.endpoint if self.endpoint else ''}; create it, or register "
+                          "the board with create_bucket=True")
+
     # ---- primitives, translated -----------------------------------------------------------
     def list_entries(self) -> list[dict]:
         with self._errors("list pins"):
-            return super().list_entries()
+            entries = super().list_entries()
+            if not entries and not self.fs.exists(self.bucket):  # an empty board, or no bucket at all
+                raise self._no_bucket()
+            return entries
 
     def list_versions(self, name: str) -> list[str]:
         with self._errors(f"list versions of {name!r}"):
@@ -101,6 +169,10 @@ class BucketBoard(FsBoard):
         with self._errors(f"read data.txt of {name!r} version {version}"):
             return super().read_meta(name, version)
 
+    def stored_time(self, name: str, version: str) -> float | None:
+        with self._errors(f"read the age of {name!r} version {version}"):
+            return super().stored_time(name, version)
+
     def download_file(self, name: str, version: str, file: str, dest: Path, offset: int = 0) -> None:
         try:
             with self._errors(f"download {name}/{version}/{file}"):
@@ -108,15 +180,6 @@ class BucketBoard(FsBoard):
         except FileNotFoundError as e:
             raise DownloadError(f"{self.kind} board {self.name!r}: {name}/{version}/{file} listed in data.txt "
                                 f"is missing from bucket {self.bucket!r}", url=self.endpoint, status=404) from e
-
-    def write_version(self, name: str, staging: Path, meta) -> str:
-        try:
-            with self._errors(f"write pin {name!r}"):
-                return super().write_version(name, staging, meta)
-        except FileNotFoundError as e:
-            raise BoardError(f"{self.kind} board {self.name!r}: bucket {self.bucket!r} does not exist"
-                             f"{' at ' + self.endpoint if self.endpoint else ''}; create it, or register "
-                             "the board with create_bucket=True") from e
 
     def delete(self, name: str, versions: list[str] | None = None) -> None:
         with self._errors(f"remove pin {name!r}"):
@@ -126,10 +189,6 @@ class BucketBoard(FsBoard):
         with self._errors("rebuild the data.txt index"):
             return super().rebuild_index(*args, **kwargs)
 
-    def sweep_temporaries(self, *args, **kwargs) -> int:
-        with self._errors("remove unfinished versions"):
-            return super().sweep_temporaries(*args, **kwargs)
-
     def ensure_bucket(self) -> None:
         """Create the bucket unless it exists (needs the right to create buckets)."""
         with self._errors(f"create bucket {self.bucket!r}"):
@@ -138,6 +197,51 @@ class BucketBoard(FsBoard):
                 with contextlib.suppress(FileExistsError):
                     self.fs.mkdir(self.bucket)
                 self._fresh()
+
+
+
+class S3Storage(BucketStorage):
+    """S3 writes the index with If-Match / If-None-Match, so a concurrent overwrite is refused
+    instead of discovered (the re-read rounds stay, for S3 clones that ignore conditions)."""
+
+    def read_index_bytes(self, path: str) -> tuple[bytes, str | None]:
+        """The body and ETag of the index, from one GET (so the token matches the bytes)."""
+        from fsspec.asyn import sync
+
+        bucket, key, _ = self.fs.split_path(path)
+
+        async def get():
+            response = await self.fs._call_s3("get_object", Bucket=bucket, Key=key)
+            body = response["Body"]
+            try:
+                data = await body.read(board_index.MAX_INDEX_BYTES + 1)
+            finally:
+                body.close()
+            return data, response.get("ETag")
+
+        return sync(self.fs.loop, get)
+
+    def write_index_text(self, path: str, text: str, token: str | None, existed: bool) -> None:
+        bucket, key, _ = self.fs.split_path(path)
+        condition = {"IfMatch": token} if existed and token else {"IfNoneMatch": "*"} if not existed else {}
+        try:
+            self.fs.call_s3("put_object", Bucket=bucket, Key=key, Body=text.encode(),
+                            ContentType="text/yaml", **condition)
+        except Exception as e:  # noqa: BLE001 - s3fs wraps botocore's errors in several ways
+            if _precondition_failed(e):
+                raise IndexConflict() from e
+            raise
+
+
+def _precondition_failed(e: BaseException) -> bool:
+    seen = 0
+    while e is not None and seen < 5:
+        text = f"{type(e).__name__} {e}"
+        if "PreconditionFailed" in text or "ConditionalRequestConflict" in text or " 412" in text:
+            return True
+        e = e.__cause__ or e.__context__
+        seen += 1
+    return False
 
 
 def _first_line(e: Exception) -> str:
@@ -183,10 +287,10 @@ def _secrets(options: dict) -> tuple[str, ...]:
     return secret_rules.secret_values(options)
 
 
-def s3_board(name: str, bucket: str, path: str = "", endpoint_url: str | None = None,
-             cache: str | Path | Cache | None = None, versions: bool = True, create_bucket: bool = False,
-             **storage_options: Any) -> BucketBoard:
-    """A board in `s3://bucket/path` through s3fs.
+def s3_storage(name: str, bucket: str, path: str = "", endpoint_url: str | None = None,
+               cache: str | Path | Cache | None = None, create_bucket: bool = False,
+               **storage_options: Any) -> S3Storage:
+    """Storage in `s3://bucket/path` through s3fs.
 
     `endpoint_url` reaches S3-compatible stores (MinIO, Ceph, moto); other options (`key`, `secret`,
     `token`, `profile`, `anon`, `client_kwargs`, `config_kwargs`, ...) go to `s3fs.S3FileSystem`.
@@ -199,18 +303,17 @@ def s3_board(name: str, bucket: str, path: str = "", endpoint_url: str | None = 
     if endpoint_url:
         options["endpoint_url"] = endpoint_url
     fs = s3fs.S3FileSystem(**options)
-    board = BucketBoard(name, fs, _root(bucket, path), kind="s3", bucket=bucket, endpoint=endpoint_url,
-                        secrets=_secrets({**storage_options, "endpoint_url": endpoint_url}), cache=cache,
-                        versions=versions)
+    board = S3Storage(name, fs, _root(bucket, path), kind="s3", bucket=bucket, endpoint=endpoint_url,
+                      secrets=_secrets({**storage_options, "endpoint_url": endpoint_url}), cache=cache)
     if create_bucket:
         board.ensure_bucket()
     return board
 
 
-def gcs_board(name: str, bucket: str, path: str = "", endpoint_url: str | None = None,
-              project: str | None = None, token: Any = None, cache: str | Path | Cache | None = None,
-              versions: bool = True, create_bucket: bool = False, **storage_options: Any) -> BucketBoard:
-    """A board in `gs://bucket/path` through gcsfs.
+def gcs_storage(name: str, bucket: str, path: str = "", endpoint_url: str | None = None,
+                project: str | None = None, token: Any = None, cache: str | Path | Cache | None = None,
+                create_bucket: bool = False, **storage_options: Any) -> BucketStorage:
+    """Storage in `gs://bucket/path` through gcsfs.
 
     `token` is what gcsfs takes: None (Google's default chain), "anon", "google_default", "cloud",
     a service-account JSON path, or a credentials object. `endpoint_url` reaches an emulator or a
@@ -233,8 +336,8 @@ def gcs_board(name: str, bucket: str, path: str = "", endpoint_url: str | None =
         raise CredentialsError(f"gcs board {name!r} (bucket {bucket!r}): cannot load credentials "
                                f"({type(e).__name__}: {_first_line(e)})") from e
     secrets = _secrets({**storage_options, "endpoint_url": endpoint_url, "token": token})
-    board = BucketBoard(name, fs, _root(bucket, path), kind="gcs", bucket=bucket, endpoint=endpoint_url,
-                        secrets=secrets, cache=cache, versions=versions)
+    board = BucketStorage(name, fs, _root(bucket, path), kind="gcs", bucket=bucket, endpoint=endpoint_url,
+                          secrets=secrets, cache=cache)
     if create_bucket:
         board.ensure_bucket()
     return board

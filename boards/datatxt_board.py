@@ -43,12 +43,12 @@ from urllib3.util.retry import Retry
 
 from . import index as board_index
 from . import paths, secrets
-from .board import Board
 from .cache import (HTTP_DEADLINE, HTTP_MIN_RATE, HTTP_TIMEOUT, Cache, TransferLimits, _stream_to, bounded_blocks,
                     declared_cap)
 from .errors import DownloadError, LimitExceeded, MalformedMetadata, PinNotFound, UnsafePath
 from .legacy_view import pin_folder
 from .meta import PinMeta, parse_version
+from .storage import StorageBase
 from .tempnames import tmp_name
 
 LEGACY = "legacy"  # the one pseudo-version of a legacy (unversioned) pin
@@ -108,27 +108,26 @@ def http_session(home: str = "http://localhost", *, headers: dict | None = None,
     return session
 
 
-class DatatxtBoard(Board):
+class DatatxtStorage(StorageBase):
+    """A read-only board behind an HTTP(S) URL with a data.txt index (R's board_register_datatxt)."""
+
     kind = "datatxt"
     read_only = True
 
-    def __init__(self, name: str, url: str, *, cache: str | Path | Cache | None = None, versions: bool = True,
+    def __init__(self, name: str, url: str, *, cache: str | Path | Cache | None = None,
                  headers: dict | None = None, index_max_age: float = 0,
                  allow_external: bool | list[str] = False, max_index_bytes: int = board_index.MAX_INDEX_BYTES,
-                 max_extract_bytes: int | None = None, max_extract_ratio: float | None = None,
                  deadline: float | None = None, min_rate: float | None = None):
         """`index_max_age`: seconds to trust the index without asking the server (beyond the
         server's own Cache-Control max-age); raise it when many `pin_get` calls hit one board.
         `allow_external`: follow index paths that are absolute URLs on other hosts (R legacy boards
         wrote some): True for any http(s) origin, or a list of origins such as
         ["https://cdn.example.org"]. `max_index_bytes`: the cap on a data.txt (index or version).
-        `max_extract_bytes` / `max_extract_ratio`: this board's archive extraction bounds.
         `deadline` / `min_rate`: each body must arrive within `deadline` seconds plus one second per
         `min_rate` bytes (defaults: $PINSTORM_HTTP_DEADLINE = 60, $PINSTORM_HTTP_MIN_RATE = 128 KiB/s).
         `headers=` (a dict or a list of pairs) and credentials in `url` (`user:password@`, `?token=`)
         are sent to the board's origin only and never saved, shown or put in a file name."""
-        super().__init__(name, cache=cache, versions=versions, max_extract_bytes=max_extract_bytes,
-                         max_extract_ratio=max_extract_ratio)
+        super().__init__(name, cache=cache)
         self.index_max_age = float(index_max_age)
         self._checked_at = float("-inf")
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
@@ -268,7 +267,9 @@ class DatatxtBoard(Board):
 
     # ---- primitives -----------------------------------------------------------------------
     def list_versions(self, name: str) -> list[str]:
-        e = self._entry(name, revalidate=getattr(self._within, "fetch", None) != name)
+        revalidate = getattr(self._within, "fetch", None) != name
+        self._within.fetch = None  # one listing per fetch reuses the index the fetch just read
+        e = self._entry(name, revalidate=revalidate)
         if not self._is_versioned(e):
             return [LEGACY]
         if e.get("versions"):
@@ -339,7 +340,10 @@ class DatatxtBoard(Board):
         meta.name, meta.version = name, LEGACY
         return meta
 
-    def fetch(self, name: str, version: str | None = None, *, download: bool = True, trust_cache: bool = True):
+    def direct_fetch(self, name: str, version: str | None, *, download: bool) -> tuple[PinMeta, Path] | None:
+        """R legacy (unversioned) pins: each file fetched from its URL and revalidated on its own, as
+        R legacy pins were, into the cache's `legacy` folder. Versioned pins: None (the board's
+        versioned path), after noting that the index was just revalidated for this pin."""
         entry = None
         if download:
             entry = self._entry(name)
@@ -347,13 +351,12 @@ class DatatxtBoard(Board):
             entry = {"path": "", "name": name}
         if entry is None or self._is_versioned(entry):
             self._within.fetch = name if entry is not None else None  # the index was just revalidated
-            try:
-                return super().fetch(name, version, download=download, trust_cache=trust_cache)
-            finally:
-                self._within.fetch = None
+            return None
         folder = self.cache.version_dir(self.name, name, LEGACY)
         if not download:
-            return self._cached_meta(name, LEGACY, folder), folder
+            meta = PinMeta.from_yaml((folder / "data.txt").read_text(), source=str(folder / "data.txt"))
+            meta.name, meta.version = name, LEGACY
+            return meta, folder
         meta = self._legacy_meta(entry)
         # every target is checked before the first byte is written (no file, .http.json or .lock)
         targets = [(self._abs(meta.extra["base_url"] + f, pin=name),
@@ -402,3 +405,12 @@ def _plain(value: Any) -> bool:
     if isinstance(value, dict):
         return all(isinstance(k, str) and _plain(v) for k, v in value.items())
     return False
+
+
+def DatatxtBoard(name: str, url: str, **options: Any):  # noqa: N802 - the class name earlier releases had
+    """A Board over `DatatxtStorage` (data.txt only, no R legacy version listing), built as earlier
+    releases built their `DatatxtBoard` objects; new code uses `boards.board_datatxt(url, ...)`."""
+    from .board import BOARD_OPTIONS, Board
+
+    own = {k: options.pop(k) for k in BOARD_OPTIONS if k in options}
+    return Board(DatatxtStorage(name, url, **options), spec={"kind": "datatxt", "url": url, **options}, **own)

@@ -1,4 +1,5 @@
-"""A writable board on any fsspec filesystem: a local folder, an S3 bucket, a GCS bucket.
+"""Writable storage on an fsspec filesystem: `FsStorage` (what folders and buckets share) and
+`FolderStorage` (a local folder, the embedded default); buckets are `cloud.BucketStorage`.
 
 Layout (pins 1.x): `<root>/<pin>/<version>/{data.txt, files}` plus the legacy `<root>/data.txt`
 index. A version exists exactly when its `data.txt` does, and `data.txt` is written last, so a reader
@@ -42,58 +43,60 @@ import threading
 import time
 import warnings
 from pathlib import Path
+from typing import Any, Iterator
 
 import fsspec
 from filelock import FileLock
 
 from . import index as board_index
 from . import legacy_view
-from .board import Board
-from .cache import verify, write_stamp
+from .cache import Cache, verify, write_stamp
 from .errors import IntegrityError, InvalidPinName, LimitExceeded, MalformedMetadata, PinNotFound
 from .meta import PinMeta, parse_version
 from .manifest import sync_manifest
 from .names import check_pin_name
+from .storage import StorageBase
 from .tempnames import FOREIGN_MAX_AGE, TMP_MARK, is_temporary, sweep, tmp_name
 
 INDEX_ROUNDS = 60  # reconciliation rounds before giving up (the versions are stored either way)
 
 
-class _IndexConflict(Exception):
+class IndexConflict(Exception):
     """A conditional index write lost to another writer: reconcile again."""
 
 
-class FsBoard(Board):
-    """A board stored in folder `root` of fsspec filesystem `fs`."""
+class FsStorage(StorageBase):
+    """Pins 1.x layout in folder `root` of fsspec filesystem `fs`, with its derived indexes.
+    Subclasses say how to list, write and lock on their kind of storage."""
 
     kind = "folder"
+    # whether one locked write settles the index (local writers hold a file lock); object stores
+    # re-read and re-list until a fresh listing agrees
+    locked_writes = False
 
     def __init__(self, name: str, fs: fsspec.AbstractFileSystem, root: str, *, kind: str | None = None,
-                 **kwargs):
-        super().__init__(name, **kwargs)
+                 cache: str | Path | Cache | None = None):
+        super().__init__(name, cache=cache)
         self.fs = fs
         self.root = root.rstrip("/") or "/"
         if kind:
             self.kind = kind
-        self.is_local = "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
-        if self.is_local:
-            Path(self.root).mkdir(parents=True, exist_ok=True)
         # batch(): how many are open, and the versions written meanwhile (pin -> meta), published at the end
         self._batch_lock = threading.Lock()
         self._batch_depth = 0
         self._batch_written: dict[str, PinMeta | None] = {}
 
-    def describe(self) -> str:
-        proto = self.fs.protocol[0] if isinstance(self.fs.protocol, tuple) else self.fs.protocol
-        return self.root if self.is_local else f"{proto}://{self.root}"
-
-    def _path(self, *parts: str) -> str:
+    def path(self, *parts: str) -> str:
+        """The storage path of a pin, version or file (names are checked pin and version names)."""
         return posixpath.join(self.root, *parts)
 
-    def _fresh(self, path: str | None = None) -> None:
+    def fresh(self, path: str | None = None) -> None:
         """Drop fsspec's cached listings: another process may have written since."""
         with contextlib.suppress(Exception):
             self.fs.invalidate_cache(path)
+
+    _path = path    # the names older code and tests use
+    _fresh = fresh
 
     def __getstate__(self) -> dict:
         """Pickled for process pools: a batch belongs to the process that opened it."""
@@ -105,9 +108,48 @@ class FsBoard(Board):
         self.__dict__.update(state)
         self._batch_lock = threading.Lock()
 
+    # ---- what subclasses define -----------------------------------------------------------
+    def index_lock(self) -> Any:
+        """Held while the indexes are reconciled (a file lock on local disks; none on object stores)."""
+        return contextlib.nullcontext()
+
+    def write_text(self, path: str, text: str) -> None:
+        """Replace one small file (an index) atomically."""
+        raise NotImplementedError
+
+    def sync_text(self, rel: str, text: str) -> bool:
+        """Make the derived file `rel` (under root: `_pins.yaml`, an R legacy view) hold `text`,
+        unless it already does; True when it was written."""
+        path = self.path(rel)
+        try:
+            current = self.fs.cat_file(path).decode("utf-8", "replace")
+        except FileNotFoundError:
+            current = None
+        if current == text:
+            return False
+        self.write_text(path, text)
+        return True
+
+    def read_index_bytes(self, path: str) -> tuple[bytes, str | None]:
+        """(the index's bytes, up to the cap plus one, and a token for a conditional write)."""
+        with self.fs.open(path, "rb") as handle:
+            return handle.read(board_index.MAX_INDEX_BYTES + 1), None
+
+    def write_index_text(self, path: str, text: str, token: str | None, existed: bool) -> None:
+        """Write the index; raise `IndexConflict` when a conditional write lost to another writer."""
+        self.write_text(path, text)
+
+    def stored_data_txts(self) -> list[list[str]]:
+        """Path parts under root of every `<pin>/<version>/data.txt` (and possibly other files)."""
+        raise NotImplementedError
+
+    def version_data_txts(self, folder: str) -> list[str]:
+        """Paths of `<folder>/<version>/data.txt` for one pin folder."""
+        raise NotImplementedError
+
     # ---- batches --------------------------------------------------------------------------
     @contextlib.contextmanager
-    def batch(self):
+    def batch(self) -> Iterator[Any]:
         """Defer the index upkeep of every write on this board object until the outermost batch closes
         (also when it closes with an error: what was stored gets listed). Threads may pin inside it."""
         with self._batch_lock:
@@ -123,7 +165,7 @@ class FsBoard(Board):
             if written:
                 self._update_index(known={k: v for k, v in written.items() if v is not None})
 
-    def _publish(self, name: str, meta: PinMeta | None) -> None:
+    def publish(self, name: str, meta: PinMeta | None) -> None:
         """Bring the indexes up to date after a write to pin `name` (now, or when the batch closes)."""
         with self._batch_lock:
             if self._batch_depth:
@@ -132,25 +174,14 @@ class FsBoard(Board):
         self._update_index(known={name: meta} if meta is not None else None)
 
     # ---- index ----------------------------------------------------------------------------
-    def _index_lock(self):
-        if self.is_local:
-            return FileLock(os.path.join(self.root, ".data.txt.lock"))
-        return contextlib.nullcontext()
-
     def read_index(self) -> list[dict] | None:
         return self._read_index()[0]
 
     def _read_index(self, lenient: bool = False) -> tuple[list[dict] | None, str | None]:
         """(entries or None when absent, a token for a conditional write: the S3 ETag).
         `lenient`: an unreadable index counts as empty (it is derived data; writers rebuild it)."""
-        path = self._path(board_index.INDEX_FILE)
-        token = None
         try:
-            if self._conditional():
-                text, token = self._s3_get(path)
-            else:
-                with self.fs.open(path, "rb") as handle:
-                    text = handle.read(board_index.MAX_INDEX_BYTES + 1)
+            text, token = self.read_index_bytes(self.path(board_index.INDEX_FILE))
         except FileNotFoundError:
             return None, None
         try:
@@ -164,66 +195,14 @@ class FsBoard(Board):
             warnings.warn(f"board {self.name!r}: rebuilding an unreadable data.txt index ({e})", stacklevel=4)
             return [], token
 
-    def _conditional(self) -> bool:
-        return not self.is_local and "s3" in (self.fs.protocol if isinstance(self.fs.protocol, tuple)
-                                                else (self.fs.protocol,))
-
-    def _s3_get(self, path: str) -> tuple[bytes, str | None]:
-        """The body and ETag of one object, from one GET (so the token matches the bytes)."""
-        from fsspec.asyn import sync
-
-        bucket, key, _ = self.fs.split_path(path)
-
-        async def get():
-            try:
-                response = await self.fs._call_s3("get_object", Bucket=bucket, Key=key)
-            except FileNotFoundError:
-                raise
-            body = response["Body"]
-            try:
-                data = await body.read(board_index.MAX_INDEX_BYTES + 1)
-            finally:
-                body.close()
-            return data, response.get("ETag")
-
-        return sync(self.fs.loop, get)
-
-    def _write_index(self, entries: list[dict], token: str | None, existed: bool) -> None:
-        path = self._path(board_index.INDEX_FILE)
-        text = board_index.dump_index(entries)
-        if not self._conditional():
-            self._write_text(path, text)
-            return
-        bucket, key, _ = self.fs.split_path(path)
-        condition = {"IfMatch": token} if existed and token else {"IfNoneMatch": "*"} if not existed else {}
-        try:
-            self.fs.call_s3("put_object", Bucket=bucket, Key=key, Body=text.encode(),
-                            ContentType="text/yaml", **condition)
-        except Exception as e:  # noqa: BLE001 - s3fs wraps botocore's errors in several ways
-            if _precondition_failed(e):
-                raise _IndexConflict() from e
-            raise
-
-    def _write_text(self, path: str, text: str) -> None:
-        if self.is_local:
-            tmp = tmp_name(path)
-            try:
-                Path(tmp).write_text(text)
-                os.replace(tmp, path)
-            finally:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(tmp)
-        else:
-            self.fs.pipe_file(path, text.encode())  # single-object PUTs are atomic on object stores
-
     def _update_index(self, name: str | None = None, *, known: dict[str, PinMeta] | None = None) -> int:
         """Reconcile the index with the stored versions (see the module docstring); returns the
         number of pins it lists."""
-        with self._index_lock():
+        with self.index_lock():
             for round_ in range(INDEX_ROUNDS):
-                self._fresh()
+                self.fresh()
                 current, token = self._read_index(lenient=True)  # before listing: what it lists is stored
-                stored = self._stored_versions()
+                stored = self.stored_versions()
                 entries = {e["name"]: e for e in (current or [])}
                 wanted = dict(entries)
                 for pin, versions in stored.items():
@@ -244,28 +223,25 @@ class FsBoard(Board):
                 if current is not None and wanted == entries and not manifest_rewritten:
                     return len(stored)
                 try:
-                    self._write_index(list(wanted.values()), token, existed=current is not None)
-                except _IndexConflict:
+                    self.write_index_text(self.path(board_index.INDEX_FILE),
+                                          board_index.dump_index(list(wanted.values())), token,
+                                          existed=current is not None)
+                except IndexConflict:
                     pass
                 else:
-                    if self.is_local:  # writers hold the lock: nobody can have undone this write
+                    if self.locked_writes:  # writers hold the lock: nobody can have undone this write
                         return len(stored)
-                if not self.is_local:  # let a concurrent writer finish before checking again
+                if not self.locked_writes:  # let a concurrent writer finish before checking again
                     time.sleep(random.uniform(0.0, 0.02 * min(round_ + 1, 10)))
         warnings.warn(f"board {self.name!r}: the data.txt index did not settle after {INDEX_ROUNDS} rounds "
                       "of concurrent writes; the pins are stored, and `pinstorm board repair` (or the "
                       "next write) lists them", stacklevel=3)
         return len(stored)
 
-    def _stored_versions(self) -> dict[str, list[str]]:
+    def stored_versions(self) -> dict[str, list[str]]:
         """pin -> its versions (oldest first) that have a data.txt, from one listing of the board."""
         out: dict[str, list[str]] = {}
-        if self.is_local:
-            found = _local_versions(self.root)
-        else:
-            prefix = self.root.rstrip("/") + "/"
-            found = [p[len(prefix):].split("/") for p in self.fs.find(self.root) if p.startswith(prefix)]
-        for parts in found:
+        for parts in self.stored_data_txts():
             if len(parts) != 3 or parts[2] != "data.txt":
                 continue
             pin, version = parts[0], parts[1]
@@ -304,38 +280,8 @@ class FsBoard(Board):
         return self._update_index()
 
     def sweep_temporaries(self, older_than: float = FOREIGN_MAX_AGE) -> int:
-        """Remove what killed writers left; returns how many folders went.
-
-        Local boards: temporary version folders and index files whose owner process is gone.
-        Object stores (no temporary names there: files go to their final keys, data.txt last): version
-        folders without a data.txt whose newest object is older than `older_than` seconds (a day by
-        default, so a writer still uploading is never disturbed).
-        """
-        if self.is_local:
-            removed = len(sweep(self.root))
-            for pin in Path(self.root).iterdir():
-                if pin.is_dir() and not pin.name.startswith("."):
-                    removed += len(sweep(pin))
-            return removed
-        self._fresh()
-        prefix = self.root.rstrip("/") + "/"
-        folders: dict[tuple[str, str], list] = {}
-        for key, info in self.fs.find(self.root, detail=True).items():
-            parts = key[len(prefix):].split("/") if key.startswith(prefix) else []
-            if len(parts) >= 3 and not parts[0].startswith("."):
-                folders.setdefault((parts[0], parts[1]), []).append((parts[2:], info))
-        now = time.time()
-        removed = 0
-        for (pin, version), objects in folders.items():
-            if parse_version(version) is None or any(rest == ["data.txt"] for rest, _ in objects):
-                continue  # a finished version, or a folder that is not a pins 1.x version: not ours
-            ages = [now - _modified(info) for _, info in objects]
-            if ages and min(ages) > older_than:
-                self.fs.rm(self._path(pin, version), recursive=True)
-                removed += 1
-        if removed:
-            self._fresh()
-        return removed
+        """Remove what killed writers left; returns how many folders went."""
+        raise NotImplementedError
 
     def _pin_names(self) -> list[str]:
         try:
@@ -348,7 +294,7 @@ class FsBoard(Board):
     # ---- primitives -----------------------------------------------------------------------
     def list_entries(self) -> list[dict]:
         """The index, reconciled with the folders really there (other tools may not keep the index)."""
-        self._fresh()
+        self.fresh()
         indexed = {e["name"]: e for e in (self.read_index() or [])}
         names = self._pin_names()
         entries = [indexed[n] for n in names if n in indexed]
@@ -356,14 +302,10 @@ class FsBoard(Board):
         return sorted(entries, key=lambda e: e["name"])
 
     def list_versions(self, name: str) -> list[str]:
-        folder = self._path(name)
-        self._fresh(folder)
+        folder = self.path(name)
+        self.fresh(folder)
         try:
-            if self.is_local:
-                found = self.fs.glob(posixpath.join(folder, "*", "data.txt"))
-            else:  # one recursive listing is one request on object stores; glob costs several
-                depth = folder.rstrip("/").count("/") + 2
-                found = [p for p in self.fs.find(folder) if p.endswith("/data.txt") and p.count("/") == depth]
+            found = self.version_data_txts(folder)
         except FileNotFoundError:
             found = []
         versions = [posixpath.basename(posixpath.dirname(p)) for p in found]
@@ -374,7 +316,7 @@ class FsBoard(Board):
         return sorted(versions, key=lambda v: (parse_version(v) is None, v))
 
     def read_meta(self, name: str, version: str) -> PinMeta:
-        path = self._path(name, version, "data.txt")
+        path = self.path(name, version, "data.txt")
         try:
             text = self.fs.cat_file(path)
         except FileNotFoundError as e:
@@ -383,27 +325,89 @@ class FsBoard(Board):
         meta.name, meta.version = name, version
         return meta
 
-    def local_folder(self, name: str, version: str) -> Path | None:
-        return Path(self._path(name, version)) if self.is_local else None
+    def stored_time(self, name: str, version: str) -> float | None:
+        """When the version's data.txt was stored (local mtime, object LastModified); now when it is
+        gone or going (nothing to delete, and counted as young); None when the storage does not say."""
+        path = self.path(name, version, "data.txt")
+        self.fresh(path)
+        try:
+            info = self.fs.info(path)
+        except FileNotFoundError:
+            return time.time()
+        stamp = _modified(info)
+        return stamp if any(k in info for k in ("LastModified", "mtime", "updated", "last_modified")) else None
 
     def download_file(self, name: str, version: str, file: str, dest: Path, offset: int = 0) -> None:
         if not offset:
-            self.fs.get_file(self._path(name, version, file), str(dest))
+            self.fs.get_file(self.path(name, version, file), str(dest))
             return
-        with self.fs.open(self._path(name, version, file), "rb") as src, open(dest, "ab") as out:
+        with self.fs.open(self.path(name, version, file), "rb") as src, open(dest, "ab") as out:
             src.seek(offset)  # a ranged read on object stores: only the missing bytes travel
             shutil.copyfileobj(src, out, 1 << 22)
 
+    def delete(self, name: str, versions: list[str] | None = None) -> None:
+        if versions is None:
+            self.fs.rm(self.path(name), recursive=True)
+        else:
+            for v in versions:
+                # data.txt first: the version stops existing before its files go
+                with contextlib.suppress(FileNotFoundError):
+                    self.fs.rm_file(self.path(name, v, "data.txt"))
+                self.fs.rm(self.path(name, v), recursive=True)
+        self.fresh()
+        self.publish(name, None)
+
+
+class FolderStorage(FsStorage):
+    """A board in a local folder: versions are assembled inside their pin's folder and renamed into
+    place (written once, never through TMPDIR); writers hold a file lock while they reconcile the
+    indexes; files are served where they are, without a copy in the cache."""
+
+    locked_writes = True
+
+    def __init__(self, name: str, root: str | os.PathLike, *, kind: str = "local",
+                 cache: str | Path | Cache | None = None):
+        super().__init__(name, fsspec.filesystem("file"), str(root), kind=kind, cache=cache)
+        Path(self.root).mkdir(parents=True, exist_ok=True)
+
+    def describe(self) -> str:
+        return self.root
+
+    def index_lock(self) -> Any:
+        return FileLock(os.path.join(self.root, ".data.txt.lock"))
+
+    def write_text(self, path: str, text: str) -> None:
+        os.makedirs(posixpath.dirname(path), exist_ok=True)
+        tmp = tmp_name(path)
+        try:
+            Path(tmp).write_text(text)
+            os.replace(tmp, path)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+
+    def stored_data_txts(self) -> list[list[str]]:
+        return [list(parts) for parts in _local_versions(self.root)]
+
+    def version_data_txts(self, folder: str) -> list[str]:
+        return self.fs.glob(posixpath.join(folder, "*", "data.txt"))
+
+    def sweep_temporaries(self, older_than: float = FOREIGN_MAX_AGE) -> int:
+        """Temporary version folders and index files whose owner process is gone."""
+        removed = len(sweep(self.root))
+        for pin in Path(self.root).iterdir():
+            if pin.is_dir() and not pin.name.startswith("."):
+                removed += len(sweep(pin))
+        return removed
+
+    def local_folder(self, name: str, version: str) -> Path | None:
+        return Path(self.path(name, version))
+
     @contextlib.contextmanager
-    def staging(self, name: str):
-        """On a local disk, versions are assembled in a temporary folder inside the pin's own folder
-        (owned by this process, see `tempnames`) and renamed into place: the bytes are written once,
-        nothing goes through TMPDIR. Elsewhere, as `Board.staging`."""
-        if not self.is_local:
-            with super().staging(name) as staged:
-                yield staged
-            return
-        folder = Path(self._path(name))
+    def staging(self, name: str) -> Iterator[tuple[Path, bool]]:
+        """Versions are assembled in a temporary folder inside the pin's own folder (owned by this
+        process, see `tempnames`) and renamed into place: the bytes are written once."""
+        folder = Path(self.path(name))
         created = not folder.exists()
         folder.mkdir(parents=True, exist_ok=True)
         sweep(folder)  # what killed writers left in this pin's folder
@@ -419,42 +423,34 @@ class FsBoard(Board):
 
     def write_version(self, name: str, staging: Path, meta: PinMeta) -> str:
         version = meta.version_name
-        final = self._path(name, version)
+        final = self.path(name, version)
         created = False
-        if self.is_local:
-            Path(final).parent.mkdir(parents=True, exist_ok=True)
-            in_place = staging.parent == Path(final).parent and is_temporary(staging.name)
-            tmp = staging if in_place else Path(tmp_name(final))
-            try:
-                if not in_place:
-                    sweep(Path(final).parent)  # what killed writers left in this pin's folder
-                    shutil.copytree(staging, tmp)
-                view = legacy_view.version_view(meta)
-                if view is not None:  # R 0.4.5's view of this version, in place before the version exists
-                    (tmp / view[0]).parent.mkdir(parents=True, exist_ok=True)
-                    (tmp / view[0]).write_text(view[1])
-                (tmp / "data.txt").write_text(meta.to_yaml())
-                try:
-                    os.replace(tmp, final)
-                except OSError:
-                    if not (Path(final) / "data.txt").exists():
-                        raise  # else: an identical version (same second, same hash) is already there
-                else:
-                    self._stamp(name, version, meta)
-                    created = True
-            finally:
-                shutil.rmtree(tmp, ignore_errors=True)
-        else:
-            # one call: s3fs and gcsfs upload the files concurrently (a dataset pin holds 1,000+ parts)
-            self.fs.put([str(staging / f) for f in meta.file], [posixpath.join(final, f) for f in meta.file])
+        Path(final).parent.mkdir(parents=True, exist_ok=True)
+        in_place = staging.parent == Path(final).parent and is_temporary(staging.name)
+        tmp = staging if in_place else Path(tmp_name(final))
+        try:
+            if not in_place:
+                sweep(Path(final).parent)  # what killed writers left in this pin's folder
+                shutil.copytree(staging, tmp)
             view = legacy_view.version_view(meta)
-            if view is not None:
-                self.fs.pipe_file(posixpath.join(final, view[0]), view[1].encode())
-            self.fs.pipe_file(posixpath.join(final, "data.txt"), meta.to_yaml().encode())
-        self._fresh()
+            if view is not None:  # R 0.4.5's view of this version, in place before the version exists
+                (tmp / view[0]).parent.mkdir(parents=True, exist_ok=True)
+                (tmp / view[0]).write_text(view[1])
+            (tmp / "data.txt").write_text(meta.to_yaml())
+            try:
+                os.replace(tmp, final)
+            except OSError:
+                if not (Path(final) / "data.txt").exists():
+                    raise  # else: an identical version (same second, same hash) is already there
+            else:
+                self._stamp(name, version, meta)
+                created = True
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        self.fresh()
         meta.name, meta.version = name, version
         try:
-            self._publish(name, meta)
+            self.publish(name, meta)
         except BaseException:
             if created:  # a version is visible only once indexed: take it back (a full disk, a crash)
                 self._withdraw(name, version)
@@ -465,7 +461,7 @@ class FsBoard(Board):
         """Remove a local version whose indexes could not be written, so a failed `pin()` leaves the
         board as it was; then let the indexes settle again on the space it freed (best effort: the
         next write or `board repair` reconciles them otherwise)."""
-        final = Path(self._path(name, version))
+        final = Path(self.path(name, version))
         gone = Path(tmp_name(final))
         with contextlib.suppress(OSError):
             os.replace(final, gone)  # invisible at once; then deleted
@@ -476,16 +472,14 @@ class FsBoard(Board):
             self._update_index()
 
     def _stamp(self, name: str, version: str, meta: PinMeta) -> None:
-        """Record a just-written local version as verified (its bytes were hashed while staged)."""
+        """Record a just-written version as verified (its bytes were hashed while staged)."""
         with contextlib.suppress(OSError):
-            write_stamp(meta, Path(self._path(name, version)), self._board_stamp(name, version))
+            write_stamp(meta, Path(self.path(name, version)), self.cache.board_stamp(self.name, name, version))
 
     def repair_version(self, name: str, version: str, meta: PinMeta, staging: Path) -> bool:
-        """On a local board, re-hash the stored version; if its bytes differ from what it promises,
-        replace its files with the staged ones (which hash to `meta`)."""
-        if not self.is_local:
-            return False
-        folder = Path(self._path(name, version))
+        """Re-hash the stored version; if its bytes differ from what it promises, replace its files
+        with the staged ones (which hash to `meta`)."""
+        folder = Path(self.path(name, version))
         try:
             verify(meta, folder, source=f"pin {name!r} version {version}")
             return False
@@ -501,26 +495,6 @@ class FsBoard(Board):
                 tmp.unlink(missing_ok=True)
         self._stamp(name, version, meta)
         return True
-
-    def delete(self, name: str, versions: list[str] | None = None) -> None:
-        if versions is None:
-            self.fs.rm(self._path(name), recursive=True)
-        else:
-            for v in versions:
-                # data.txt first: the version stops existing before its files go
-                with contextlib.suppress(FileNotFoundError):
-                    self.fs.rm_file(self._path(name, v, "data.txt"))
-                self.fs.rm(self._path(name, v), recursive=True)
-        self._fresh()
-        self._publish(name, None)
-
-
-def local_board(name: str = "local", path: str | os.PathLike | None = None, **kwargs) -> FsBoard:
-    """A board in a local folder (default: `$PINSTORM_BOARD` or the user data folder)."""
-    from .registry import default_local_path
-
-    root = Path(path).expanduser().resolve() if path else default_local_path()
-    return FsBoard(name, fsspec.filesystem("file"), str(root), kind="local", **kwargs)
 
 
 def _local_versions(root: str) -> list[tuple[str, str, str]]:
@@ -544,17 +518,6 @@ def _written_by_board(entry: dict) -> bool:
     path = str(entry.get("path") or "")
     return bool(entry.get("versions") or entry.get("version")) and "://" not in path \
         and path.startswith(f"{entry.get('name')}/")
-
-
-def _precondition_failed(e: BaseException) -> bool:
-    seen = 0
-    while e is not None and seen < 5:
-        text = f"{type(e).__name__} {e}"
-        if "PreconditionFailed" in text or "ConditionalRequestConflict" in text or " 412" in text:
-            return True
-        e = e.__cause__ or e.__context__
-        seen += 1
-    return False
 
 
 def _modified(info: dict) -> float:

@@ -22,13 +22,12 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-import pandas as pd
 import xxhash
 
 from pinstorm.extras import ensure
 
 from . import paths, secrets
-from .board import FIND_COLUMNS, Board
+from .storage import StorageBase
 from .cache import Cache
 from .errors import CredentialsError, InvalidPinName, PinNotFound, ReadOnlyBoard, UnsafePath, VersionNotFound
 from .kaggle_client import (COMPETITION_PREFIX, ENV_ENDPOINT, PRODUCTION, KaggleClient,  # noqa: F401
@@ -51,19 +50,16 @@ def _dataset_version(n: int) -> str:
     return f"{int(n):06d}"  # zero-padded so that cached versions sort by number
 
 
-class KaggleBoard(Board):
+class KaggleStorage(StorageBase):
     """Kaggle as a board: find, get and cache datasets (`owner/dataset`) and competitions (`c/name`)."""
 
     kind = "kaggle"
     read_only = True
 
     def __init__(self, name: str = "kaggle", token: str | os.PathLike | None = None, endpoint: str | None = None,
-                 cache: str | Path | Cache | None = None, versions: bool = True, retries: int = 2,
-                 page_size: int = 20, max_extract_bytes: int | None = None,
-                 max_extract_ratio: float | None = None):
+                 cache: str | Path | Cache | None = None, retries: int = 2, page_size: int = 20):
         ensure("kaggle", "kaggle", "a Kaggle board")
-        super().__init__(name, cache=cache, versions=versions, max_extract_bytes=max_extract_bytes,
-                         max_extract_ratio=max_extract_ratio)
+        super().__init__(name, cache=cache)
         self.endpoint = normalise_endpoint(endpoint, name)
         self.token = Path(token).expanduser() if token else None
         if self.token is not None and not self.token.is_file():
@@ -242,7 +238,7 @@ class KaggleBoard(Board):
     def default_extract(self, meta: PinMeta) -> bool:
         return True  # Kaggle ships zips; R pins extracted them by default
 
-    # ---- user-facing overrides ------------------------------------------------------------
+    # ---- listing and search ---------------------------------------------------------------
     def list_entries(self) -> list[dict]:
         return self._search("")
 
@@ -269,23 +265,13 @@ class KaggleBoard(Board):
                             "category": c.category, "reward": c.reward})
         return entries
 
-    def pin_find(self, text: str = "", name: str | None = None, extended: bool = False) -> pd.DataFrame:
+    def search(self, text: str) -> list[dict]:
         """Kaggle's own search over datasets and competitions (first page of each)."""
-        rows = []
-        for e in self._search(text or ""):
-            if name is not None and e["name"] != name:
-                continue
-            row = {"name": e["name"], "description": e["description"], "type": e["type"], "board": self.name}
-            if extended:
-                row.update({k: v for k, v in e.items() if k not in row})
-            rows.append(row)
-        df = pd.DataFrame(rows)
-        return df if extended and rows else df.reindex(columns=FIND_COLUMNS)
+        return self._search(text or "")
 
-    def pin(self, x: Any, name: str | None = None, *args, **kwargs) -> Any:
-        raise ReadOnlyBoard(f"kaggle board {self.name!r} is read-only: cannot pin {name!r}; publish datasets "
-                            "with `kaggle datasets create` / `kaggle datasets version`")
-
-    def pin_remove(self, name: str, version: str | None = None) -> None:
-        raise ReadOnlyBoard(f"kaggle board {self.name!r} is read-only: cannot remove {name!r}; delete datasets "
-                            "on kaggle.com")
+    def refusal(self, action: str, name: str | None) -> ReadOnlyBoard:
+        if action == "pin":
+            return ReadOnlyBoard(f"kaggle board {self.name!r} is read-only: cannot pin {name!r}; publish datasets "
+                                 "with `kaggle datasets create` / `kaggle datasets version`")
+        return ReadOnlyBoard(f"kaggle board {self.name!r} is read-only: cannot {action} {name!r}; delete datasets "
+                             "on kaggle.com")

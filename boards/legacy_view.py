@@ -88,12 +88,12 @@ def version_view(meta: PinMeta) -> tuple[str, str] | None:
     return posixpath.join(LEGACY_DIR, "data.txt"), legacy_yaml(meta)
 
 
-def publish_entry(board, entry: dict, *, written: bool = False) -> dict:
-    """Write the legacy view of the version a root index `entry` of FsBoard `board` points at
+def publish_entry(storage, entry: dict, *, written: bool = False) -> dict:
+    """Write the legacy view of the version a root index `entry` of `FsStorage` `storage` points at
     (unless it is there already) and return the entry pointing at it. `written`: the version was
     stored with its view (`version_view`) by this process, so nothing needs reading. Called only when
     the index is written, never on reads (a reader may lack write access). The entry must carry `name`,
-    `version`, `file` and `type`, as FsBoard's entries do; others are returned unchanged, as is a pin
+    `version`, `file` and `type`, as FsStorage's entries do; others are returned unchanged, as is a pin
     with a file of its own under `r-legacy/`, which the view must never overwrite."""
     name, version, files = entry.get("name"), entry.get("version"), entry.get("file")
     if not (name and version and files and entry.get("type")):
@@ -105,14 +105,5 @@ def publish_entry(board, entry: dict, *, written: bool = False) -> dict:
         return {**entry, "path": entry_path(name, version)}
     meta = PinMeta(file=files, file_size=[], pin_hash="", type=str(entry["type"]), title=entry.get("title"),
                    description=entry.get("description"), created=entry.get("created"))
-    path = board._path(legacy_file(name, version))
-    text = legacy_yaml(meta)
-    try:
-        current = board.fs.cat_file(path).decode("utf-8", "replace")
-    except FileNotFoundError:
-        current = None
-    if current != text:
-        if board.is_local:
-            board.fs.makedirs(posixpath.dirname(path), exist_ok=True)
-        board._write_text(path, text)
+    storage.sync_text(legacy_file(name, version), legacy_yaml(meta))
     return {**entry, "path": entry_path(name, version)}

@@ -91,18 +91,9 @@ def parse_manifest(text: str | bytes, *, source: str = MANIFEST_FILE,
     return out
 
 
-def sync_manifest(board, stored: dict[str, list[str]]) -> bool:
-    """Make `_pins.yaml` on FsBoard `board` list exactly `stored`; True when it was rewritten."""
-    path = board._path(MANIFEST_FILE)
-    text = dump_manifest(make_manifest(stored))
-    try:
-        current = board.fs.cat_file(path)
-    except FileNotFoundError:
-        current = None
-    if current is not None and current.decode("utf-8", "replace") == text:
-        return False
-    board._write_text(path, text)
-    return True
+def sync_manifest(storage, stored: dict[str, list[str]]) -> bool:
+    """Make `_pins.yaml` on `FsStorage` `storage` list exactly `stored`; True when it was rewritten."""
+    return storage.sync_text(MANIFEST_FILE, dump_manifest(make_manifest(stored)))
 
 
 def write_board_manifest(board) -> dict[str, list[str]]:
@@ -110,8 +101,9 @@ def write_board_manifest(board) -> dict[str, list[str]]:
     pinstorm also does it on every pin and remove. Returns the manifest written."""
     from .errors import ReadOnlyBoard
 
-    if not hasattr(board, "_stored_versions"):
+    storage = getattr(board, "storage", board)
+    if not hasattr(storage, "stored_versions"):
         raise ReadOnlyBoard(f"board {board.name!r} ({board.kind}) cannot hold a manifest (read-only)")
-    stored = board._stored_versions()
-    sync_manifest(board, stored)
+    stored = storage.stored_versions()
+    sync_manifest(storage, stored)
     return make_manifest(stored)

@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import importlib
 import os
-import re
 import shutil
 import threading
 import warnings
@@ -29,33 +27,19 @@ from filelock import FileLock
 
 from . import secrets
 from .board import Board
+from .constructors import ENV_LOCAL_BOARD, board_from_spec, default_board_name, default_local_path  # noqa: F401
 from .errors import BoardError, BoardNotRegistered
 
 _public = secrets.public  # the one rule for what may be saved (boards/secrets.py)
 
 ENV_CONFIG = "PINSTORM_CONFIG"
-ENV_LOCAL_BOARD = "PINSTORM_BOARD"
 DEFAULT_BOARD = "local"
 
-# kind -> "module:factory"; factories take (name, **options) and return a Board.
-KINDS = {
-    "local": "pinstorm.boards.fs_board:local_board",
-    "folder": "pinstorm.boards.fs_board:local_board",
-    "datatxt": "pinstorm.boards.url_board:datatxt_board",  # data.txt only, as R board_register_datatxt
-    "url": "pinstorm.boards.url_board:UrlBoard",  # data.txt, else pins 1.x _pins.yaml
-    "s3": "pinstorm.boards.cloud:s3_board",
-    "gcs": "pinstorm.boards.cloud:gcs_board",
-    "gcloud": "pinstorm.boards.cloud:gcs_board",
-    "kaggle": "pinstorm.boards.kaggle_board:KaggleBoard",
-}
+KINDS = ("local", "folder", "url", "datatxt", "s3", "gcs", "gcloud", "kaggle")  # or an http(s) URL
 _lock = threading.RLock()
 _boards: dict[str, Board] = {}
 _specs: dict[str, dict] = {}
 _loaded_from: str | None = None
-
-
-def default_local_path() -> Path:
-    return Path(os.environ.get(ENV_LOCAL_BOARD) or Path(platformdirs.user_data_dir("pinstorm")) / "local")
 
 
 def config_path() -> Path:
@@ -151,20 +135,7 @@ def _ensure_loaded() -> None:
 
 
 def _make(kind: str, name: str, options: dict) -> Board:
-    if kind.startswith(("http://", "https://")):
-        options = {**options, "url": kind}
-        kind = "url"
-    if kind not in KINDS:
-        raise BoardError(f"unknown board kind {kind!r}; use one of {', '.join(sorted(KINDS))} or an http(s) URL")
-    module, factory = KINDS[kind].split(":")
-    return getattr(importlib.import_module(module), factory)(name=name, **options)
-
-
-def _default_name(kind: str) -> str:
-    if kind.startswith(("http://", "https://")):  # named from the URL without its credentials
-        slug = re.sub(r"[^A-Za-z0-9]+", "-", secrets.strip_url(kind).split("://", 1)[1]).strip("-")
-        return slug.removesuffix("-data-txt") or "datatxt"
-    return "gcs" if kind == "gcloud" else kind
+    return board_from_spec({"kind": kind, **options}, name=name)
 
 
 def board_register(board: str = "local", name: str | None = None, *, persist: bool = False,
@@ -174,7 +145,7 @@ def board_register(board: str = "local", name: str | None = None, *, persist: bo
     `board` is a kind ("local", "datatxt", "s3", "gcs"/"gcloud", "kaggle") or an http(s) URL of a
     data.txt board. Options go to the board: `path=`, `url=`, `cache=`, `versions=`, `bucket=`, ...
     """
-    name = name or _default_name(board)
+    name = name or default_board_name(board)
     with _lock:
         _ensure_loaded()
         kept, dropped = _public(options)  # before the board exists: storage libraries mutate nested options

@@ -20,32 +20,40 @@ import posixpath
 import time
 from pathlib import Path
 
-from .board import Board
 from .cache import Cache
-from .datatxt_board import LEGACY, DatatxtBoard
+from .datatxt_board import LEGACY, DatatxtStorage
 from .errors import DownloadError, MalformedMetadata, PinNotFound
 from .index import load_yaml
-from .manifest import MANIFEST_FILE, parse_manifest
+from .manifest import MANIFEST_FILE, dump_manifest, parse_manifest
 from .meta import PinMeta, parse_version
 from .paths import check_relative, check_segment
 
 DATATXT, MANIFEST = "datatxt", "manifest"
 
 
-class UrlBoard(DatatxtBoard):
+class UrlStorage(DatatxtStorage):
+    """A read-only board behind a URL: data.txt, else `_pins.yaml`, or the pins a user lists."""
+
     kind = "url"
 
-    def __init__(self, name: str, url: str, *, cache: str | Path | Cache | None = None, versions: bool = True,
-                 headers: dict | None = None, index_max_age: float = 0, index: str = "auto", **options):
-        """`index`: "auto" (data.txt, else _pins.yaml), "datatxt" or "manifest"."""
+    def __init__(self, name: str, url: str, *, cache: str | Path | Cache | None = None,
+                 headers: dict | None = None, index_max_age: float = 0, index: str = "auto",
+                 pins: dict[str, str | list[str]] | None = None, **options):
+        """`index`: "auto" (data.txt, else _pins.yaml), "datatxt" or "manifest". `pins`: pin name ->
+        its version folder(s) under `url` (pins-python's `board_url(path, pin_paths)`), instead of
+        an index read from the server."""
         if index not in ("auto", DATATXT, MANIFEST):
             raise ValueError(f"url board {name!r}: index must be 'auto', 'datatxt' or 'manifest', got {index!r}")
         stripped = url.rstrip("/")
         if stripped.endswith("/" + MANIFEST_FILE):
             url, index = stripped[: -len(MANIFEST_FILE) - 1], MANIFEST
-        super().__init__(name, url, cache=cache, versions=versions, headers=headers,
-                         index_max_age=index_max_age, **options)
-        self._mode = None if index == "auto" else index
+        super().__init__(name, url, cache=cache, headers=headers, index_max_age=index_max_age, **options)
+        self._mode = MANIFEST if pins is not None else None if index == "auto" else index
+        self._pins = None
+        if pins is not None:  # checked like a downloaded manifest: names, relative paths, no '..'
+            listed = {str(k): [v] if isinstance(v, str) else list(v) for k, v in dict(pins).items()}
+            self._pins = parse_manifest(dump_manifest(listed).encode(), source=f"pins given for board {name!r}",
+                                        max_bytes=self.max_index_bytes)
 
     @property
     def manifest_url(self) -> str:
@@ -77,6 +85,8 @@ class UrlBoard(DatatxtBoard):
             raise
 
     def _manifest_entries(self) -> list[dict]:
+        if self._pins is not None:
+            return [_entry(name, paths, f"board {self.name!r}") for name, paths in self._pins.items() if paths]
         if self._parsed is not None and self._mode == MANIFEST \
                 and time.monotonic() - self._checked_at < self.index_max_age:
             return self._parsed[1]
@@ -153,11 +163,12 @@ class UrlBoard(DatatxtBoard):
         self._download(url, dest, size=self._declared_size(name, version, file),  # the board's one HTTP client
                        what=f"pin {name!r} version {version} file {file!r} of board {self.name!r}", offset=offset)
 
-    def fetch(self, name: str, version: str | None = None, *, download: bool = True, trust_cache: bool = True):
+    def direct_fetch(self, name: str, version: str | None, *, download: bool) -> tuple[PinMeta, Path] | None:
+        """The current copy of an R legacy pin comes directly (see DatatxtStorage); a version of one
+        is immutable (named by its content), so it is cached like pins 1.x versions."""
         if version in (None, LEGACY) or (download and self._is_versioned(self._entry(name))):
-            return super().fetch(name, version, download=download, trust_cache=trust_cache)
-        # a version of an R legacy pin: immutable (named by its content), so cached like pins 1.x ones
-        return Board.fetch(self, name, version, download=download, trust_cache=trust_cache)
+            return super().direct_fetch(name, version, download=download)
+        return None
 
 
 def _entry(name: str, paths: list[str], source: str) -> dict:
@@ -174,12 +185,12 @@ def _entry(name: str, paths: list[str], source: str) -> dict:
             "index": MANIFEST}
 
 
-def datatxt_board(name: str, url: str, **options) -> UrlBoard:
+def datatxt_storage(name: str, url: str, **options) -> UrlStorage:
     """The `datatxt` kind, as R's `board_register_datatxt`: a URL board that reads only data.txt.
 
-    It is a `UrlBoard` so that R legacy boards written with `versions = TRUE` list their versions
+    It is a `UrlStorage` so that R legacy boards written with `versions = TRUE` list their versions
     here too, as they do when the same URL is registered plainly.
     """
-    board = UrlBoard(name, url, index=DATATXT, **options)
-    board.kind = "datatxt"
-    return board
+    storage = UrlStorage(name, url, index=DATATXT, **options)
+    storage.kind = "datatxt"
+    return storage

@@ -109,13 +109,13 @@ KILLED_PIN = textwrap.dedent("""
 KILLED_GET = textwrap.dedent("""
     import sys, time
     from pinstorm import boards
-    from pinstorm.boards.datatxt_board import DatatxtBoard
-    real = DatatxtBoard.download_file
+    from pinstorm.boards.datatxt_board import DatatxtStorage
+    real = DatatxtStorage.download_file
     def pausing_download(self, *args, **kwargs):  # pause after the first file landed in the cache's partial folder
         real(self, *args, **kwargs)
         open(sys.argv[3], "w").close()
         time.sleep(600)
-    DatatxtBoard.download_file = pausing_download
+    DatatxtStorage.download_file = pausing_download
     boards.board_register("datatxt", name="web", url=sys.argv[1], cache=sys.argv[2]).pin_get("big")
 """)
 

@@ -29,7 +29,7 @@ WRITER = textwrap.dedent("""
     options = json.loads(sys.argv[1])
     board = boards.board_register(options.pop("kind"), name="shared", **options)
     worker, go = int(sys.argv[2]), sys.argv[3]
-    board._stored_versions()  # connect before the start line, so all writers start together
+    board.stored_versions()  # connect before the start line, so all writers start together
     while not os.path.exists(go):
         time.sleep(0.005)
     for i in range(%d):
@@ -40,10 +40,10 @@ WRITER = textwrap.dedent("""
 CRASHER = textwrap.dedent("""
     import json, os, signal, sys
     from pinstorm import boards
-    from pinstorm.boards.fs_board import FsBoard
+    from pinstorm.boards.fs_board import FsStorage
     options = json.loads(sys.argv[1])
     board = boards.board_register(options.pop("kind"), name="shared", **options)
-    FsBoard._update_index = lambda self, *a, **k: os.kill(os.getpid(), signal.SIGKILL)
+    FsStorage._update_index = lambda self, *a, **k: os.kill(os.getpid(), signal.SIGKILL)
     board.pin({"lost": True}, sys.argv[2])
 """)
 
@@ -155,7 +155,8 @@ def test_repair_command_and_stale_entries(tmp_path):
 def test_s3_index_writes_are_conditional(s3_server, tmp_path):
     """On S3 a writer that read an older index cannot overwrite a newer one (If-Match), and a writer
     that saw no index cannot overwrite one created since (If-None-Match)."""
-    from pinstorm.boards.fs_board import _IndexConflict
+    from pinstorm.boards.fs_board import IndexConflict
+    from pinstorm.boards.index import INDEX_FILE, dump_index
 
     bucket = f"cond-{uuid.uuid4().hex[:10]}"
     one = boards.board_register("s3", name="one", bucket=bucket, create_bucket=True, **s3_server.storage_options())
@@ -163,12 +164,12 @@ def test_s3_index_writes_are_conditional(s3_server, tmp_path):
     entries, token = one._read_index()
     assert entries is None and token is None
     two.pin({"a": 1}, "a")
-    with pytest.raises(_IndexConflict):
-        one._write_index([], None, existed=False)
+    with pytest.raises(IndexConflict):
+        one.write_index_text(one.path(INDEX_FILE), dump_index([]), None, existed=False)
     entries, token = one._read_index()
     two.pin({"b": 1}, "b")
-    with pytest.raises(_IndexConflict):
-        one._write_index(entries, token, existed=True)
+    with pytest.raises(IndexConflict):
+        one.write_index_text(one.path(INDEX_FILE), dump_index(entries), token, existed=True)
     assert set(_index(one)) == {"a", "b"}
 
 

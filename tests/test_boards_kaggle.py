@@ -19,7 +19,7 @@ import pytest
 from pinstorm import boards
 from pinstorm.boards.cache import StaleCacheWarning
 from pinstorm.boards.errors import CredentialsError, DownloadError, InvalidPinName, PinNotFound, ReadOnlyBoard
-from pinstorm.boards.kaggle_board import KaggleBoard
+from pinstorm.boards import board_kaggle
 from pinstorm.boards.parallel import PinFetchError
 from servers import faults, kaggle
 
@@ -157,28 +157,28 @@ def test_credentials_from_the_clients_chain_or_a_token_file(source, kaggle_serve
 
 
 def test_missing_and_bad_credentials_are_clear_errors_not_exits(kaggle_server, tmp_path, monkeypatch):
-    nobody = KaggleBoard(name="nobody", endpoint=kaggle_server.endpoint, cache=tmp_path / "c1")
+    nobody = board_kaggle(name="nobody", endpoint=kaggle_server.endpoint, cache=tmp_path / "c1")
     with pytest.raises(CredentialsError, match="no Kaggle credentials found.*KAGGLE_API_TOKEN.*kaggle.json"):
         nobody.pin_get("alice/mnist-digits")
 
     monkeypatch.setenv("KAGGLE_USERNAME", "pinstorm-tester")
     monkeypatch.setenv("KAGGLE_KEY", "wrong-key-0000")
-    wrong = KaggleBoard(name="wrong", endpoint=kaggle_server.endpoint, cache=tmp_path / "c2", retries=0)
+    wrong = board_kaggle(name="wrong", endpoint=kaggle_server.endpoint, cache=tmp_path / "c2", retries=0)
     with pytest.raises(CredentialsError, match="'wrong'.*HTTP 401.*refused the credentials") as refused:
         wrong.pin_get("alice/mnist-digits")
     assert "wrong-key-0000" not in str(refused.value)
 
     with pytest.raises(CredentialsError, match="does not exist"):
-        KaggleBoard(token=tmp_path / "absent.json", endpoint=kaggle_server.endpoint)
+        board_kaggle(token=tmp_path / "absent.json", endpoint=kaggle_server.endpoint)
     (tmp_path / "broken.json").write_text('{"username": "x"}')
-    broken = KaggleBoard(token=tmp_path / "broken.json", endpoint=kaggle_server.endpoint, cache=tmp_path / "c3")
+    broken = board_kaggle(token=tmp_path / "broken.json", endpoint=kaggle_server.endpoint, cache=tmp_path / "c3")
     with pytest.raises(CredentialsError, match="username.*key"):
         broken.pin_find("x")
 
 
 def test_http_failures_map_to_clear_errors_and_never_leave_partial_files(kaggle_server, token_file, tmp_path):
     with faults.FaultProxy(kaggle_server.endpoint) as proxy:
-        board = KaggleBoard(name="flaky", token=token_file, endpoint=proxy.endpoint, cache=tmp_path / "cache",
+        board = board_kaggle(name="flaky", token=token_file, endpoint=proxy.endpoint, cache=tmp_path / "cache",
                             retries=0)
         with pytest.raises(PinNotFound, match="alice/no-such-data.*404"):
             board.pin_get("alice/no-such-data")
@@ -275,7 +275,7 @@ def test_kaggle_archives_extract_within_the_boards_limits(kaggle_server, token_f
     from pinstorm.boards.errors import ArchiveTooLarge
 
     kaggle_server.add_dataset("alice/zeros", {"zeros.bin": bytes(6 << 20)}, title="zeros")
-    tight = KaggleBoard(name="tight", token=token_file, endpoint=kaggle_server.endpoint, cache=tmp_path / "cache",
+    tight = board_kaggle(name="tight", token=token_file, endpoint=kaggle_server.endpoint, cache=tmp_path / "cache",
                         retries=0, max_extract_bytes=1 << 20)
     with pytest.raises(ArchiveTooLarge, match="max_bytes"):
         tight.pin_get("alice/zeros")  # Kaggle boards extract by default: within the limits
@@ -297,7 +297,7 @@ def test_an_interrupted_download_resumes_where_it_stopped(kaggle_server, token_f
     pin_get asks for the rest (the official client's Range resume, guarded by the file's ETag)."""
     big = os.urandom(3 << 20)  # random bytes: the zip stores them as they are
     kaggle_server.add_dataset("carol/big-archive", {"big.bin": big}, title="a big archive")
-    board = KaggleBoard(name="resume", token=token_file, endpoint=kaggle_server.endpoint, cache=tmp_path / "cache",
+    board = board_kaggle(name="resume", token=token_file, endpoint=kaggle_server.endpoint, cache=tmp_path / "cache",
                         retries=0)
     first = len(kaggle_server.file_ranges)
     kaggle_server.cut_downloads = 1

@@ -74,7 +74,7 @@ def test_a_resume_onto_damaged_bytes_starts_over_once(tmp_path):
 KILLED_DOWNLOAD = textwrap.dedent("""
     import json, os, signal, sys
     from pinstorm import boards
-    from pinstorm.boards.fs_board import FsBoard
+    from pinstorm.boards.fs_board import FsStorage
     options = json.loads(sys.argv[1])
     board = boards.board_register(options.pop("kind"), name="bucket", **options)
     def first_bytes_then_die(self, name, version, file, dest, offset=0):
@@ -82,7 +82,7 @@ KILLED_DOWNLOAD = textwrap.dedent("""
             out.write(src.read(int(sys.argv[2])))
             out.flush()
         os.kill(os.getpid(), signal.SIGKILL)
-    FsBoard.download_file = first_bytes_then_die
+    FsStorage.download_file = first_bytes_then_die
     board.pin_get("big")
 """)
 

@@ -208,9 +208,8 @@ def test_bucket_argument_is_checked_and_missing_bucket_is_explained(s3_server, t
                                     cache=tmp_path / "c", **s3_server.storage_options(), **FAST)
     with pytest.raises(BoardError, match="does not exist.*create_bucket=True"):
         missing.pin({"a": 1}, "x")
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert missing.pin_find().empty
+    with pytest.raises(BoardError, match="does not exist"):  # not an empty listing: there is no board
+        missing.pin_find()
 
 
 def test_secret_options_are_not_persisted(tmp_path, s3_server):

@@ -1,0 +1,231 @@
+"""Constructors: functions that return a ready `Board`, with no registration and no global state.
+
+pins-python's names (`board_folder`, `board_local`, `board_temp`, `board_url`, `board_s3`,
+`board_gcs`) take its arguments; `board_datatxt` and `board_kaggle` add pinstorm's other backends.
+Each splits its options in two: the Board's own (`versions`/`versioned`, extraction bounds) and the
+storage's (everything else), so a backend never sees user-level policy. `board_from_spec` builds a
+board from `{"kind": ..., **options}`, which is how the registry, the CLI and Spark workers make
+boards; `registry.KINDS` maps each kind to one of the functions here.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+import platformdirs
+
+from . import secrets
+from .board import BOARD_OPTIONS, Board
+from .cache import Cache
+from .errors import BoardError
+from .storage import StorageBase
+
+ENV_LOCAL_BOARD = "PINSTORM_BOARD"
+
+
+def default_local_path() -> Path:
+    """The embedded default board's folder: `$PINSTORM_BOARD`, else the user data folder."""
+    return Path(os.environ.get(ENV_LOCAL_BOARD) or Path(platformdirs.user_data_dir("pinstorm")) / "local")
+
+
+def _board(storage_factory: Callable[..., StorageBase], spec: dict, name: str, options: dict) -> Board:
+    """A Board over the storage `storage_factory(name=..., **storage options)` makes."""
+    options = dict(options)
+    if "versioned" in options:  # pins-python's spelling
+        options["versions"] = options.pop("versioned")
+    own = {k: options.pop(k) for k in BOARD_OPTIONS if k in options}
+    return Board(storage_factory(name=name, **options), spec=spec, **own)
+
+
+def _spec(kind: str, **options: Any) -> dict:
+    return {"kind": kind, **{k: v for k, v in options.items() if v is not None}}
+
+
+# ---- local --------------------------------------------------------------------------------
+def board_folder(path: str | os.PathLike[str], versioned: bool = True, *, cache: Any = None,
+                 name: str | None = None, **options: Any) -> Board:
+    """A board in a local (or mounted network) folder; created if missing. Its files are read in
+    place, so `cache` only holds verification stamps."""
+    from .fs_board import FolderStorage
+
+    root = Path(path).expanduser().resolve()
+    name = name or root.name or "folder"
+    spec = _spec("folder", path=str(root), versions=versioned, cache=cache, **options)
+
+    def storage(name: str, **rest: Any) -> StorageBase:
+        return FolderStorage(name, root, kind="folder", **rest)
+
+    return _board(storage, spec, name, {"versions": versioned, "cache": cache, **options})
+
+
+def board_local(versioned: bool = True, *, path: str | os.PathLike[str] | None = None, cache: Any = None,
+                name: str = "local", **options: Any) -> Board:
+    """The embedded default board (`$PINSTORM_BOARD`, else the user data folder), as `board_register`'s
+    "local"."""
+    from .fs_board import FolderStorage
+
+    root = Path(path).expanduser().resolve() if path else default_local_path()
+    spec = _spec("local", path=str(root) if path else None, versions=versioned, cache=cache, **options)
+
+    def storage(name: str, **rest: Any) -> StorageBase:
+        return FolderStorage(name, root, kind="local", **rest)
+
+    return _board(storage, spec, name, {"versions": versioned, "cache": cache, **options})
+
+
+def board_temp(versioned: bool = True, *, name: str = "temp", **options: Any) -> Board:
+    """A board in a new temporary folder (gone when the process ends), with its own cache there."""
+    import atexit
+    import shutil
+
+    root = Path(tempfile.mkdtemp(prefix="pinstorm-board-"))
+    atexit.register(shutil.rmtree, root, True)
+    options.setdefault("cache", root / ".cache")
+    return board_folder(root / "board", versioned, name=name, **options)
+
+
+# ---- HTTP -----------------------------------------------------------------------------------
+def board_url(path: str, pin_paths: dict[str, str | list[str]] | None = None, cache: Any = None, *,
+              name: str | None = None, **options: Any) -> Board:
+    """A read-only board behind a URL: its `data.txt`, else its `_pins.yaml` (R `board_url()`), or
+    the pins you list as `pin_paths` (name -> version folder under `path`, as pins-python's
+    `board_url(path, pin_paths)`). Credentials in the URL or `headers=` go to its origin only."""
+    from .url_board import UrlStorage
+
+    name = name or _name_from_url(path)
+    spec = _spec("url", url=path, pins=pin_paths, cache=cache, **options)
+
+    def storage(name: str, **rest: Any) -> StorageBase:
+        return UrlStorage(name, path, pins=pin_paths, **rest)
+
+    return _board(storage, spec, name, {"cache": cache, **options})
+
+
+def board_datatxt(url: str, *, cache: Any = None, name: str | None = None, **options: Any) -> Board:
+    """A read-only board behind a URL with a data.txt index only (R's `board_register_datatxt`)."""
+    from .url_board import datatxt_storage
+
+    name = name or _name_from_url(url)
+    spec = _spec("datatxt", url=url, cache=cache, **options)
+
+    def storage(name: str, **rest: Any) -> StorageBase:
+        return datatxt_storage(name, url, **rest)
+
+    return _board(storage, spec, name, {"cache": cache, **options})
+
+
+# ---- buckets ------------------------------------------------------------------------------
+def board_s3(path: str, versioned: bool = True, cache: Any = None, *, name: str | None = None,
+             endpoint_url: str | None = None, create_bucket: bool = False, **storage_options: Any) -> Board:
+    """A board in `s3://<bucket>/<folder>` (`path` is `bucket/folder`) through s3fs; credentials from
+    options or the AWS chain. `endpoint_url` reaches S3-compatible stores."""
+    bucket, folder = _bucket_path("s3", path)
+    return _bucket_board("s3", bucket, folder, versioned=versioned, cache=cache, name=name,
+                         endpoint_url=endpoint_url, create_bucket=create_bucket, **storage_options)
+
+
+def board_gcs(path: str, versioned: bool = True, cache: Any = None, *, name: str | None = None,
+              endpoint_url: str | None = None, create_bucket: bool = False, **storage_options: Any) -> Board:
+    """A board in `gs://<bucket>/<folder>` (`path` is `bucket/folder`) through gcsfs; credentials from
+    `token=` or Google's default chain. `endpoint_url` reaches an emulator."""
+    bucket, folder = _bucket_path("gcs", path)
+    return _bucket_board("gcs", bucket, folder, versioned=versioned, cache=cache, name=name,
+                         endpoint_url=endpoint_url, create_bucket=create_bucket, **storage_options)
+
+
+def _bucket_board(kind: str, bucket: str, folder: str, *, versioned: bool = True, cache: Any = None,
+                  name: str | None = None, endpoint_url: str | None = None, create_bucket: bool = False,
+                  **storage_options: Any) -> Board:
+    from .cloud import gcs_storage, s3_storage
+
+    make = s3_storage if kind == "s3" else gcs_storage
+    spec = _spec(kind, bucket=bucket, path=folder or None, endpoint_url=endpoint_url, versions=versioned,
+                 cache=cache, **storage_options)
+
+    def storage(name: str, **rest: Any) -> StorageBase:
+        return make(name, bucket, folder, endpoint_url=endpoint_url, create_bucket=create_bucket, **rest)
+
+    return _board(storage, spec, name or kind, {"versions": versioned, "cache": cache, **storage_options})
+
+
+# ---- Kaggle -------------------------------------------------------------------------------
+def board_kaggle(token: str | os.PathLike[str] | None = None, *, cache: Any = None, name: str = "kaggle",
+                 **options: Any) -> Board:
+    """Kaggle's datasets (`owner/dataset`) and competitions (`c/name`), read-only; `token` is a
+    kaggle.json or an access-token file (default: the kaggle client's own lookup)."""
+    from .kaggle_board import KaggleStorage
+
+    spec = _spec("kaggle", token=str(token) if token else None, cache=cache, **options)
+
+    def storage(name: str, **rest: Any) -> StorageBase:
+        return KaggleStorage(name, token=token, **rest)
+
+    return _board(storage, spec, name, {"cache": cache, **options})
+
+
+# ---- from a spec (the registry, the CLI, Spark workers) -----------------------------------------
+def _from_kind(kind: str, name: str, options: dict) -> Board:
+    """The board of `kind` with `board_register`'s options (bucket=, path=, url=, ...)."""
+    options = dict(options)
+    if kind in ("local", "folder"):
+        if kind == "folder" and options.get("path"):
+            return board_folder(options.pop("path"), options.pop("versions", True), name=name, **options)
+        return board_local(options.pop("versions", True), name=name, **options)
+    if kind in ("url", "datatxt"):
+        url = options.pop("url", None)
+        if not url:
+            raise BoardError(f"{kind} board {name!r} needs a url (the board's base URL)")
+        if kind == "url":
+            return board_url(url, options.pop("pins", None), name=name, **options)
+        return board_datatxt(url, name=name, **options)
+    if kind in ("s3", "gcs", "gcloud"):
+        bucket = options.pop("bucket", None)
+        if not bucket:
+            raise BoardError(f"{kind} board {name!r} needs a bucket")
+        return _bucket_board("gcs" if kind == "gcloud" else kind, bucket, options.pop("path", "") or "",
+                             versioned=options.pop("versions", True), name=name, **options)
+    if kind == "kaggle":
+        return board_kaggle(name=name, **options)
+    raise BoardError(f"unknown board kind {kind!r}; use one of local, folder, url, datatxt, s3, gcs, kaggle "
+                     "or an http(s) URL")
+
+
+def board_from_spec(spec: dict, name: str | None = None) -> Board:
+    """The board `{"kind": ..., **options}` describes (`Board.spec` gives one back); `kind` may be an
+    http(s) URL (a URL board)."""
+    options = {k: v for k, v in spec.items() if k != "kind"}
+    kind = str(spec.get("kind") or "local")
+    if kind.startswith(("http://", "https://")):
+        options["url"] = kind
+        kind = "url"
+    board = _from_kind(kind, name or default_board_name(kind if kind != "url" else options["url"]), options)
+    board._spec = dict(spec)  # as given: a registered board keeps its own spelling
+    return board
+
+
+def default_board_name(kind: str) -> str:
+    """The name a board of `kind` (or an http(s) URL) gets when none is given."""
+    if kind.startswith(("http://", "https://")):
+        return _name_from_url(kind)
+    return "gcs" if kind == "gcloud" else kind
+
+
+def _name_from_url(url: str) -> str:
+    """A name from the URL without its credentials: `http://host:8000/team/` -> `host-8000-team`."""
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", secrets.strip_url(url).split("://", 1)[-1]).strip("-")
+    return slug.removesuffix("-data-txt") or "datatxt"
+
+
+def _bucket_path(kind: str, path: str) -> tuple[str, str]:
+    """`bucket/folder` (or `s3://bucket/folder`) -> (bucket, folder)."""
+    text = str(path)
+    for scheme in ("s3://", "gs://", "gcs://"):
+        text = text.removeprefix(scheme)
+    bucket, _, folder = text.strip("/").partition("/")
+    if not bucket:
+        raise BoardError(f"{kind} board: path must be 'bucket' or 'bucket/folder', got {path!r}")
+    return bucket, folder

@@ -1,0 +1,169 @@
+"""The storage protocol: the few primitives a backend implements, and nothing users call directly.
+
+`Board` (board.py) implements every user operation once, over a `Storage`. A backend — a folder
+(`fs_board.FolderStorage`), a bucket (`cloud.BucketStorage`), an HTTP data.txt or `_pins.yaml` site
+(`datatxt_board.DatatxtStorage`, `url_board.UrlStorage`), Kaggle (`kaggle_board.KaggleStorage`) —
+subclasses `StorageBase`, which gives the read-only and no-index defaults, and overrides what it can
+do. A new backend goes here: implement the primitives, add a constructor in `constructors.py`, a kind
+in `registry.KINDS`, and run the board tests against a real server for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+from pathlib import Path
+from typing import Any, ContextManager, Iterator, Protocol, runtime_checkable
+
+from .cache import Cache
+from .errors import PinNotFound, ReadOnlyBoard, VersionNotFound
+from .meta import PinMeta
+from .names import check_pin_name
+from .tempnames import staging_dir
+
+# Field in data.txt marking a pin that pinstorm zipped for transport: pin_get unzips it by default.
+ZIPPED_FIELD = "pinstorm_zipped"
+
+
+@runtime_checkable
+class Storage(Protocol):
+    """What a backend does. Names are board-level (pin, version, file), never storage paths."""
+
+    name: str          # the board's name, for messages and cache folders
+    kind: str          # "local", "s3", "gcs", "url", "datatxt", "kaggle", ...
+    cache: Cache       # where fetched versions (and remote indexes) are kept
+    read_only: bool
+
+    def describe(self) -> str:
+        """Where the board lives, in one line (a folder, a bucket URL, an index URL)."""
+    def check_name(self, name: str) -> str:
+        """`name` if it is a valid pin name here, else InvalidPinName."""
+    def list_entries(self) -> list[dict]:
+        """Index entries: dicts with at least name, description, type (and title when known)."""
+    def search(self, text: str) -> list[dict]:
+        """Entries matching `text` (the backend may search server-side)."""
+    def list_versions(self, name: str) -> list[str]:
+        """Version names of a pin, oldest first; PinNotFound if there is no such pin."""
+    def resolve_version(self, name: str, version: Any, versions: list[str]) -> str:
+        """The full version name `version` (a name, a unique prefix, None for the newest) means."""
+    def read_meta(self, name: str, version: str) -> PinMeta:
+        """A version's data.txt."""
+    def stored_time(self, name: str, version: str) -> float | None:
+        """When the version's data.txt was stored (epoch seconds), None when the storage cannot say."""
+    def local_folder(self, name: str, version: str) -> Path | None:
+        """A local folder already holding the version's files (local boards), else None."""
+    def download_file(self, name: str, version: str, file: str, dest: Path, offset: int = 0) -> None:
+        """Copy `file` of a version to `dest`; with `offset`, append its bytes from `offset` on."""
+    def direct_fetch(self, name: str, version: str | None, *, download: bool) -> tuple[PinMeta, Path] | None:
+        """(meta, folder) for a pin this backend serves outside the versioned cache; None otherwise."""
+    def default_extract(self, meta: PinMeta) -> bool:
+        """What `pin_get(extract=None)` means for this version."""
+    def staging(self, name: str) -> ContextManager[tuple[Path, bool]]:
+        """(an empty private folder to assemble a version in, whether it is on the board itself)."""
+    def write_version(self, name: str, staging: Path, meta: PinMeta) -> str:
+        """Store the staged files and `meta` as a new version; returns its name."""
+    def repair_version(self, name: str, version: str, meta: PinMeta, staging: Path) -> bool:
+        """Make a stored version hold the staged bytes if its own no longer hash to `meta`."""
+    def delete(self, name: str, versions: list[str] | None = None) -> None:
+        """Delete some versions of a pin, or the whole pin."""
+    def batch(self) -> ContextManager[Any]:
+        """Defer the upkeep of derived indexes until the outermost batch closes."""
+    def refusal(self, action: str, name: str | None) -> ReadOnlyBoard:
+        """The error a read-only backend raises for `action` ("pin", "remove") on pin `name`."""
+
+
+class StorageBase:
+    """Defaults for the `Storage` primitives: a read-only board without derived indexes.
+    Subclasses set `kind` and implement listing, metadata and downloads."""
+
+    kind = "board"
+    read_only = False
+
+    def __init__(self, name: str, *, cache: str | Path | Cache | None = None):
+        self.name = name
+        self.cache = cache if isinstance(cache, Cache) else Cache(cache)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r} {self.describe()}>"
+
+    def describe(self) -> str:
+        return self.kind
+
+    def check_name(self, name: str) -> str:
+        return check_pin_name(name)
+
+    def list_entries(self) -> list[dict]:
+        raise NotImplementedError
+
+    def search(self, text: str) -> list[dict]:
+        needle = (text or "").lower()
+        return [e for e in self.list_entries()
+                if needle in " ".join(str(e.get(k) or "") for k in ("name", "title", "description")).lower()]
+
+    def list_versions(self, name: str) -> list[str]:
+        raise NotImplementedError
+
+    def resolve_version(self, name: str, version: Any, versions: list[str]) -> str:
+        if not versions:
+            raise PinNotFound(f"pin {name!r} has no versions on board {self.name!r}")
+        if version is None:
+            return versions[-1]
+        version = str(version)
+        if version in versions:
+            return version
+        matches = [v for v in versions if v.startswith(version)]
+        if len(matches) == 1:
+            return matches[0]
+        if matches:
+            raise VersionNotFound(f"version prefix {version!r} of pin {name!r} is ambiguous: {', '.join(matches)}")
+        raise VersionNotFound(f"pin {name!r} on board {self.name!r} has no version {version!r} "
+                              f"(it has {', '.join(versions[-5:])}{' ...' if len(versions) > 5 else ''})")
+
+    def read_meta(self, name: str, version: str) -> PinMeta:
+        raise NotImplementedError
+
+    def stored_time(self, name: str, version: str) -> float | None:
+        return None
+
+    def local_folder(self, name: str, version: str) -> Path | None:
+        return None
+
+    def download_file(self, name: str, version: str, file: str, dest: Path, offset: int = 0) -> None:
+        raise NotImplementedError
+
+    def direct_fetch(self, name: str, version: str | None, *, download: bool) -> tuple[PinMeta, Path] | None:
+        return None
+
+    def default_extract(self, meta: PinMeta) -> bool:
+        """Unzip what pinstorm zipped itself, leave other archives be."""
+        return bool(meta.extra.get(ZIPPED_FIELD))
+
+    @contextlib.contextmanager
+    def staging(self, name: str) -> Iterator[tuple[Path, bool]]:
+        """A fresh TMPDIR folder, into which `pin` links the user's files rather than copying them
+        (a 155 GB archive must not need 155 GB of TMPDIR); `write_version` then reads them once."""
+        root = staging_dir()
+        try:
+            staging = root / "stage"
+            staging.mkdir()
+            yield staging, False
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+
+    def write_version(self, name: str, staging: Path, meta: PinMeta) -> str:
+        raise self.refusal("pin", name)
+
+    def repair_version(self, name: str, version: str, meta: PinMeta, staging: Path) -> bool:
+        """Boards that cannot read their bytes cheaply (object stores, read-only boards) keep the
+        version as it is."""
+        return False
+
+    def delete(self, name: str, versions: list[str] | None = None) -> None:
+        raise self.refusal("remove", name)
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[Any]:
+        yield self
+
+    def refusal(self, action: str, name: str | None) -> ReadOnlyBoard:
+        return ReadOnlyBoard(f"board {self.name!r} ({self.kind}) is read-only; cannot {action} {name!r}")
