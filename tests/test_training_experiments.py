@@ -46,7 +46,7 @@ def test_a_pinned_run_is_versioned_found_and_loads_back(two_cpu_devices, board, 
                   lineage={"note": "first"}, **args)
     second = train("alexnet", pinned_digits["url"], output_dir=tmp_path / "run2", pin=f"{board}/digits-alexnet", **args)
 
-    assert first.experiment["pin"] == f"{board}/digits-alexnet"
+    assert first.experiment["pin"] == f"{board}/digits-alexnet" and "alexnet, val accuracy" in repr(first.experiment)
     versions = boards.pin_versions("digits-alexnet", board=board)
     assert list(versions["version"]) == [first.experiment["version"], second.experiment["version"]]
 
@@ -91,8 +91,10 @@ def test_bad_targets_fail_before_training(two_cpu_devices, digits_arrays, board,
     strategy = make_strategy("one-device")
     with pytest.raises(boards.BoardNotRegistered):
         train("alexnet", data, strategy=strategy, num_classes=10, output_dir=tmp_path, pin="nowhere/run", **TINY)
-    with pytest.raises(ExperimentError, match="not a safe pin name"):
+    with pytest.raises(ExperimentError, match="cannot pin the experiment: .*path separator"):
         train("alexnet", data, strategy=strategy, num_classes=10, output_dir=tmp_path, pin=f"{board}/../x", **TINY)
+    with pytest.raises(ExperimentError, match="reserved device name on Windows"):   # the boards' own rule
+        train("alexnet", data, strategy=strategy, num_classes=10, output_dir=tmp_path, pin=f"{board}/con", **TINY)
     assert not (tmp_path / "metrics.csv").exists()                    # nothing was trained
 
 
@@ -124,3 +126,32 @@ def test_a_tampered_lineage_is_refused(two_cpu_devices, board, tmp_path):
     boards.pin(str(tmp_path / "fake" / "final.weights.h5"), name="not-a-run", board=board)
     with pytest.raises(ExperimentError, match="not a pinstorm experiment"):
         load_experiment("not-a-run", board=board)
+
+
+def test_targets_name_a_board_object_or_a_registered_name_and_use_the_boards_pin_name_rule(tmp_path):
+    from pinstorm.training.experiments import check_target, parse_target
+
+    folder = boards.board_folder(tmp_path / "board", cache=tmp_path / "cache")
+    assert parse_target((folder, "run")) == (folder, "run")
+    assert check_target((folder, "run")) == (folder, "run")             # no registration needed
+    assert parse_target("lab/run") == ("lab", "run") and parse_target("run") == (None, "run")
+    for bad in ("con", "aux.txt", "a/b", "x..y", "-x", ""):
+        with pytest.raises(ExperimentError):
+            parse_target((folder, bad))
+
+
+def test_an_experiment_record_shows_run_model_accuracy_board_pin_version_and_sizes():
+    from pinstorm.training.experiments import ExperimentRecord
+
+    record = ExperimentRecord(board="lab", name="digits-alexnet", version="20250101T000000Z-abc12",
+                              pin="lab/digits-alexnet", run="/runs/r1", model="alexnet",
+                              val_metrics={"accuracy": 0.91234, "loss": 0.3},
+                              files={"final.weights.h5": 1_500_000, "lineage.json": 2_000})
+    text = repr(record)
+    assert text == ("<ExperimentRecord lab/digits-alexnet version 20250101T000000Z-abc12: alexnet, val accuracy "
+                    "0.9123, 2 files, 1.5 MB>")
+    html = record._repr_html_()
+    for shown in ("/runs/r1", "alexnet", "0.9123", "lab", "digits-alexnet", "20250101T000000Z-abc12", "1.5 MB"):
+        assert shown in html
+    assert json.loads(json.dumps(record))["version"] == record["version"]     # still a plain JSON-able dict
+    assert "<script>" not in ExperimentRecord(record, run="<script>")._repr_html_()   # escaped

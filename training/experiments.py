@@ -38,7 +38,7 @@ CURVES_FILE = "curves.png"
 TENSORBOARD_ZIP = "tensorboard.zip"
 LINEAGE_FORMAT = 1
 PACKAGES = ("pinstorm", "tensorflow", "tf-keras", "numpy", "pyarrow", "pandas", "fsspec", "petastorm")
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")   # what boards accept; checked before a long fit
+_LAYER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")   # a Keras model name a lineage may set
 _MAX_LINEAGE_BYTES = 4 << 20
 _MAX_LINEAGE_DEPTH = 32
 _MAX_CLASSES = 1_000_000
@@ -54,21 +54,32 @@ class ExperimentError(PinstormError, ValueError):
 
 # --------------------------------------------------------------------------- where to pin
 
-def parse_target(target: str, board=None) -> tuple[Any, str]:
-    """``"board/name"`` -> (board, name); a bare ``"name"`` uses ``board`` (None: the default board)."""
+def parse_target(target, board=None) -> tuple[Any, str]:
+    """``"board/name"`` -> (board, name); ``(board, "name")`` -> itself (``board`` a ``Board`` or a
+    registered name); a bare ``"name"`` uses ``board`` (None: the default board).
+
+    The name is checked by the boards' own rule (``check_pin_name``) before a long fit, not after it.
+    """
+    from pinstorm.boards.errors import InvalidPinName
+    from pinstorm.boards.names import check_pin_name
+
+    if isinstance(target, tuple) and len(target) == 2:
+        board, target = target
     if not isinstance(target, str) or not target.strip("/"):
-        raise ExperimentError(f"pin must be 'board/name' or 'name', got {target!r}")
+        raise ExperimentError(f"pin must be 'board/name', (board, 'name') or 'name', got {target!r}")
     if board is None and "/" in target:
         board, _, name = target.strip("/").partition("/")
     else:
         name = target
-    if not _NAME.match(name) or ".." in name or len(name) > 200:
-        raise ExperimentError(f"experiment pin name {name!r} is not a safe pin name (letters, digits, '.', '_', '-')")
+    try:
+        check_pin_name(name)
+    except InvalidPinName as error:
+        raise ExperimentError(f"cannot pin the experiment: {error}") from None
     return board, name
 
 
-def check_target(target: str) -> tuple[Any, str]:
-    """Fail before training, not after it: the board must be registered and writable."""
+def check_target(target) -> tuple[Any, str]:
+    """Fail before training, not after it: the board must exist (a Board, or a registered name) and be writable."""
     from pinstorm import boards
 
     board, name = parse_target(target)
@@ -197,7 +208,46 @@ def describe(lineage: dict) -> str:
     return f"{TAG}: {model} on {where}, {len(lineage.get('epochs') or [])} epoch(s){score}"
 
 
-def pin_run(result, target: str, lineage: dict) -> dict:
+class ExperimentRecord(dict):
+    """Where ``pin_run`` put a run and what it holds: ``board``, ``name``, ``version``, ``pin``, ``run``
+    (the output folder), ``model``, ``val_metrics`` and ``files`` (name -> bytes).
+
+    A plain dict underneath (JSON-able, as ``TrainResult.summary()`` needs), with a one-line
+    ``repr`` and an HTML table so a notebook cell that ends in ``result.experiment`` is readable.
+    """
+
+    def fields(self) -> list[tuple[str, str]]:
+        """(label, text) pairs shown by ``repr`` and ``_repr_html_``."""
+        accuracy = (self.get("val_metrics") or {}).get("accuracy")
+        files = self.get("files") or {}
+        return [("run", str(self.get("run") or "")), ("model", str(self.get("model") or "?")),
+                ("val accuracy", f"{accuracy:.4f}" if isinstance(accuracy, (int, float)) else "-"),
+                ("board", str(self.get("board"))), ("pin", str(self.get("name"))),
+                ("version", str(self.get("version"))),
+                ("size", f"{len(files)} files, {_size(sum(files.values()))}")]
+
+    def __repr__(self) -> str:
+        shown = dict(self.fields())
+        return (f"<ExperimentRecord {shown['board']}/{shown['pin']} version {shown['version']}: {shown['model']}, "
+                f"val accuracy {shown['val accuracy']}, {shown['size']}>")
+
+    def _repr_html_(self) -> str:
+        from html import escape
+
+        rows = "".join(f"<tr><th style='text-align:left'>{escape(label)}</th><td>{escape(text)}</td></tr>"
+                       for label, text in self.fields())
+        return f"<table><caption>pinstorm experiment</caption>{rows}</table>"
+
+
+def _size(count: int) -> str:
+    for unit in ("B", "kB", "MB", "GB"):
+        if count < 1000 or unit == "GB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1000
+    return f"{count} B"
+
+
+def pin_run(result, target, lineage: dict) -> ExperimentRecord:
     """Pin a finished run's files and ``lineage`` as a new version of ``target``; returns where it went."""
     from pinstorm import boards
 
@@ -217,6 +267,7 @@ def pin_run(result, target: str, lineage: dict) -> dict:
             _zip_folder(tensorboard, staging / TENSORBOARD_ZIP)
         lineage["files"] = sorted(p.name for p in staging.iterdir()) + [LINEAGE_FILE]
         (staging / LINEAGE_FILE).write_text(json.dumps(lineage, indent=2, default=str))
+        sizes = {p.name: p.stat().st_size for p in sorted(staging.iterdir())}
         boards.pin(str(staging), name=name, board=board, description=describe(lineage),
                    title=f"{lineage['model']['name']} run", metadata={"pinstorm_experiment": {
                        "model": lineage["model"]["name"], "dataset": (lineage.get("data") or {}).get("url"),
@@ -225,8 +276,10 @@ def pin_run(result, target: str, lineage: dict) -> dict:
     version = str(versions["version"].iloc[-1])
     board_name = board if isinstance(board, str) else getattr(board, "name", None) or "local"
     log.info("pinned the run as %s/%s version %s", board_name, name, version)
-    return {"board": board_name, "name": name, "version": version, "pin": f"{board_name}/{name}",
-            "seconds": time.perf_counter() - started}
+    return ExperimentRecord(board=board_name, name=name, version=version, pin=f"{board_name}/{name}",
+                            seconds=time.perf_counter() - started, run=str(output),
+                            model=lineage["model"]["name"], val_metrics=lineage.get("val_metrics") or {},
+                            files=sizes)
 
 
 # --------------------------------------------------------------------------- finding and loading
@@ -349,7 +402,7 @@ _KWARGS = {
     "alexnet": {"width": _number(0, 8), "dense_units": lambda v: v is None or _number(1, 65536, integer=True)(v),
                 "dropout": _number(0, 0.99, open_low=False),
                 "normalization": lambda v: v in (None, "lrn", "batch", "none"),
-                "name": lambda v: isinstance(v, str) and bool(_NAME.match(v)) and len(v) <= 64},
+                "name": lambda v: isinstance(v, str) and bool(_LAYER_NAME.match(v))},
     "resnet50": {},
     "mobilenet_v2": {"alpha": _number(0, 1.4)},
 }

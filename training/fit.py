@@ -62,7 +62,7 @@ class TrainResult:
     num_classes: int = 0
     is_chief: bool = True
     input_shards: list = field(default_factory=list)
-    experiment: dict | None = None      # where ``pin=`` stored the run: board, name, version
+    experiment: dict | None = None      # where ``pin=`` stored the run (an ExperimentRecord: board, name, version)
 
     def summary(self) -> dict:
         """Everything but the model, JSON-serialisable (for reports and for Spark to send home)."""
@@ -96,7 +96,9 @@ def _has_backup(checkpoint_dir: Path | None) -> bool:
 
 
 def _default_output_dir(model_name: str) -> Path:
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    from pinstorm.boards.meta import TIME_FORMAT
+
+    stamp = datetime.now(timezone.utc).strftime(TIME_FORMAT)
     return Path("runs") / f"{model_name}-{stamp}"
 
 
@@ -125,7 +127,7 @@ def train(
     callbacks: list | None = None,
     input_options: dict | None = None,
     verbose: int | str = 2,
-    pin: str | None = None,
+    pin: str | tuple | None = None,
     lineage: dict | None = None,
 ) -> TrainResult:
     """Fit ``model_name`` on ``data``; return the history and the final validation metrics.
@@ -143,7 +145,8 @@ def train(
     ``{"flip": False, "crop_area": (0.8, 1.0)}`` for digits, which a mirror image would turn
     into other digits).
 
-    ``pin="board/name"`` (or ``"name"`` on the default board) pins the finished run as a new
+    ``pin="board/name"`` (a registered board), ``(board, "name")`` (a ``Board`` from a constructor
+    such as ``board_folder``) or ``"name"`` (the default board) pins the finished run as a new
     version of that pin: weights, metrics.csv, curves.png, the TensorBoard logs zipped and a
     lineage record, to which ``lineage`` (a JSON-able dict, e.g. the pins the data came from) is
     added; ``result.experiment`` says where it went (see ``training.experiments``).

@@ -18,16 +18,19 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass, field
-
-import numpy as np
-import tensorflow as tf
+from typing import TYPE_CHECKING
 
 from . import multiworker
 from pinstorm.errors import PinstormError
 
+if TYPE_CHECKING:            # TensorFlow is imported where it is used: importing this module stays cheap,
+    import numpy as np       # so the CLI can read STRATEGY_KINDS without loading TensorFlow
+    import tensorflow as tf
+
 log = logging.getLogger("pinstorm.training")
 
-KINDS = ("auto", "mirrored", "multiworker", "one-device")
+# the strategy kinds make_strategy accepts; the CLI offers exactly these
+STRATEGY_KINDS = ("auto", "mirrored", "multiworker", "one-device")
 FALLBACKS = ("one-device", None)
 _MIRRORED_OPS = ("auto", "nccl", "hierarchical", "one-device", "collective")
 _WORKER_OPS = ("auto", "nccl", "ring", "collective")
@@ -88,6 +91,8 @@ def configure_cpu_devices(count: int) -> list[str]:
     """
     if not isinstance(count, int) or count < 1:
         raise StrategyError(f"devices must be a positive integer, got {count!r}")
+    import tensorflow as tf
+
     cpu = tf.config.list_physical_devices("CPU")[0]
     try:
         tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * count)
@@ -104,6 +109,8 @@ def configure_cpu_devices(count: int) -> list[str]:
 
 def _resolve_devices(devices) -> list[str]:
     """Device names for ``devices``: None = every GPU (else the CPU), N = the first N GPUs (else N CPUs)."""
+    import tensorflow as tf
+
     gpus = tf.config.list_physical_devices("GPU")  # listing physical devices does not start the runtime
     if devices is None:
         return [f"/device:GPU:{i}" for i in range(len(gpus))] or ["/device:CPU:0"]
@@ -130,6 +137,8 @@ def _normalise(name) -> str:
 
 def _mirrored_ops(spec, devices: list[str]):
     """(CrossDeviceOps or None for TF's default, label) for a mirrored strategy."""
+    import tensorflow as tf
+
     if isinstance(spec, tf.distribute.CrossDeviceOps):
         return spec, type(spec).__name__
     name = "collective" if spec is None else _normalise(spec)
@@ -147,6 +156,8 @@ def _mirrored_ops(spec, devices: list[str]):
 
 
 def _worker_implementation(spec):
+    import tensorflow as tf
+
     name = "auto" if spec is None else _normalise(spec)
     implementations = tf.distribute.experimental.CommunicationImplementation
     table = {"auto": "AUTO", "collective": "AUTO", "nccl": "NCCL", "ring": "RING"}
@@ -159,6 +170,8 @@ def _worker_implementation(spec):
 
 
 def _build(kind: str, devices: list[str], ops_spec):
+    import tensorflow as tf
+
     if kind == "one-device":
         # A one-device MirroredStrategy, not OneDeviceStrategy: the same single replica and no
         # all-reduce, but Keras's BackupAndRestore accepts it (it refuses OneDeviceStrategy), so
@@ -175,6 +188,9 @@ def _build(kind: str, devices: list[str], ops_spec):
 # --------------------------------------------------------------------------- probing
 
 def _all_reduce_once(strategy: tf.distribute.Strategy) -> list[np.ndarray]:
+    import numpy as np
+    import tensorflow as tf
+
     @tf.function
     def step():
         def replica_fn():
@@ -194,6 +210,8 @@ def probe_all_reduce(strategy: tf.distribute.Strategy, timeout: float = 60.0) ->
     collective cannot be cancelled: it is abandoned (it may keep holding the devices it
     blocked on, and it dies with the process) and ProbeTimeout is raised.
     """
+    import numpy as np
+
     outcome: dict = {}
 
     def target():
@@ -236,8 +254,8 @@ def choose_kind(kind: str, device_count: int, tf_config: dict | None) -> str:
     """What ``kind="auto"`` means here: several workers in TF_CONFIG -> multi-worker, several
     devices -> mirrored, else one device. Other kinds are returned as they are."""
     kind = _normalise(kind)
-    if kind not in KINDS:
-        raise StrategyError(f"unknown strategy kind {kind!r}; use one of {KINDS}")
+    if kind not in STRATEGY_KINDS:
+        raise StrategyError(f"unknown strategy kind {kind!r}; use one of {STRATEGY_KINDS}")
     if kind != "auto":
         return kind
     if multiworker.cluster_size(tf_config) > 1:
@@ -267,8 +285,8 @@ def make_strategy(
     ProbeError with the original error as its cause.
     """
     kind = _normalise(kind)
-    if kind not in KINDS:
-        raise StrategyError(f"unknown strategy kind {kind!r}; use one of {KINDS}")
+    if kind not in STRATEGY_KINDS:
+        raise StrategyError(f"unknown strategy kind {kind!r}; use one of {STRATEGY_KINDS}")
     if fallback not in FALLBACKS:
         raise StrategyError(f"fallback must be 'one-device' or None, got {fallback!r}")
     config = multiworker.read_tf_config()
@@ -310,6 +328,8 @@ def make_strategy(
 
 def _multiworker_devices(devices) -> list[str]:
     """MultiWorkerMirroredStrategy uses every visible GPU (else one CPU); ``devices=N`` limits the GPUs."""
+    import tensorflow as tf
+
     gpus = tf.config.list_physical_devices("GPU")
     if devices is None:
         return []
