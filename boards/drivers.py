@@ -60,7 +60,7 @@ def save_json(x: Any, name: str, staging: Path, type: str | None) -> tuple[Path,
     except (TypeError, ValueError) as e:
         raise BoardError(f"pin {name!r}: {type_name(x)} is not a DataFrame, path, URL or "
                          f"JSON-able object ({e})") from e
-    return path, "json", f"{name}: a pinned {type_name(x)}"
+    return path, "json", f"{name}: a pinned {type_name(x)} object"  # pins-python's default title
 
 
 def load_pin(pin_type: str, paths: list[Path]) -> Any:

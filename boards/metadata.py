@@ -16,7 +16,18 @@ from .meta import TIME_FORMAT, parse_version
 
 
 class VersionInfo(str):
-    """A version name (`20240101T000000Z-ab12c`) with pins-python's `Version` attributes."""
+    """A version name (`20240101T000000Z-ab12c`) with pins-python's `Version` attributes; `hash` is
+    the pin's full hash when known (as pins-python has it), else the name's five-character prefix."""
+
+    full_hash: str = ""
+
+    @classmethod
+    def of(cls, name: str, pin_hash: str | None = None) -> "VersionInfo":
+        out = cls(name)
+        parsed = parse_version(name)
+        if pin_hash and parsed and str(pin_hash).startswith(parsed[1]):
+            out.full_hash = str(pin_hash)
+        return out
 
     @property
     def version(self) -> str:
@@ -30,6 +41,8 @@ class VersionInfo(str):
 
     @property
     def hash(self) -> str:
+        if self.full_hash:
+            return self.full_hash
         parsed = parse_version(self)
         return parsed[1] if parsed else ""
 
@@ -72,7 +85,7 @@ class PinMetadata(dict):
 
     @property
     def version(self) -> VersionInfo:
-        return VersionInfo(self.get("version") or "")
+        return VersionInfo.of(self.get("version") or "", self.get("pin_hash"))
 
     @property
     def local(self) -> dict:
