@@ -83,9 +83,9 @@ class Board:
 
     def with_cache(self, cache: str | os.PathLike | Cache) -> "Board":
         """The same board with another cache (a job that must not share the user's cache)."""
-        from .constructors import board_from_spec
-
-        return board_from_spec({**self._spec, "cache": cache}, name=self.name)
+        copy = Board(self.storage.with_cache(cache), versions=self.versions, spec={**self._spec, "cache": cache})
+        copy.extract_limits = self.extract_limits
+        return copy
 
     def __getattr__(self, attr: str) -> Any:
         """Backend extras (`rebuild_index`, `fs`, `root`, ...) come from the storage."""

@@ -108,6 +108,11 @@ class FsStorage(StorageBase):
         self.__dict__.update(state)
         self._batch_lock = threading.Lock()
 
+    def with_cache(self, cache: str | os.PathLike | Cache) -> "FsStorage":
+        clone = super().with_cache(cache)
+        clone._batch_lock, clone._batch_depth, clone._batch_written = threading.Lock(), 0, {}  # its own batches
+        return clone
+
     # ---- what subclasses define -----------------------------------------------------------
     def index_lock(self) -> Any:
         """Held while the indexes are reconciled (a file lock on local disks; none on object stores)."""

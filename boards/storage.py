@@ -11,6 +11,7 @@ in `registry.KINDS`, and run the board tests against a real server for it.
 from __future__ import annotations
 
 import contextlib
+import copy
 import shutil
 from pathlib import Path
 from typing import Any, ContextManager, Iterator, Protocol, runtime_checkable
@@ -68,6 +69,8 @@ class Storage(Protocol):
         """Delete some versions of a pin, or the whole pin."""
     def batch(self) -> ContextManager[Any]:
         """Defer the upkeep of derived indexes until the outermost batch closes."""
+    def with_cache(self, cache: str | Path | Cache) -> "Storage":
+        """The same storage, keeping fetched versions in `cache`."""
     def refusal(self, action: str, name: str | None) -> ReadOnlyBoard:
         """The error a read-only backend raises for `action` ("pin", "remove") on pin `name`."""
 
@@ -164,6 +167,11 @@ class StorageBase:
     @contextlib.contextmanager
     def batch(self) -> Iterator[Any]:
         yield self
+
+    def with_cache(self, cache: str | Path | Cache) -> "StorageBase":
+        clone = copy.copy(self)
+        clone.cache = cache if isinstance(cache, Cache) else Cache(cache)
+        return clone
 
     def refusal(self, action: str, name: str | None) -> ReadOnlyBoard:
         return ReadOnlyBoard(f"board {self.name!r} ({self.kind}) is read-only; cannot {action} {name!r}")
