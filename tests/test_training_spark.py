@@ -109,8 +109,12 @@ def test_spark_barrier_trains_alexnet_on_shards(spark, digits_parquet, tmp_path)
                 epochs=2, batch_size=8, image_size=32, model_kwargs={"width": 0.125}, seed=5,
                 output_dir=str(tmp_path / "out"), checkpoint_dir=str(tmp_path / "backup"),
                 input_options={"flip": False}, verbose=0)
-    results = spark_train(args, 2, spark)
+    lines: list[str] = []
+    results = spark_train(args, 2, spark, progress=lines.append)
     summaries = [r.result for r in results]
+    # rank 0 reported each epoch to the driver while it trained (and only rank 0)
+    assert [line.split(":")[0] for line in lines] == ["epoch 1/2", "epoch 2/2"], lines
+    assert all(" loss " in line and "val_accuracy" in line for line in lines), lines
     assert [s["is_chief"] for s in summaries] == [True, False]
     assert [s["input_shards"] for s in summaries] == [[[0, 2]], [[1, 2]]]
     assert all(s["strategy"]["kind"] == "multiworker" and s["replicas"] == 2 for s in summaries)
@@ -144,6 +148,31 @@ def test_arguments_are_checked_before_any_session_starts(tmp_path):
     boards.board_register("local", name="parts", path=tmp_path / "b")
     assert _check_args({"partition_board": "parts"}, 2)["partition_board"] == {"kind": "local",
                                                                                "path": str(tmp_path / "b")}
+    # a Board from a constructor needs no registration: its spec travels to the executors
+    folder = boards.board_folder(tmp_path / "f", cache=tmp_path / "c")
+    spec = _check_args({"partition_board": folder}, 2)["partition_board"]
+    assert spec["kind"] == "folder" and spec["path"] == str(tmp_path / "f") and spec["cache"] == str(tmp_path / "c")
+    assert boards.board_from_spec(spec).pin_list() == []
+
+
+def test_progress_lines_reach_the_driver_only_with_the_token():
+    from pinstorm.training.spark_progress import ProgressListener, epoch_line, send_line
+
+    lines: list[str] = []
+    with ProgressListener("127.0.0.1", lines.append) as listener:
+        assert listener.address.startswith("127.0.0.1:")
+        assert send_line(listener.address, "not-the-token", "epoch 9: forged")
+        assert send_line(listener.address, listener.token, epoch_line(0, 3, {"loss": 0.4123, "accuracy": 0.5,
+                                                                              "note": "x"}, 12.34))
+        assert send_line(listener.address, listener.token, "bell\x07 and " + "x" * 5000)
+        deadline = time.monotonic() + 10
+        while len(lines) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    epoch, long = sorted(lines, key=lambda line: not line.startswith("epoch"))   # two connections, any order
+    assert epoch == "epoch 1/3: loss 0.4123  accuracy 0.5  (12.3 s)"
+    assert long.startswith("bell and xxx") and len(long) <= 1000               # no control characters, bounded
+    assert len(lines) == 2                                                     # the forged line was dropped
+    assert not send_line(listener.address, listener.token, "closed")          # the listener is gone
 
 
 def test_master_urls_on_this_machine():
@@ -207,3 +236,20 @@ def test_spark_error_messages_name_the_cause():
     assert spark_error_message(Exception(crashed)) == ("org.apache.spark.SparkException: Python worker exited "
                                                        "unexpectedly (crashed)")
     assert spark_error_message(Exception("")) == "Exception"
+
+
+@pytest.mark.slow
+def test_a_session_starts_without_pysparks_pandas_3_warning():
+    """PySpark 4 warns about pandas >= 3 whenever a context starts; pinstorm silences exactly that warning."""
+    import pandas
+
+    if int(pandas.__version__.split(".")[0]) < 3:
+        pytest.skip("PySpark warns only with pandas >= 3")
+    code = ("import warnings; warnings.simplefilter('default')\n"
+            "from pinstorm.training.spark_session import local_spark_session\n"
+            "warnings.warn('another FutureWarning still shows', FutureWarning)\n"
+            "local_spark_session(1).stop()\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "another FutureWarning still shows" in run.stderr
+    assert "fully support pandas" not in run.stderr

@@ -85,6 +85,8 @@ def test_cli_partitions_from_the_board_and_a_killed_worker_resumes(cluster, digi
         killer.join(10)
     assert outcome.returncode == 0, outcome.stderr[-3000:]
     assert killed, "no task process was found to kill"
+    # rank 0's epochs reached the driver's console as they finished (stdout stays the JSON)
+    assert f"epoch {epochs}/{epochs}: loss " in outcome.stderr, outcome.stderr[-3000:]
     run = json.loads(outcome.stdout.strip().splitlines()[-1])
 
     # the relaunch: one failed attempt, named; resumed after the finished epochs

@@ -19,22 +19,24 @@ Importing this module imports neither TensorFlow nor pyspark.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
 import socket
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .spark_session import (SparkTrainError, available_slots, local_spark_session, probe_executors,
-                            session_settings, spark_session, wait_for_slots)
+                            session_settings, spark_error_message, spark_session, wait_for_slots)
 
 __all__ = ["Attempt", "SparkTrainError", "SparkTrainResult", "WorkerResult", "available_slots",
-           "local_spark_session", "probe_executors", "session_settings", "spark_session", "spark_train",
-           "wait_for_slots"]
+           "local_spark_session", "probe_executors", "session_settings", "spark_error_message", "spark_session",
+           "spark_train", "wait_for_slots"]
 
 log = logging.getLogger("pinstorm.training")
 
@@ -126,10 +128,16 @@ def _bind_free_port(host: str) -> int:
 
 
 class _BarrierTask:
-    """What each barrier task runs; a module-level class, so executors import it rather than unpickle code."""
+    """What each barrier task runs; a module-level class, so executors import it rather than unpickle code.
 
-    def __init__(self, train_fn_or_args, num_workers: int, extra_env: dict):
+    ``progress``: ``(address, token)`` of the driver's ``ProgressListener``; rank 0 of a ``train()``
+    run sends it one line per epoch.
+    """
+
+    def __init__(self, train_fn_or_args, num_workers: int, extra_env: dict,
+                 progress: tuple[str, str] | None = None):
         self.train_fn_or_args, self.num_workers, self.extra_env = train_fn_or_args, num_workers, extra_env
+        self.progress = progress
 
     def __call__(self, _partition):
         from pyspark import BarrierTaskContext
@@ -154,18 +162,24 @@ class _BarrierTask:
                 partition = _fetch_partition(args, rank, self.num_workers, context)
             for key in PARTITION_KEYS:
                 args.pop(key, None)
-            result = _train_from_args(args)
+            callbacks = []
+            if rank == 0 and self.progress:
+                from .spark_progress import EpochReporter
+
+                callbacks.append(EpochReporter(*self.progress))
+            result = _train_from_args(args, per_worker_rows=min(partition["rows_per_worker"]) if partition else None,
+                                      callbacks=callbacks)
             if partition is not None:
                 result["partition"] = partition
         yield WorkerResult(rank, self.num_workers, address, time.perf_counter() - started, result)
 
 
 def _fetch_partition(args: dict, rank: int, num_workers: int, context) -> dict:
-    """Fetch and convert this rank's categories; point ``args`` at them; agree on steps per epoch.
+    """Fetch and convert this rank's categories; point ``args`` at them; share the slices' row counts.
 
     Runs in the barrier task. Every worker reads only its own slice (``input_options["shard"] =
-    None``), and all must run the same number of steps, so the workers share their row counts and
-    take the smallest slice's.
+    None``), and all must run the same number of steps, so the workers share their row counts
+    (``rows_per_worker`` in the returned record) and train on the smallest slice's.
     """
     from pinstorm import boards, pipeline
 
@@ -175,13 +189,10 @@ def _fetch_partition(args: dict, rank: int, num_workers: int, context) -> dict:
     # the board's name is part of its cache path: a stable name lets a relaunched task (and the other
     # tasks on the same machine) reuse what was fetched, and the conversion of the same files
     name = "spark-partition-" + hashlib.sha1(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:12]
-    boards.board_register(spec.pop("kind"), name=name, **spec)
-    try:
-        started = time.perf_counter()
-        data_map = pipeline.imagenet_partition(rank, num_workers, board=name, parallel=args.get("partition_parallel"))
-        fetch_seconds = time.perf_counter() - started
-    finally:
-        boards.board_deregister(name, persist=False)
+    board = boards.board_from_spec(spec, name=name)        # built here, in the task: nothing is registered
+    started = time.perf_counter()
+    data_map = pipeline.imagenet_partition(rank, num_workers, board=board, parallel=args.get("partition_parallel"))
+    fetch_seconds = time.perf_counter() - started
     base = args.get("partition_dir") or args.get("cache_dir")
     if not base:
         base = worker_output_dir(args.get("output_dir") or "runs/spark", read_tf_config()) / "data"
@@ -194,20 +205,24 @@ def _fetch_partition(args: dict, rank: int, num_workers: int, context) -> dict:
         converted = pipeline.convert(data_map, target, overwrite=True, **options)
     counts = [int(item) for item in context.allGather(str(converted.rows))]
     args.update(data=converted.url, input_options={**(args.get("input_options") or {}), "shard": None})
-    args["_per_worker_rows"] = min(counts)
     return {"index": rank, "of": num_workers, "categories": list(data_map["categories"]),
             "rows": converted.rows, "rows_per_worker": counts, "url": converted.url,
             "fetch_seconds": fetch_seconds, "convert_seconds": converted.seconds}
 
 
-def _train_from_args(args: dict) -> dict:
-    """``train(**args)`` under a MultiWorkerMirroredStrategy; returns the JSON-able summary."""
+def _train_from_args(args: dict, *, per_worker_rows: int | None = None, callbacks=()) -> dict:
+    """``train(**args)`` under a MultiWorkerMirroredStrategy; returns the JSON-able summary.
+
+    ``per_worker_rows``: when each worker reads its own slice, the smallest slice's rows; it sets
+    the steps per epoch every worker runs (unless ``steps_per_epoch`` is given). ``callbacks`` are
+    added to the fit's own.
+    """
     from .fit import train
     from .multiworker import cluster_size, read_tf_config
     from .strategy import make_strategy
 
     strategy_args = args.pop("strategy_args", {}) or {}
-    min_rows = args.pop("_per_worker_rows", None)
+    min_rows = per_worker_rows
     strategy = make_strategy("multiworker", **strategy_args)
     if min_rows is not None and not args.get("steps_per_epoch"):
         # each worker reads its own slice: a step takes batch_size rows per local replica from it
@@ -220,6 +235,8 @@ def _train_from_args(args: dict) -> dict:
                                 f"{args.get('batch_size', 32)} x {local_replicas} replica(s); lower batch_size")
         args["steps_per_epoch"] = steps
     model_name = args.pop("model_name", "alexnet")
+    if callbacks:
+        args["callbacks"] = [*(args.get("callbacks") or []), *callbacks]
     return train(model_name, strategy=strategy, **args).summary()
 
 
@@ -227,8 +244,12 @@ def _partition_board_spec(board) -> dict:
     """What an executor needs to open the partition board itself: ``{"kind": ..., options}``.
 
     An http(s) URL is a data.txt board; a dict is used as is (``kind`` plus ``board_register``
-    options such as ``url``, ``cache``, ``bucket``); a name is looked up in this process's registry.
+    options such as ``url``, ``cache``, ``bucket``); a ``Board`` gives its own ``spec``, and a
+    registered name the spec of the board it names. The spec goes to the executors in the task
+    (secrets included, as the executors need them to sign in) and is never written to disk.
     """
+    from pinstorm import boards
+
     if isinstance(board, dict):
         if "kind" not in board:
             raise SparkTrainError("a partition_board dict needs a 'kind' (datatxt, s3, gcs, local, ...) and the "
@@ -237,15 +258,14 @@ def _partition_board_spec(board) -> dict:
     if isinstance(board, str) and board.startswith(("http://", "https://")):
         return {"kind": "datatxt", "url": board}
     if isinstance(board, str):
-        from pinstorm.boards.registry import board_specs
-
-        specs = board_specs()
-        if board not in specs:
+        if board not in boards.board_names():
             raise SparkTrainError(f"partition_board {board!r} is not a registered board, a data.txt URL or a "
-                                  f"board spec dict (registered: {', '.join(sorted(specs))})")
-        return {k: (os.fspath(v) if isinstance(v, os.PathLike) else v) for k, v in specs[board].items()}
-    raise SparkTrainError(f"partition_board must be a data.txt URL, a registered board name or a spec dict, "
-                          f"not {type(board).__name__}")
+                                  f"board spec dict (registered: {', '.join(sorted(boards.board_names()))})")
+        board = boards.board_get(board)
+    if isinstance(board, boards.Board):
+        return {k: (os.fspath(v) if isinstance(v, os.PathLike) else v) for k, v in board.spec.items()}
+    raise SparkTrainError(f"partition_board must be a data.txt URL, a Board, a registered board name or a spec "
+                          f"dict, not {type(board).__name__}")
 
 
 def _check_args(train_fn_or_args, num_workers) -> Callable | dict:
@@ -265,14 +285,16 @@ def _check_args(train_fn_or_args, num_workers) -> Callable | dict:
         raise SparkTrainError("spark_train needs data (a Parquet URL every executor can read) or partition_board")
     if not args.get("output_dir"):
         # chosen once, here: every rank and every relaunch must write (and append metrics) to the same place
-        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        from pinstorm.boards.meta import TIME_FORMAT
+
+        stamp = time.strftime(TIME_FORMAT, time.gmtime())
         args["output_dir"] = os.path.abspath(os.path.join("runs", f"{args.get('model_name', 'alexnet')}-{stamp}"))
     return args
 
 
 def spark_train(train_fn_or_args: Callable[[int, int], Any] | dict, num_workers: int, spark=None, *,
                 env: dict | None = None, max_restarts: int = 0, probe: bool = True,
-                slots_timeout: float = 120.0) -> SparkTrainResult:
+                slots_timeout: float = 120.0, progress: Callable[[str], None] | bool = True) -> SparkTrainResult:
     """Run ``num_workers`` training workers as one Spark barrier stage; return every rank's result.
 
     ``train_fn_or_args``: a function ``fn(rank, num_workers)`` run in each task with ``TF_CONFIG``
@@ -290,7 +312,9 @@ def spark_train(train_fn_or_args: Callable[[int, int], Any] | dict, num_workers:
     for the tasks. ``max_restarts``: relaunch the stage up to this many times when it fails (a
     worker died, a node was lost); with ``checkpoint_dir`` in the args each relaunch resumes from
     the last finished epoch. ``probe``: check first that the executors import pinstorm and
-    TensorFlow. ``slots_timeout``: seconds to wait for executors to register.
+    TensorFlow. ``slots_timeout``: seconds to wait for executors to register. ``progress``: where
+    rank 0's per-epoch lines go while a ``train()`` dict runs (``True``: standard error, a function:
+    called with each line, ``False``: nowhere); see ``training.spark_progress``.
 
     Returns a ``SparkTrainResult`` (indexable like the list of ``WorkerResult``, rank 0 first, plus
     ``restarts``, ``attempts``, ``seconds_lost``). Raises ``SparkTrainError`` listing every
@@ -305,10 +329,15 @@ def spark_train(train_fn_or_args: Callable[[int, int], Any] | dict, num_workers:
     own_session = spark is None
     if own_session:
         spark = local_spark_session(num_workers)
+    stack = contextlib.ExitStack()
     try:
         wait_for_slots(spark, num_workers, slots_timeout)
         executors = probe_executors(spark, num_workers) if probe else []
-        task = _BarrierTask(train_fn_or_args, num_workers, {"TF_USE_LEGACY_KERAS": "1", **(env or {})})
+        listener = _progress_listener(spark, progress) if isinstance(train_fn_or_args, dict) else None
+        if listener is not None:
+            stack.enter_context(listener)
+        task = _BarrierTask(train_fn_or_args, num_workers, {"TF_USE_LEGACY_KERAS": "1", **(env or {})},
+                            progress=(listener.address, listener.token) if listener else None)
         attempts: list[Attempt] = []
         for number in range(1, max_restarts + 2):
             if number > 1:
@@ -338,8 +367,20 @@ def spark_train(train_fn_or_args: Callable[[int, int], Any] | dict, num_workers:
         raise SparkTrainError(f"the barrier training stage failed {len(attempts)} times "
                               f"(max_restarts={max_restarts}):\n{listing}")
     finally:
+        stack.close()
         if own_session:
             spark.stop()
+
+
+def _progress_listener(spark, progress):
+    """The driver's end of rank 0's progress lines, on the address executors reach the driver at."""
+    if progress is False or progress is None:
+        return None
+    from .spark_progress import ProgressListener
+
+    echo = progress if callable(progress) else (lambda line: print(line, file=sys.stderr, flush=True))
+    host = spark.sparkContext.getConf().get("spark.driver.host") or socket.gethostname()
+    return ProgressListener(host, echo)
 
 
 def _run_stage(spark, task: _BarrierTask, num_workers: int, number: int) -> list[WorkerResult]:
@@ -350,26 +391,3 @@ def _run_stage(spark, task: _BarrierTask, num_workers: int, number: int) -> list
         return rdd.barrier().mapPartitions(task).collect()
     finally:
         sc.setJobDescription(None)
-
-
-def spark_error_message(exc: BaseException) -> str:
-    """The line of a py4j/Spark error that says what went wrong (the Python exception, or Spark's reason)."""
-    text = str(exc)
-    if "BarrierJobSlotsNumberCheckFailed" in text:
-        start = text.index("BarrierJobSlotsNumberCheckFailed")
-        return "not enough task slots for the barrier stage (" + text[start:].splitlines()[0] + ")"
-    if "Traceback (most recent call last)" in text:
-        tail = text[text.rindex("Traceback (most recent call last)"):]
-        lines = [line for line in tail.splitlines() if line.strip()]
-        errors = [line for line in lines if not line.startswith((" ", "\t")) and ":" in line
-                  and not line.startswith(("Traceback", "During handling", "The above exception"))]
-        if errors:
-            return errors[0].strip() if errors[0].split(":")[0].endswith(("Error", "Exception", "Exit")) \
-                else errors[-1].strip()
-        return lines[-1].strip()
-    for pattern in ("Python worker exited unexpectedly", "ExecutorLostFailure", "Executor lost", "TaskKilled",
-                    "finished unsuccessfully"):
-        for line in text.splitlines():
-            if pattern in line:
-                return line.strip().removeprefix(": ").split(". Consider setting")[0]
-    return text.strip().splitlines()[0] if text.strip() else type(exc).__name__

@@ -20,6 +20,7 @@ import os
 import re
 import sys
 import time
+import warnings
 from typing import Iterator
 
 from pinstorm.errors import PinstormError
@@ -40,6 +41,14 @@ BARRIER_CONF = {
     "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures": "2",
     "spark.ui.showConsoleProgress": "false",
 }
+
+
+# PySpark 4 warns that it "does not yet fully support pandas >= 3.0.0" on every run: starting a
+# context imports pyspark.testing.utils, which checks the pandas version at import. pinstorm's barrier
+# training passes no pandas data through Spark (tasks exchange JSON strings and return plain
+# objects), so the warning says nothing about a pinstorm run; exactly this warning is silenced while
+# pinstorm starts a session, and every other warning still shows.
+PANDAS_WARNING = r"PySpark does not yet fully support pandas >= 3"
 
 
 class SparkTrainError(PinstormError, RuntimeError):
@@ -107,7 +116,8 @@ def spark_session(master: str | None = None, *, workers: int = 2, app_name: str 
     builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in settings.items():
         builder = builder.config(key, value)
-    with _environment(**environment):
+    with _environment(**environment), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=PANDAS_WARNING, category=FutureWarning)
         session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     actual = session.sparkContext.pythonExec
@@ -228,8 +238,6 @@ def probe_executors(spark, tasks: int, modules: tuple[str, ...] = REQUIRED_MODUL
     try:
         reports = sc.parallelize(range(tasks), tasks).mapPartitions(_make_probe(tuple(modules))).collect()
     except Exception as exc:  # noqa: BLE001 - the executors could not even start the probe
-        from .spark import spark_error_message
-
         raise SparkTrainError(f"executors could not run Python {sc.pythonExec!r}: {spark_error_message(exc)}; "
                               f"{_HOW_TO_SET_PYTHON}") from exc
     finally:
@@ -267,3 +275,26 @@ def _pinstorm_version() -> str | None:
         return version("pinstorm")
     except Exception:  # noqa: BLE001
         return None
+
+
+def spark_error_message(exc: BaseException) -> str:
+    """The line of a py4j/Spark error that says what went wrong (the Python exception, or Spark's reason)."""
+    text = str(exc)
+    if "BarrierJobSlotsNumberCheckFailed" in text:
+        start = text.index("BarrierJobSlotsNumberCheckFailed")
+        return "not enough task slots for the barrier stage (" + text[start:].splitlines()[0] + ")"
+    if "Traceback (most recent call last)" in text:
+        tail = text[text.rindex("Traceback (most recent call last)"):]
+        lines = [line for line in tail.splitlines() if line.strip()]
+        errors = [line for line in lines if not line.startswith((" ", "\t")) and ":" in line
+                  and not line.startswith(("Traceback", "During handling", "The above exception"))]
+        if errors:
+            return errors[0].strip() if errors[0].split(":")[0].endswith(("Error", "Exception", "Exit")) \
+                else errors[-1].strip()
+        return lines[-1].strip()
+    for pattern in ("Python worker exited unexpectedly", "ExecutorLostFailure", "Executor lost", "TaskKilled",
+                    "finished unsuccessfully"):
+        for line in text.splitlines():
+            if pattern in line:
+                return line.strip().removeprefix(": ").split(". Consider setting")[0]
+    return text.strip().splitlines()[0] if text.strip() else type(exc).__name__
