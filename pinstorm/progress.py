@@ -1,31 +1,68 @@
-"""Progress bars for transfers that take more than a moment, quiet when not on a terminal.
+"""Progress bars for transfers that take more than a moment: on a terminal, in a notebook, or off.
 
-`PINSTORM_PROGRESS=1` forces bars on (e.g. in a notebook), `PINSTORM_PROGRESS=0` forces them off.
+Shown by default on a terminal and in a Jupyter notebook; elsewhere (a pipe, a log, CI) quiet.
+`PINSTORM_PROGRESS=1` forces them on, `PINSTORM_PROGRESS=0` off.
+
+How a bar is drawn depends on where it goes (`renderer()`): rich's live bar on a terminal, and in a
+notebook that has ipywidgets (rich draws there through a widget); a plain text bar redrawn in place
+with a carriage return in a notebook without ipywidgets, where rich would only warn 'install
+"ipywidgets"' and show nothing; and plain lines, a few seconds apart, when forced on into a file or a
+pipe, where a live bar would leave nothing readable.
 """
 
 from __future__ import annotations
 
+import builtins
 import contextlib
+import importlib.util
 import os
 import sys
 import threading
-from typing import Callable, Iterator
+import time
+from typing import Callable, Iterator, Literal, TextIO
 
+from rich.filesize import decimal
 from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn,
                            TimeRemainingColumn, TransferSpeedColumn)
+
+Renderer = Literal["rich", "notebook-text", "lines"]
+
+# Seconds between two redraws of a text bar: often enough to look alive in a notebook, rarely enough
+# that a log file forced to show progress stays readable.
+NOTEBOOK_INTERVAL = 0.25
+LINES_INTERVAL = 5.0
+
+
+def in_notebook() -> bool:
+    """True inside a Jupyter (or Colab) kernel: IPython puts `get_ipython` in builtins there."""
+    get_ipython = getattr(builtins, "get_ipython", None)
+    if get_ipython is None:
+        return False
+    try:
+        shell = type(get_ipython())
+    except Exception:  # a broken or foreign get_ipython is no notebook
+        return False
+    return shell.__name__ == "ZMQInteractiveShell" or shell.__module__.startswith("google.colab")
 
 
 def progress_enabled() -> bool:
     forced = os.environ.get("PINSTORM_PROGRESS")
     if forced is not None:
         return forced not in {"0", "false", "no", ""}
-    return sys.stderr.isatty()
+    return sys.stderr.isatty() or in_notebook()
+
+
+def renderer() -> Renderer:
+    """Which kind of bar suits the current stderr (see the module docstring)."""
+    if in_notebook():
+        return "rich" if importlib.util.find_spec("ipywidgets") is not None else "notebook-text"
+    return "rich" if sys.stderr.isatty() else "lines"
 
 
 @contextlib.contextmanager
 def progress_bar(description: str, total: float | None, *, unit: str = "bytes",
                  enabled: bool | None = None) -> Iterator[Callable[[float], None]]:
-    """Yield `advance(n)`; a rich bar on a terminal (shown after half a second), a no-op elsewhere.
+    """Yield `advance(n)`: a bar where one can be seen (see `renderer`), a no-op elsewhere.
 
     `advance` is thread-safe, so parallel downloads can share one bar. While a bar is shown, nested
     requests (one pin inside a parallel fetch) get a no-op: the outer bar already tells the story.
@@ -40,8 +77,16 @@ def progress_bar(description: str, total: float | None, *, unit: str = "bytes",
         yield lambda n: None
         return
     try:
-        with _bar(description, total, unit) as advance:
-            yield advance
+        kind = renderer()
+        if kind == "rich":
+            with _rich_bar(description, total, unit) as advance:
+                yield advance
+        else:
+            bar = TextBar(description, total, unit, sys.stderr, in_place=kind == "notebook-text")
+            try:
+                yield bar.advance
+            finally:
+                bar.close()
     finally:
         with _active_lock:
             _active = False
@@ -52,13 +97,12 @@ _active_lock = threading.Lock()
 
 
 @contextlib.contextmanager
-def _bar(description: str, total: float | None, unit: str) -> Iterator[Callable[[float], None]]:
+def _rich_bar(description: str, total: float | None, unit: str) -> Iterator[Callable[[float], None]]:
     columns = [TextColumn("{task.description}"), BarColumn()]
     columns += ([DownloadColumn(), TransferSpeedColumn()] if unit == "bytes" else [MofNCompleteColumn()])
     columns.append(TimeRemainingColumn())
     lock = threading.Lock()
-    with Progress(*columns, transient=True, refresh_per_second=8,
-                  console=None) as bar:
+    with Progress(*columns, transient=True, refresh_per_second=8, console=None) as bar:
         task = bar.add_task(description, total=total)
 
         def advance(n: float) -> None:
@@ -66,3 +110,61 @@ def _bar(description: str, total: float | None, unit: str) -> Iterator[Callable[
                 bar.advance(task, n)
 
         yield advance
+
+
+class TextBar:
+    """A plain text bar, `description: 45% |#########           | 9/20 pins, 3 s`, on one stream.
+
+    `in_place` redraws one line with a carriage return (a notebook's output cell honours it);
+    otherwise each redraw is a line of its own. Redraws are at least `interval` seconds apart (by
+    `clock`), and `close` always writes the final state, so the last thing shown is the truth.
+    """
+
+    WIDTH = 20
+
+    def __init__(self, description: str, total: float | None, unit: str, stream: TextIO, *,
+                 in_place: bool, interval: float | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.description, self.total, self.unit, self.stream = description, total, unit, stream
+        self.in_place = in_place
+        self.interval = interval if interval is not None else (
+            NOTEBOOK_INTERVAL if in_place else LINES_INTERVAL)
+        self.clock = clock
+        self.done = 0.0
+        self.started = clock()
+        self._last: float | None = None
+        self._lock = threading.Lock()
+
+    def advance(self, n: float) -> None:
+        with self._lock:
+            self.done += n
+            now = self.clock()
+            if self._last is None or now - self._last >= self.interval:
+                self._draw(now)
+
+    def close(self) -> None:
+        with self._lock:
+            self._draw(self.clock())
+            if self.in_place:
+                self.stream.write("\n")
+                self.stream.flush()
+
+    def line(self, now: float) -> str:
+        elapsed = f"{now - self.started:.0f} s"
+        unit = "" if self.unit == "bytes" else f" {self.unit}"
+        if not self.total:
+            return f"{self.description}: {self._amount(self.done)}{unit}, {elapsed}"
+        fraction = min(self.done / self.total, 1.0)
+        filled = round(fraction * self.WIDTH)
+        bar = "#" * filled + " " * (self.WIDTH - filled)
+        return (f"{self.description}: {fraction:4.0%} |{bar}| "
+                f"{self._amount(self.done)}/{self._amount(self.total)}{unit}, {elapsed}")
+
+    def _amount(self, value: float) -> str:
+        return decimal(int(value)) if self.unit == "bytes" else f"{value:g}"
+
+    def _draw(self, now: float) -> None:
+        self._last = now
+        text = self.line(now)
+        self.stream.write(f"\r{text}" if self.in_place else f"{text}\n")
+        self.stream.flush()
