@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from click.testing import CliRunner
@@ -32,8 +33,8 @@ def test_profile_measures_every_stage_of_the_demo(two_cpu_devices, tmp_path):
                          model_kwargs={"width": 0.125}, image_size=32, batch_size=8, steps=4, fetch_parallel=4,
                          strategy=make_strategy("one-device"), input_options={"flip": False},
                          output_dir=tmp_path / "report")
-        assert boards.board_list() == sorted(set(before) | {data["board"], data["local_board"]})
-    assert boards.board_list() == before                               # the cold-cache clone is gone too
+        assert boards.board_list() == before                           # the demo's boards are not registered
+    assert boards.board_list() == before                               # nor is the cold-cache copy
 
     assert [s.name for s in report.stages] == STAGES
     fetch, raw, metadata, extraction = (report.stage(n) for n in STAGES[:4])
@@ -111,8 +112,37 @@ def test_a_slow_fetch_against_the_raw_copy_asks_for_parallel_fetches():
 def test_metadata_that_costs_as_much_as_the_fetch_is_named():
     fetch = StageTime("board fetch", 4.0, 100.0, "MB", per_epoch=False)
     metadata = StageTime("board metadata", 3.0, 16, "pins", per_epoch=False)
-    _, advice = _verdict([fetch, metadata], None, None, replicas=1, gpus=False, parallel=None, fetch_parallel=8)
+    _, advice = _verdict([fetch, metadata], None, None, replicas=1, gpus=False, parallel=None, fetch_parallel=8,
+                         board_kind="datatxt")
     assert any("3.00 s of the 4.00 s fetch is metadata" in a and "index_max_age" in a for a in advice), advice
+    said = next(a for a in advice if "index_max_age" in a)
+    assert "board_datatxt(url, index_max_age=60)" in said and "-o index_max_age=60" in said   # Python and CLI
+
+
+@pytest.mark.parametrize("kind", ["local", "folder", "s3"])
+def test_index_max_age_is_advised_only_for_boards_read_through_data_txt(kind):
+    fetch = StageTime("board fetch", 4.0, 100.0, "MB", per_epoch=False)
+    metadata = StageTime("board metadata", 3.0, 16, "pins", per_epoch=False)
+    _, advice = _verdict([fetch, metadata], None, 0.9, replicas=1, gpus=False, parallel=None, fetch_parallel=8,
+                         board_kind=kind)
+    assert any("3.00 s of the 4.00 s fetch is metadata" in a for a in advice), advice
+    assert not any("index_max_age" in a for a in advice), advice
+    # a local board is read in place: "the storage itself is the limit, bring the data closer" does not apply
+    assert any("storage itself" in a for a in advice) == (kind == "s3"), advice
+
+
+def test_a_part_is_never_reported_larger_than_its_whole():
+    from pinstorm.training.profiling import _share
+
+    assert _share(0.09, 0.18) == "50% of the fetch"
+    for part in (0.18, 0.27, 5.0):             # a cached re-run as slow as, or slower than, the cold fetch
+        assert "%" not in _share(part, 0.18) and "all metadata" in _share(part, 0.18)
+    fetch = StageTime("board fetch", 0.18, 1.0, "MB", per_epoch=False)
+    metadata = StageTime("board metadata", 0.27, 4, "pins", per_epoch=False)
+    _, advice = _verdict([fetch, metadata], None, None, replicas=1, gpus=False, parallel=None, fetch_parallel=8,
+                         board_kind="local")
+    assert advice and not any("0.27 s of the 0.18 s" in a for a in advice), advice
+    assert any("all metadata and checks" in a for a in advice), advice
 
 
 def test_a_board_alone_is_profiled_without_tensorflow_work(tmp_path):
@@ -133,4 +163,14 @@ def test_a_board_alone_is_profiled_without_tensorflow_work(tmp_path):
     assert report.stage("extraction").images == 6 and report.bound is None and report.stall_share is None
     assert report.stage("raw fsspec copy (baseline)").amount == pytest.approx(report.stage("board fetch").amount)
     assert json.loads((tmp_path / "report" / "profile.json").read_text())["fetch_vs_raw"] == report.fetch_vs_raw
-    assert boards.board_list() == ["local", "photos"]                 # the cold-cache clone is gone
+    assert boards.board_list() == ["local", "photos"]                 # nothing registered for the cold fetch
+    assert not any("index_max_age" in a for a in report.advice), report.advice   # a local board has no index
+    for line in report.lines():
+        assert not re.search(r"(\d{3,})% of the fetch", line) or int(re.search(r"(\d+)%", line)[1]) <= 100, line
+
+    # a Board from a constructor, never registered, is profiled the same way; its own cache stays empty
+    folder = boards.board_folder(tmp_path / "board", cache=tmp_path / "own-cache")
+    report = profile(board=folder, output_dir=tmp_path / "report2", fetch_parallel=2)
+    assert [s.name for s in report.stages] == STAGES[:4] and report.settings["board"] == folder.name
+    assert not (tmp_path / "own-cache").exists() or not any((tmp_path / "own-cache").rglob("*.jpg"))
+    assert boards.board_list() == ["local", "photos"]

@@ -2,14 +2,15 @@
 
 Real images that ship with scikit-learn (handwritten digits, upscaled) become an ILSVRC-shaped
 tree; its categories are pinned one per pin to a local board; that board is served over HTTP on
-127.0.0.1 and registered as a read-only data.txt board; the categories are fetched back in
+127.0.0.1 and opened as a read-only data.txt board; the categories are fetched back in
 parallel through the board's cache and converted to Parquet; AlexNet trains under
 MirroredStrategy on two logical CPU devices with NCCL requested, so the all-reduce probe fails
 and the fallback to ReductionToOneDevice is shown. Every stage's time and throughput, the
 strategy choice and the final validation accuracy go to the console and to ``report.md``.
 
-Everything (boards, cache, Parquet, logs) lives under the work folder; the boards are registered
-in this process only, so the user's board registry and config are never touched.
+Everything (boards, cache, Parquet, logs) lives under the work folder. The boards are built with
+the constructors (``board_folder``, ``board_datatxt``) and never registered, so the user's board
+registry and config are never touched, in this process or on disk.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ import logging
 import os
 import tempfile
 import time
-import uuid
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -42,6 +42,7 @@ SIZES = {
 # A mirrored digit is another digit (or none): no flips; crops keep most of the stroke.
 DIGIT_AUGMENTATION = {"flip": False, "crop_area": (0.6, 1.0)}
 EXPERIMENT_PIN = "alexnet-digits"   # the demo's run, pinned to its local board
+LOCAL_BOARD, HTTP_BOARD = "pinstorm-demo", "pinstorm-demo-http"   # names only label them: nothing is registered
 
 
 class DemoError(PinstormError, RuntimeError):
@@ -92,9 +93,7 @@ def run_demo(workdir=None, *, size: str = "full", epochs: int | None = None, par
 
     configure_cpu_devices(2)
 
-    from pinstorm import boards
     from pinstorm import pipeline
-    from pinstorm.boards.registry import board_deregister
 
     stages: list[Stage] = []
     total = 7
@@ -113,19 +112,8 @@ def run_demo(workdir=None, *, size: str = "full", epochs: int | None = None, par
     record(Stage("build ILSVRC digits tree", time.perf_counter() - started, n_train + n_val, "images",
                  f"{len(layout.classes)} categories, {n_train} train + {n_val} val"))
 
-    suffix = uuid.uuid4().hex[:6]
-    local_name, http_name = f"pinstorm-demo-{suffix}", f"pinstorm-demo-http-{suffix}"
     board_dir, cache_dir = workdir / "board", workdir / "cache"
-    boards.board_register("local", name=local_name, path=board_dir, cache=cache_dir / "local")
-    try:
-        summary = _run_registered(workdir, settings, size, parallel, say, record, stages, layout, local_name,
-                                  http_name, board_dir, cache_dir)
-    finally:
-        for name in (http_name, local_name):
-            try:
-                board_deregister(name, persist=False)
-            except Exception:  # noqa: BLE001 - cleanup only; a failed registration leaves nothing behind
-                pass
+    summary = _run_stages(workdir, settings, size, parallel, say, record, stages, layout, board_dir, cache_dir)
     say(f"final validation accuracy: {summary['val_accuracy']:.4f}")
     say(f"experiment: pinned as {EXPERIMENT_PIN} version {summary['experiment']['version']} on the demo board "
         f"({board_dir})")
@@ -133,29 +121,36 @@ def run_demo(workdir=None, *, size: str = "full", epochs: int | None = None, par
     return summary
 
 
-def _run_registered(workdir, settings, size, parallel, say, record, stages, layout, local_name, http_name,
-                    board_dir, cache_dir) -> dict:
-    """Stages 2-7, while the demo's boards are registered (the run is pinned to the local one)."""
+def _local_board(board_dir: Path, cache_dir: Path):
+    """The demo's writable board: a folder in the workdir with its own cache there."""
+    from pinstorm import boards
+
+    return boards.board_folder(board_dir, cache=cache_dir / "local", name=LOCAL_BOARD)
+
+
+def _run_stages(workdir, settings, size, parallel, say, record, stages, layout, board_dir, cache_dir) -> dict:
+    """Stages 2-7 (the run is pinned to the demo's local board)."""
     from pinstorm import boards
     from pinstorm import pipeline
     from .experiments import source_pins
     from .strategy import make_strategy, strategy_choice
 
     n_train = len(layout.items("train"))
+    local = _local_board(board_dir, cache_dir)
     started = time.perf_counter()
-    pipeline.repartition(layout, local_name, zip=True, parallel=parallel, progress=False)
+    pipeline.repartition(layout, local, zip=True, parallel=parallel, progress=False)
     record(Stage("repartition: pin per category", time.perf_counter() - started, n_train, "images",
                  f"{len(layout.classes)} zipped pins + categories on local board {board_dir}"))
 
     with boards.serve_board(board_dir) as url:
         started = time.perf_counter()
-        boards.board_register("datatxt", name=http_name, url=url, cache=cache_dir / "http")
-        record(Stage("serve + register data.txt", time.perf_counter() - started, 0, "", f"{url}/data.txt"))
+        http = boards.board_datatxt(url, cache=cache_dir / "http", name=HTTP_BOARD)
+        record(Stage("serve + open data.txt board", time.perf_counter() - started, 0, "", f"{url}/data.txt"))
 
         started = time.perf_counter()
-        data_map = pipeline.imagenet_partition(0, 1, board=http_name, parallel=parallel)
+        data_map = pipeline.imagenet_partition(0, 1, board=http, parallel=parallel)
         seconds = time.perf_counter() - started
-        sources = [dict(s, url=url) for s in source_pins(data_map["categories"], http_name)]
+        sources = [dict(s, url=url) for s in source_pins(data_map["categories"], http)]
         fetched_mb = _folder_bytes(data_map["image"]) / 1e6
         record(Stage("fetch categories over HTTP", seconds, len(data_map["image"]), "images",
                      f"{len(data_map['categories'])} pins, {parallel} in parallel, {fetched_mb:.1f} MB "
@@ -184,7 +179,7 @@ def _run_registered(workdir, settings, size, parallel, say, record, stages, layo
         normalization=settings["normalization"], dropout=settings["dropout"],
         validation_data=str(val_url), output_dir=workdir / "run", checkpoint_dir=workdir / "backup",
         input_options=DIGIT_AUGMENTATION, seed=0, verbose=0, learning_rate=settings["learning_rate"],
-        callbacks=[_epoch_printer(say)], pin=f"{local_name}/{EXPERIMENT_PIN}",
+        callbacks=[_epoch_printer(say)], pin=(local, EXPERIMENT_PIN),
         lineage={"demo": size, "category_pins": sources},
     )
     accuracy = result.val_metrics.get("accuracy", float("nan"))
@@ -203,7 +198,7 @@ def _run_registered(workdir, settings, size, parallel, say, record, stages, layo
         "val_accuracy": accuracy,
         "history": result.history,
         "train": result.summary(),
-        "experiment": dict(result.experiment, board=local_name, board_path=str(board_dir)),
+        "experiment": dict(result.experiment, board=local.name, board_path=str(board_dir)),
     }
     summary["report"] = str(_write_report(workdir, summary, result))
     (workdir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
@@ -215,16 +210,15 @@ def demo_data(workdir, *, size: str = "small", parallel: int = 4):
     """The demo's board and dataset without the training, e.g. to ``profile`` them.
 
     Builds (or reuses) the digits tree, pins one zip per category to a local board in
-    ``workdir/board``, converts the train and val splits to Parquet, serves the board over HTTP and
-    registers it as a data.txt board for the duration of the ``with`` block (in this process only).
-    Yields ``{"board": <data.txt board name>, "url": <its base URL>, "local_board": <name>,
-    "train": <Parquet folder>, "val": <Parquet folder>, "categories": [wnids]}``.
+    ``workdir/board``, converts the train and val splits to Parquet and serves the board over HTTP
+    for the duration of the ``with`` block. Yields ``{"board": <the data.txt Board>, "url": <its
+    base URL>, "local_board": <the folder Board>, "train": <Parquet folder>, "val": <Parquet
+    folder>, "categories": [wnids]}``; neither board is registered.
     """
     if size not in SIZES:
         raise DemoError(f"size must be one of {sorted(SIZES)}, got {size!r}")
     from pinstorm import boards
     from pinstorm import pipeline
-    from pinstorm.boards.registry import board_deregister
 
     settings = SIZES[size]
     workdir = Path(workdir)
@@ -232,26 +226,17 @@ def demo_data(workdir, *, size: str = "small", parallel: int = 4):
     if not (tree / "LOC_synset_mapping.txt").exists():
         pipeline.make_digits_tree(tree, image_size=settings["tree_image_size"], per_class=settings["per_class"])
     layout = pipeline.scan(tree)
-    suffix = uuid.uuid4().hex[:6]
-    local_name, http_name = f"pinstorm-demo-{suffix}", f"pinstorm-demo-http-{suffix}"
     board_dir, cache_dir = workdir / "board", workdir / "cache"
-    boards.board_register("local", name=local_name, path=board_dir, cache=cache_dir / "local")
-    try:
-        pipeline.repartition(layout, local_name, zip=True, parallel=parallel, progress=False)
-        # converted from the tree (the demo converts what it fetched: other inputs, other folders)
-        train_url, val_url = workdir / "parquet" / "tree-train", workdir / "parquet" / "tree-val"
-        pipeline.convert(layout, str(train_url), split="train", parallel=parallel, progress=False)
-        pipeline.convert(layout, str(val_url), split="val", parallel=parallel, progress=False)
-        with boards.serve_board(board_dir) as url:
-            boards.board_register("datatxt", name=http_name, url=url, cache=cache_dir / "http")
-            yield {"board": http_name, "url": url, "local_board": local_name, "train": str(train_url),
-                   "val": str(val_url), "categories": list(layout.classes)}
-    finally:
-        for name in (http_name, local_name):
-            try:
-                board_deregister(name, persist=False)
-            except Exception:  # noqa: BLE001 - cleanup only
-                pass
+    local = _local_board(board_dir, cache_dir)
+    pipeline.repartition(layout, local, zip=True, parallel=parallel, progress=False)
+    # converted from the tree (the demo converts what it fetched: other inputs, other folders)
+    train_url, val_url = workdir / "parquet" / "tree-train", workdir / "parquet" / "tree-val"
+    pipeline.convert(layout, str(train_url), split="train", parallel=parallel, progress=False)
+    pipeline.convert(layout, str(val_url), split="val", parallel=parallel, progress=False)
+    with boards.serve_board(board_dir) as url:
+        http = boards.board_datatxt(url, cache=cache_dir / "http", name=HTTP_BOARD)
+        yield {"board": http, "url": url, "local_board": local, "train": str(train_url),
+               "val": str(val_url), "categories": list(layout.classes)}
 
 
 def _epoch_printer(say):
@@ -316,10 +301,10 @@ def _write_report(workdir: Path, summary: dict, result) -> Path:
         "Load it back:",
         "",
         "```python",
-        "from pinstorm.boards import board_register",
+        "from pinstorm.boards import board_folder",
         "from pinstorm.training import load_experiment",
-        f"board_register(\"local\", name=\"demo\", path={experiment['board_path']!r})",
-        f"model = load_experiment(\"demo/{experiment['name']}\", version={experiment['version']!r})",
+        f"board = board_folder({experiment['board_path']!r})",
+        f"model = load_experiment({experiment['name']!r}, board=board, version={experiment['version']!r})",
         "```",
         "",
     ]

@@ -444,7 +444,9 @@ def parameter_count(model_name: str, image_size: int, num_classes: int, kwargs: 
         return _APPLICATION_TRUNK + (_TOP_FEATURES[key] + 1) * num_classes
     if key == "alexnet":
         return _alexnet_parameters(image_size, num_classes, **kwargs)
-    import tensorflow as tf                              # any other model: built in a graph, shapes only
+    from .keras_env import tensorflow
+
+    tf = tensorflow()                              # any other model: built in a graph, shapes only
 
     from .models import build_model
 

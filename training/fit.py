@@ -12,7 +12,7 @@ of per-epoch metrics and a PNG of the curves; in a multi-worker run only the chi
 
 from __future__ import annotations
 
-from . import keras_env  # noqa: F401  (must precede TensorFlow)
+from .keras_env import tensorflow  # must precede TensorFlow
 
 import json
 import logging
@@ -23,7 +23,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import tensorflow as tf
+tf = tensorflow()   # imported without its start-up noise (see keras_env)
 import tf_keras as keras
 
 from . import multiworker

@@ -8,7 +8,7 @@ finished identical conversion is reused) and a ``tf.data.Dataset`` of ``(image, 
 
 from __future__ import annotations
 
-from . import keras_env  # noqa: F401  (must precede TensorFlow)
+from .keras_env import tensorflow  # must precede TensorFlow
 
 import hashlib
 import json
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import tensorflow as tf
+tf = tensorflow()   # imported without its start-up noise (see keras_env)
 
 from pinstorm.errors import PinstormError
 

@@ -10,11 +10,11 @@ network trains on 32-64 pixel images on a laptop CPU. Models whose layers would 
 
 from __future__ import annotations
 
-from . import keras_env  # noqa: F401  (must precede TensorFlow)
+from .keras_env import tensorflow  # must precede TensorFlow
 
 from typing import Callable
 
-import tensorflow as tf
+tf = tensorflow()   # imported without its start-up noise (see keras_env)
 import tf_keras as keras
 from pinstorm.errors import PinstormError
 

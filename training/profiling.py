@@ -24,7 +24,6 @@ import os
 import shutil
 import tempfile
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -102,28 +101,32 @@ class ProfileReport:
 
 # --------------------------------------------------------------------------- board stages
 
-def _clone_board(board) -> tuple[str, str]:
-    """Register ``board`` again under a temporary name with an empty cache: a cold fetch."""
+LOCAL_KINDS = ("local", "folder", "temp")    # boards whose files are read in place: no download, no index
+INDEX_KINDS = ("datatxt", "url")            # boards read through a data.txt index (index_max_age applies)
+
+
+def _cold_board(board):
+    """(``board`` with an empty cache of its own, that cache's folder): a cold fetch, the user's cache untouched.
+
+    ``board``: a ``Board``, a registered name or a data.txt URL. Nothing is registered.
+    """
     from pinstorm import boards
-    from pinstorm.boards.registry import board_specs
 
-    if isinstance(board, str) and board.startswith(("http://", "https://")):
-        spec = {"kind": "datatxt", "url": board}
-    else:
-        specs = board_specs()
-        name = board if isinstance(board, str) else getattr(board, "name", None)
-        if name not in specs:
-            raise ProfileError(f"board {board!r} is not registered (registered: {', '.join(specs)})")
-        spec = dict(specs[name])
-    kind = spec.pop("kind")
     cache = tempfile.mkdtemp(prefix="pinstorm-profile-cache-")
-    spec["cache"] = cache
-    clone = f"profile-{uuid.uuid4().hex[:8]}"
-    boards.board_register(kind, name=clone, **spec)
-    return clone, cache
+    if isinstance(board, str) and board.startswith(("http://", "https://")):
+        return boards.board_datatxt(board, cache=cache), cache
+    if isinstance(board, str):
+        if board not in boards.board_names():
+            shutil.rmtree(cache, ignore_errors=True)
+            raise ProfileError(f"board {board!r} is not registered (registered: {', '.join(boards.board_names())})")
+        board = boards.board_get(board)
+    if not isinstance(board, boards.Board):
+        shutil.rmtree(cache, ignore_errors=True)
+        raise ProfileError(f"board must be a Board, a registered name or a data.txt URL, not {type(board).__name__}")
+    return board.with_cache(cache), cache
 
 
-def _default_pins(board: str, max_pins: int) -> list[str]:
+def _default_pins(board, max_pins: int) -> list[str]:
     """The first categories of a board made by ``repartition``, else its first pins."""
     from pinstorm import boards
 
@@ -136,11 +139,11 @@ def _default_pins(board: str, max_pins: int) -> list[str]:
     found = boards.pin_find("", board=board)
     names = [str(n) for n in found["name"]]
     if not names:
-        raise ProfileError(f"board {board!r} holds no pins to fetch")
+        raise ProfileError(f"board {getattr(board, 'name', board)!r} holds no pins to fetch")
     return names[:max_pins]
 
 
-def _remote_files(clone: str, pins: list[str], fetched: dict) -> list[tuple[object, str, int]]:
+def _remote_files(clone, pins: list[str], fetched: dict) -> list[tuple[object, str, int]]:
     """(filesystem, remote path, bytes) of every fetched file, for the raw-copy baseline.
 
     Boards in the pins 1.x layout keep a version's files at ``<board>/<pin>/<version>/<file>``;
@@ -150,9 +153,8 @@ def _remote_files(clone: str, pins: list[str], fetched: dict) -> list[tuple[obje
 
     from pinstorm import boards
 
-    instance = boards.board_get(clone)
-    base = str(instance.describe()).rstrip("/")
-    fs = getattr(instance, "fs", None)   # a cloud board's filesystem carries its endpoint and credentials
+    base = str(clone.describe()).rstrip("/")
+    fs = getattr(clone, "fs", None)   # a cloud board's filesystem carries its endpoint and credentials
     if fs is None or not hasattr(fs, "get_file") or base.startswith(("http://", "https://")):
         fs, _ = fsspec.core.url_to_fs(base)
     out = []
@@ -186,11 +188,10 @@ def _is_image(path) -> bool:
 
 
 def _board_stages(board, pins, max_pins: int, fetch_parallel: int, scratch: Path):
-    """(stages, fetch speed as a fraction of a raw copy or None, the pins fetched)."""
+    """(stages, fetch speed as a fraction of a raw copy or None, the pins fetched, the board's kind)."""
     from pinstorm import boards
-    from pinstorm.boards.registry import board_deregister
 
-    clone, cache = _clone_board(board)
+    clone, cache = _cold_board(board)
     try:
         pins = list(pins) if pins else _default_pins(clone, max_pins)
         started = time.perf_counter()
@@ -216,8 +217,7 @@ def _board_stages(board, pins, max_pins: int, fetch_parallel: int, scratch: Path
         boards.pin_get_many(pins, board=clone, parallel=fetch_parallel, extract=False)
         metadata = time.perf_counter() - started
         stages.append(StageTime("board metadata", metadata, len(pins), "pins", per_epoch=False,
-                                detail=f"the same fetch with every file cached: "
-                                       f"{metadata / max(stages[0].seconds, 1e-9):.0%} of the fetch"))
+                                detail=f"the same fetch with every file cached: {_share(metadata, seconds)}"))
         archives = [p for p in paths if str(p).lower().endswith((".zip", ".tar", ".tar.gz", ".tgz", ".gz"))]
         if archives:
             started = time.perf_counter()
@@ -231,10 +231,17 @@ def _board_stages(board, pins, max_pins: int, fetch_parallel: int, scratch: Path
             stages.append(StageTime("extraction", seconds, out_bytes / 1e6, "MB", sum(map(_is_image, files)),
                                     per_epoch=False, detail=f"{len(archives)} archives -> {len(files)} files "
                                                             f"({note})"))
-        return stages, ratio, pins
+        return stages, ratio, pins, clone.kind
     finally:
-        board_deregister(clone, persist=False)
         shutil.rmtree(cache, ignore_errors=True)
+
+
+def _share(part: float, whole: float) -> str:
+    """``part`` as a share of ``whole``, never more than all of it: two timings of noisy runs can cross
+    (a cached re-run slower than the cold fetch), and "146% of the fetch" says nothing true."""
+    if whole <= 0 or part >= 0.95 * whole:
+        return "as long as the fetch itself: the fetch is all metadata and checks"
+    return f"{part / whole:.0%} of the fetch"
 
 
 # --------------------------------------------------------------------------- dataset stages
@@ -321,7 +328,9 @@ def _cached_steps(url, strategy, model, *, image_size, batch_size, steps) -> Sta
     differ only by where batches come from, and are taken one right after the other.
     """
     import numpy as np
-    import tensorflow as tf
+    from .keras_env import tensorflow
+
+    tf = tensorflow()
 
     from pinstorm import pipeline
 
@@ -358,7 +367,10 @@ def _real_fit(url, strategy, *, model_name, model_kwargs, image_size, batch_size
 # --------------------------------------------------------------------------- verdict
 
 def _verdict(stages: list[StageTime], stall: float | None, fetch_ratio: float | None, *, replicas: int,
-             gpus: bool, parallel, fetch_parallel: int, pins: int = 0) -> tuple[str | None, list[str]]:
+             gpus: bool, parallel, fetch_parallel: int, pins: int = 0,
+             board_kind: str | None = None) -> tuple[str | None, list[str]]:
+    """(the bound, advice). Advice names what to change in Python and on the command line, and is
+    given only where it applies to this board (``board_kind``: ``Board.kind``)."""
     by_name = {s.name: s for s in stages}
     advice: list[str] = []
     bound = None
@@ -374,51 +386,74 @@ def _verdict(stages: list[StageTime], stall: float | None, fetch_ratio: float | 
     elif epoch_stages:
         bound = min(epoch_stages, key=lambda s: s.images_per_second).name
     cores = os.cpu_count() or 1
+    smaller = "store smaller images (convert(..., max_side=512); pinstorm convert --max-side 512)"
     if contention:
         advice.append(f"{stall:.0%} of the fit waits for input although the input alone runs at "
                       f"{by_name[bound].images_per_second:,.0f} img/s, {by_name[bound].images_per_second / step.images_per_second:.1f}x the "
-                      f"step: decoding and training compete for the same {cores} cores. Decode less (store smaller "
-                      "images with convert(..., max_side=...), smaller crops), use fewer replicas per host, or "
-                      "give the host more cores")
+                      f"step: decoding and training compete for the same {cores} cores. Decode less ({smaller}, "
+                      "smaller crops), use fewer replicas per host (--devices), or give the host more cores")
     elif bound == "decode (make_dataset)":
         advice.append(f"decoding bounds training ({by_name[bound].images_per_second:,.0f} img/s"
                       f"{f', {stall:.0%} of the fit waits for input' if stall is not None else ''}): "
-                      f"more decode threads (parallel={parallel or 'AUTOTUNE'} now, {cores} cores), "
-                      "store smaller images (convert(..., max_side=...)), or fewer replicas per host so "
-                      "decoding keeps more cores")
+                      f"more decode threads (parallel={parallel or 'AUTOTUNE'} now, {cores} cores; --parallel N), "
+                      f"{smaller}, or fewer replicas per host (--devices) so decoding keeps more cores")
     elif bound == "parquet read":
         advice.append("reading the Parquet files bounds training: put the dataset on a local SSD (a board:// "
-                      "dataset is cached locally on first use) or use larger row groups")
+                      "dataset is cached locally on first use) or use larger row groups (convert(..., "
+                      "row_group_size_mb=...); pinstorm convert --row-group-size-mb N)")
     elif bound == "train step (cached input)":
         text = (f"the training step bounds throughput; the input keeps up"
                 f"{f' (stall {stall:.0%})' if stall is not None else ''}")
         if replicas > 1 and not gpus:
-            text += f": {replicas} replicas share {cores} CPU cores here, use fewer replicas per host"
+            text += f": {replicas} replicas share {cores} CPU cores here, use fewer replicas per host (--devices)"
         elif gpus:
-            text += ": use mixed precision and a larger per-replica batch, or more accelerators"
+            text += ": use mixed precision and a larger per-replica batch (--batch-size), or more accelerators"
         else:
             text += ": a faster model or more devices, not a faster pipeline, will help"
         advice.append(text)
     fetch, extract = by_name.get("board fetch"), by_name.get("extraction")
     if fetch is not None:
-        raw = by_name.get("raw fsspec copy (baseline)")
-        if fetch_ratio is not None and fetch_ratio < FETCH_FLOOR:
-            extra_ms = max(0.0, fetch.seconds - raw.seconds) * 1000 * min(fetch_parallel, pins) / max(1, pins)
-            advice.append(f"fetching runs at {fetch_ratio:.2f}x a raw copy of the same bytes (about {extra_ms:.0f} ms "
-                          "per pin of metadata requests and checks): more parallel fetches "
-                          f"(parallel={2 * fetch_parallel} or 'processes:N' in pin_get_many), fewer and larger pins")
-        elif fetch_ratio is not None:
-            advice.append(f"fetching runs at {fetch_ratio:.2f}x a raw copy: the storage itself is the limit; keep "
-                          "the board cache on a local SSD so it is fetched once, or bring the data closer")
-        metadata = by_name.get("board metadata")
-        if metadata is not None and metadata.seconds > 0.5 * fetch.seconds:
-            advice.append(f"{metadata.seconds:.2f} s of the {fetch.seconds:.2f} s fetch is metadata (listing versions, "
-                          "reading data.txt): it costs as much with every file cached. For a data.txt board raise "
-                          "index_max_age (board_register(..., index_max_age=60)); use fewer, larger pins")
+        advice += _fetch_advice(fetch, by_name, fetch_ratio, fetch_parallel, pins, board_kind)
         if extract is not None and extract.images_per_second and extract.seconds > fetch.seconds:
             advice.append("extraction takes longer than the download: pin categories unzipped "
-                          "(repartition(zip=False)) or extract in processes (parallel='processes:N')")
+                          "(repartition(..., zip=False); pinstorm repartition --no-zip) or extract in processes "
+                          "(pin_get_many(..., parallel='processes:N'))")
     return bound, advice
+
+
+def _fetch_advice(fetch: StageTime, by_name: dict, fetch_ratio, fetch_parallel: int, pins: int,
+                  board_kind: str | None) -> list[str]:
+    """What to change about fetching, for this kind of board only."""
+    advice = []
+    local = board_kind in LOCAL_KINDS
+    raw = by_name.get("raw fsspec copy (baseline)")
+    if fetch_ratio is not None and fetch_ratio < FETCH_FLOOR and raw is not None:
+        extra_ms = max(0.0, fetch.seconds - raw.seconds) * 1000 * min(fetch_parallel, pins) / max(1, pins)
+        advice.append(f"fetching runs at {fetch_ratio:.2f}x a raw copy of the same bytes (about {extra_ms:.0f} ms "
+                      "per pin of metadata requests and checks): more parallel fetches "
+                      f"(parallel={2 * fetch_parallel} or 'processes:N' in pin_get_many; profile --fetch-parallel "
+                      f"{2 * fetch_parallel}), fewer and larger pins")
+    elif fetch_ratio is not None and not local:
+        advice.append(f"fetching runs at {fetch_ratio:.2f}x a raw copy: the storage itself is the limit; keep "
+                      "the board cache on a local SSD so it is fetched once, or bring the data closer")
+    metadata = by_name.get("board metadata")
+    if metadata is not None and metadata.seconds > 0.5 * fetch.seconds:
+        if metadata.seconds >= 0.95 * fetch.seconds:
+            text = (f"the fetch is all metadata and checks: with every file cached it takes as long "
+                    f"({metadata.seconds:.2f} s)")
+        else:
+            text = f"{metadata.seconds:.2f} s of the {fetch.seconds:.2f} s fetch is metadata"
+        if board_kind in INDEX_KINDS:
+            text += (" (listing versions, reading data.txt): raise index_max_age so data.txt is re-read at most "
+                     "once a minute (board_datatxt(url, index_max_age=60); pinstorm board register datatxt "
+                     "--url URL -o index_max_age=60), and use fewer, larger pins")
+        elif local:
+            text += (" (a local board is read in place: fetching is listing versions and checking files); "
+                     "use fewer, larger pins")
+        else:
+            text += " (listing versions, reading metadata); use fewer, larger pins"
+        advice.append(text)
+    return advice
 
 
 def _chart(report: ProfileReport, path: Path) -> Path:
@@ -476,7 +511,8 @@ def profile(
 ) -> ProfileReport:
     """Measure each stage from ``board`` to a training step on ``dataset``; name the bound.
 
-    ``board`` (a registered name or a data.txt URL) and ``pins`` (default: the first ``max_pins``
+    ``board`` (a ``Board``, a registered name or a data.txt URL; fetched into a fresh cache of its
+    own, nothing registered) and ``pins`` (default: the first ``max_pins``
     categories of a ``repartition``-made board, else its first pins) profile fetching and
     extraction; ``dataset`` (a Parquet URL from ``convert``) profiles reading, decoding, cached
     training steps and a short real fit of ``steps`` steps, with the model, sizes, ``strategy``
@@ -494,7 +530,7 @@ def profile(
     output.mkdir(parents=True, exist_ok=True)
     input_options = dict(input_options or {})
     stages: list[StageTime] = []
-    fetch_ratio = stall = None
+    fetch_ratio = stall = board_kind = None
     replicas, gpus = 1, False
     scratch = Path(tempfile.mkdtemp(prefix="pinstorm-profile-scratch-", dir=output))
 
@@ -504,7 +540,8 @@ def profile(
 
     try:
         if board is not None:
-            board_stages, fetch_ratio, pins = _board_stages(board, pins, max_pins, fetch_parallel, scratch)
+            board_stages, fetch_ratio, pins, board_kind = _board_stages(board, pins, max_pins, fetch_parallel,
+                                                                        scratch)
             for stage in board_stages:
                 add(stage)
         if dataset is not None:
@@ -533,7 +570,7 @@ def profile(
         shutil.rmtree(scratch, ignore_errors=True)
 
     bound, advice = _verdict(stages, stall, fetch_ratio, replicas=replicas, gpus=gpus, parallel=parallel,
-                             fetch_parallel=fetch_parallel, pins=len(pins or []))
+                             fetch_parallel=fetch_parallel, pins=len(pins or []), board_kind=board_kind)
     settings = dict(dataset=os.fspath(dataset) if dataset is not None else None,
                     board=board if isinstance(board, (str, type(None))) else getattr(board, "name", str(board)),
                     pins=list(pins) if pins else None, model_name=model_name, model_kwargs=model_kwargs or {},

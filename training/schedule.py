@@ -18,7 +18,7 @@ training.
 
 from __future__ import annotations
 
-from . import keras_env  # noqa: F401  (must precede TensorFlow)
+from .keras_env import tensorflow  # must precede TensorFlow
 
 import logging
 import shutil
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-import tensorflow as tf
+tf = tensorflow()   # imported without its start-up noise (see keras_env)
 import tf_keras as keras
 
 from .inputs import TrainingError

@@ -104,6 +104,9 @@ class EpochReporter:
     def __new__(cls, address: str, token: str):
         import time
 
+        from .keras_env import tensorflow
+
+        tensorflow()                         # quietly, before tf_keras imports it
         import tf_keras as keras
 
         class Callback(keras.callbacks.Callback):

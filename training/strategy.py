@@ -11,7 +11,7 @@ recorded where ``strategy_choice(strategy)`` finds it.
 
 from __future__ import annotations
 
-from . import keras_env  # noqa: F401  (must precede TensorFlow)
+from .keras_env import tensorflow  # must precede TensorFlow
 
 import logging
 import threading
@@ -91,7 +91,7 @@ def configure_cpu_devices(count: int) -> list[str]:
     """
     if not isinstance(count, int) or count < 1:
         raise StrategyError(f"devices must be a positive integer, got {count!r}")
-    import tensorflow as tf
+    tf = tensorflow()
 
     cpu = tf.config.list_physical_devices("CPU")[0]
     try:
@@ -109,7 +109,7 @@ def configure_cpu_devices(count: int) -> list[str]:
 
 def _resolve_devices(devices) -> list[str]:
     """Device names for ``devices``: None = every GPU (else the CPU), N = the first N GPUs (else N CPUs)."""
-    import tensorflow as tf
+    tf = tensorflow()
 
     gpus = tf.config.list_physical_devices("GPU")  # listing physical devices does not start the runtime
     if devices is None:
@@ -137,7 +137,7 @@ def _normalise(name) -> str:
 
 def _mirrored_ops(spec, devices: list[str]):
     """(CrossDeviceOps or None for TF's default, label) for a mirrored strategy."""
-    import tensorflow as tf
+    tf = tensorflow()
 
     if isinstance(spec, tf.distribute.CrossDeviceOps):
         return spec, type(spec).__name__
@@ -156,7 +156,7 @@ def _mirrored_ops(spec, devices: list[str]):
 
 
 def _worker_implementation(spec):
-    import tensorflow as tf
+    tf = tensorflow()
 
     name = "auto" if spec is None else _normalise(spec)
     implementations = tf.distribute.experimental.CommunicationImplementation
@@ -170,7 +170,7 @@ def _worker_implementation(spec):
 
 
 def _build(kind: str, devices: list[str], ops_spec):
-    import tensorflow as tf
+    tf = tensorflow()
 
     if kind == "one-device":
         # A one-device MirroredStrategy, not OneDeviceStrategy: the same single replica and no
@@ -189,7 +189,7 @@ def _build(kind: str, devices: list[str], ops_spec):
 
 def _all_reduce_once(strategy: tf.distribute.Strategy) -> list[np.ndarray]:
     import numpy as np
-    import tensorflow as tf
+    tf = tensorflow()
 
     @tf.function
     def step():
@@ -328,7 +328,7 @@ def make_strategy(
 
 def _multiworker_devices(devices) -> list[str]:
     """MultiWorkerMirroredStrategy uses every visible GPU (else one CPU); ``devices=N`` limits the GPUs."""
-    import tensorflow as tf
+    tf = tensorflow()
 
     gpus = tf.config.list_physical_devices("GPU")
     if devices is None:
