@@ -71,6 +71,22 @@ class DatasetExistsError(PinstormError, FileExistsError):
     """The output already holds a finished dataset from other inputs, or files pinstorm did not write."""
 
 
+# What a re-encode changed, stored as flags on each report entry so that counts never search the
+# reason text. `images.check_image` states the change only in its reason ("downscaled from WxH
+# (max_side N)", "EXIF orientation 6", ...); this table is the one place that reads it.
+REENCODE_FLAGS = {"resized": "(max_side ", "reoriented": "EXIF orientation"}
+
+
+def reencode_flags(reason: str) -> dict[str, bool]:
+    """``{"resized": ..., "reoriented": ...}`` for one re-encoded image."""
+    return {flag: marker in reason for flag, marker in REENCODE_FLAGS.items()}
+
+
+def count_flag(reencoded: list[dict], flag: str) -> int:
+    """How many report entries have ``flag`` (entries written before the flags existed: from their reason)."""
+    return sum(bool(r[flag]) if flag in r else reencode_flags(r.get("reason", ""))[flag] for r in reencoded)
+
+
 @dataclass
 class ConvertResult:
     """What a conversion wrote, and what it skipped or re-encoded (also in ``_pinstorm_report.json``)."""
@@ -82,7 +98,7 @@ class ConvertResult:
     bytes: int
     classes: list[str]
     skipped: list[dict] = field(default_factory=list)     # {"path", "reason"}
-    reencoded: list[dict] = field(default_factory=list)   # {"path", "format", "mode", "reason"}
+    reencoded: list[dict] = field(default_factory=list)   # {"path", "format", "mode", "reason", "resized", "reoriented"}
     seconds: float = 0.0
     images_read: int = 0          # images read in this run (0 when the dataset was already complete)
     parts_reused: int = 0         # parts kept from an interrupted earlier run
@@ -92,12 +108,12 @@ class ConvertResult:
     @property
     def reoriented(self) -> int:
         """Images re-encoded to apply their EXIF orientation."""
-        return sum("EXIF orientation" in r.get("reason", "") for r in self.reencoded)
+        return count_flag(self.reencoded, "reoriented")
 
     @property
     def resized(self) -> int:
         """Images downscaled to `max_side`."""
-        return sum("(max_side " in r.get("reason", "") for r in self.reencoded)
+        return count_flag(self.reencoded, "resized")
 
     @property
     def images_per_second(self) -> float:
@@ -337,7 +353,8 @@ def _write_part(location, plan, part, pool, advance, load) -> dict:
                         continue
                     if checked.reencoded:
                         entry["reencoded"].append({"path": path, "format": checked.original_format,
-                                                   "mode": checked.original_mode, "reason": checked.reason})
+                                                   "mode": checked.original_mode, "reason": checked.reason,
+                                                   **reencode_flags(checked.reason)})
                     columns["image"].append(checked.data)
                     columns["label"].append(label)
                     columns["wnid"].append(wnid)
@@ -568,8 +585,8 @@ def _convert(plan, classes, names, split, location, *, parallel, overwrite, prog
         "row_group_rows": [r for n in ordered for r in parts[n]["row_group_rows"]],
         "files": files, "bytes": sum(f["bytes"] for f in files.values()),
         "skipped": len(skipped), "reencoded": len(reencoded), "empty_classes": empty_classes,
-        "reoriented": sum("EXIF orientation" in r.get("reason", "") for r in reencoded),
-        "resized": sum("(max_side " in r.get("reason", "") for r in reencoded),
+        "reoriented": count_flag(reencoded, "reoriented"),
+        "resized": count_flag(reencoded, "resized"),
         "checksum": CHECKSUM, "seed": seed, "plan": plan.digest,
         "source": source, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }

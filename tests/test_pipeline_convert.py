@@ -34,6 +34,9 @@ def test_rows_labels_bytes_and_report(digits_root, digits_layout, digits_dataset
         str(quirks["cmyk"]): "CMYK", str(quirks["grayscale"]): "L", str(quirks["png"]): "RGB"}
     report = json.loads((Path(url) / REPORT).read_text())
     assert report["skipped"] == result.skipped and report["reencoded"] == result.reencoded
+    # what each re-encode changed is a flag on its entry, not something to search the reason for
+    assert all(r["resized"] is False and r["reoriented"] is False for r in result.reencoded)
+    assert result.resized == result.reoriented == 0
 
     table = pq.ParquetDataset(url).read()   # plain Parquet: pyarrow reads it without petastorm
     assert table.num_rows == result.rows
@@ -227,3 +230,16 @@ def test_folder_source_and_s3_output(digits_root, tmp_path):
         location = resolve("s3://bucket/digits/val", options)
         with make_reader(location.url, filesystem=petastorm_filesystem(location), reader_pool_type="dummy") as rd:
             assert sum(1 for _ in rd) == result.rows
+
+
+def test_reencode_flags_are_counted_and_older_reports_still_count():
+    from pinstorm.pipeline.convert import ConvertResult, count_flag, reencode_flags
+
+    assert reencode_flags("downscaled from 900x600 (max_side 200)") == {"resized": True, "reoriented": False}
+    assert reencode_flags("EXIF orientation 6") == {"resized": False, "reoriented": True}
+    entries = [{"reason": "whatever the text says", "resized": True, "reoriented": False},   # flags win
+               {"reason": "downscaled from 900x600 (max_side 200)"},      # a report written before the flags
+               {"reason": "mode CMYK", "resized": False, "reoriented": False}]
+    assert count_flag(entries, "resized") == 2 and count_flag(entries, "reoriented") == 0
+    result = ConvertResult("file:///x", 3, 1, 1, 0, [], reencoded=entries)
+    assert result.resized == 2 and result.reoriented == 0
