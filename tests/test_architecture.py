@@ -1,0 +1,179 @@
+"""The import graph of pinstorm, read from the source: no import cycle between modules, and data flowing
+boards -> pipeline -> training only (boards imports neither pipeline nor training; pipeline does not
+import training).
+
+Every ``import`` and ``from ... import`` counts, also those inside functions: a cycle broken only by
+deferring an import to call time is still a cycle in the design. Where the layers live comes from
+pyproject's ``[tool.setuptools.package-dir]`` (``pinstorm.boards`` is the ``boards/`` folder, ...).
+Edges: ``import a.b`` and ``from a.b import name`` depend on module ``a.b``, or on ``a.b.name`` when
+that is a module (``from . import registry``); importing a package depends on its ``__init__``.
+Imports made by ``importlib`` at run time (the lazy layer exports) are not seen, on purpose.
+"""
+
+from __future__ import annotations
+
+import ast
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LAYERS = ("pinstorm.boards", "pinstorm.pipeline", "pinstorm.training")   # in the only direction data flows
+
+
+def package_dirs(root: Path) -> dict[str, Path]:
+    """``{"pinstorm": root/"pinstorm", "pinstorm.boards": root/"boards", ...}`` as pyproject installs them."""
+    config = tomllib.loads((root / "pyproject.toml").read_text())
+    return {package: root / folder for package, folder in config["tool"]["setuptools"]["package-dir"].items()}
+
+
+def modules(dirs: dict[str, Path]) -> dict[str, tuple[Path, bool]]:
+    """Every module name -> (its file, whether it is a package ``__init__``)."""
+    found = {}
+    for package, folder in dirs.items():
+        for path in sorted(folder.glob("*.py")):
+            name = package if path.stem == "__init__" else f"{package}.{path.stem}"
+            found[name] = (path, path.stem == "__init__")
+    return found
+
+
+def import_graph(dirs: dict[str, Path]) -> dict[str, set[str]]:
+    """Module -> the pinstorm modules it imports (anywhere in its source)."""
+    known = modules(dirs)
+    graph: dict[str, set[str]] = {}
+    for name, (path, is_package) in known.items():
+        package = name if is_package else name.rpartition(".")[0]
+        edges: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")
+                    base = base[:len(base) - node.level + 1]
+                    source = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    source = node.module or ""
+                targets = []
+                for alias in node.names:
+                    if f"{source}.{alias.name}" in known:          # from . import registry: the submodule
+                        targets.append(f"{source}.{alias.name}")
+                    else:                                           # from .board import Board: the module
+                        targets.append(source)
+            else:
+                continue
+            # only pinstorm's own modules; one that does not exist (yet) is no edge
+            edges.update(target for target in targets if target in known and target != name)
+        graph[name] = edges
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in graph.get(node, ()):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(found)
+
+
+def layer_of(module: str) -> int | None:
+    for rank, layer in enumerate(LAYERS):
+        if module == layer or module.startswith(layer + "."):
+            return rank
+    return None
+
+
+def back_arrows(graph: dict[str, set[str]]) -> list[str]:
+    """Imports from a lower layer into a higher one (boards -> pipeline, pipeline -> training, ...)."""
+    wrong = []
+    for module, targets in sorted(graph.items()):
+        rank = layer_of(module)
+        for target in sorted(targets):
+            other = layer_of(target)
+            if rank is not None and other is not None and other > rank:
+                wrong.append(f"{module} imports {target}")
+    return wrong
+
+
+def _describe(found: list[list[str]], graph: dict[str, set[str]]) -> str:
+    return "; ".join(" <-> ".join(c) + " (" + ", ".join(f"{m} -> {sorted(graph[m] & set(c))}" for m in c) + ")"
+                     for c in found)
+
+
+def test_no_import_cycle_between_pinstorm_modules():
+    graph = import_graph(package_dirs(ROOT))
+    found = cycles(graph)
+    assert not found, f"import cycles: {_describe(found, graph)}"
+
+
+def test_data_flows_boards_to_pipeline_to_training_only():
+    graph = import_graph(package_dirs(ROOT))
+    assert not back_arrows(graph), back_arrows(graph)
+
+
+def test_the_graph_covers_every_layer_and_imports_inside_functions():
+    """Guards the checks above against seeing nothing: modules of each layer are found, function-level
+    imports (training imports boards and pipeline only inside functions) are edges."""
+    graph = import_graph(package_dirs(ROOT))
+    for layer in LAYERS:
+        assert sum(layer_of(m) == LAYERS.index(layer) for m in graph) >= 3, layer
+    assert "pinstorm.boards" in graph["pinstorm.training.experiments"]          # `from pinstorm import boards`
+    assert "pinstorm.pipeline" in graph["pinstorm.training.profiling"]
+    assert "pinstorm.training.keras_env" in graph["pinstorm.training.fit"]        # `from .keras_env import ...`
+
+
+@pytest.fixture
+def toy(tmp_path):
+    """A package laid out as pyproject maps pinstorm: a top package and one folder per layer."""
+    (tmp_path / "pyproject.toml").write_text('[tool.setuptools.package-dir]\n"pinstorm" = "pinstorm"\n'
+                                             '"pinstorm.boards" = "boards"\n"pinstorm.pipeline" = "pipeline"\n'
+                                             '"pinstorm.training" = "training"\n')
+    for folder in ("pinstorm", "boards", "pipeline", "training"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "__init__.py").write_text("")
+    return tmp_path
+
+
+def test_a_cycle_through_a_function_level_import_is_found(toy):
+    (toy / "boards" / "api.py").write_text("from .board import Board\n")
+    (toy / "boards" / "board.py").write_text("class Board:\n    def pin(self):\n        from . import api\n")
+    (toy / "boards" / "cache.py").write_text("import pinstorm.boards.board\n")
+    graph = import_graph(package_dirs(toy))
+    assert cycles(graph) == [["pinstorm.boards.api", "pinstorm.boards.board"]]
+
+
+def test_a_back_arrow_between_layers_is_found(toy):
+    (toy / "pipeline" / "reader.py").write_text("def read():\n    from pinstorm.training import fit\n")
+    (toy / "training" / "fit.py").write_text("from pinstorm import pipeline\nfrom ..boards import api\n")
+    (toy / "boards" / "api.py").write_text("")
+    graph = import_graph(package_dirs(toy))
+    assert graph["pinstorm.training.fit"] == {"pinstorm.pipeline", "pinstorm.boards.api"}
+    assert back_arrows(graph) == ["pinstorm.pipeline.reader imports pinstorm.training.fit"]
