@@ -61,12 +61,31 @@ def pin_get(name: str | list[str], board: str | Board | None = None, cache: bool
 
     `extract_limits` (e.g. `{"max_bytes": 2**40}`) adjusts the board's archive extraction bounds for this call."""
     if isinstance(name, (list, tuple)):
-        from .parallel import pin_get_many
-
-        return pin_get_many(list(name), board=board, extract=extract)
+        return _pin_get_list(list(name), board, cache=cache, extract=extract, version=version, files=files,
+                             download=download, extract_limits=extract_limits)
     options = {} if extract_limits is None else {"extract_limits": extract_limits}
     return _board_holding(name, board).pin_get(name, cache=cache, extract=extract, version=version,
                                                files=files, download=download, **options)
+
+
+def _pin_get_list(names: list[str], board: str | Board | None, *, version: str | None,
+                  extract_limits: dict | None, **options: Any) -> dict[str, Any]:
+    """`pin_get([...])`: every name from the board holding it (the default board first, as for one
+    name), fetched in parallel, with the same options as one `pin_get`."""
+    from .parallel import pin_get_many
+
+    if version is not None:
+        raise ValueError("pin_get: version= names a version of one pin; give one name, or call pin_get per pin")
+    if extract_limits is not None:
+        raise ValueError("pin_get: extract_limits= applies to one pin; set max_extract_bytes on the board instead")
+    holders: dict[str, tuple[Board, list[str]]] = {}
+    for n in names:
+        holder = _board_holding(n, board)
+        holders.setdefault(holder.name, (holder, []))[1].append(n)
+    found: dict[str, Any] = {}
+    for holder, group in holders.values():
+        found.update(pin_get_many(group, board=holder, **options))
+    return {n: found[n] for n in names if n in found}
 
 
 def pin_find(text: str = "", board: str | Board | list | None = None, name: str | None = None,

@@ -72,9 +72,9 @@ def _init_worker(board: Board) -> None:
     _worker_board = board
 
 
-def _fetch_in_worker(name: str, extract: bool | None) -> Any:
+def _fetch_in_worker(name: str, options: dict) -> Any:
     assert _worker_board is not None
-    return _worker_board.pin_get(name, extract=extract)
+    return _worker_board.pin_get(name, **options)
 
 
 def _process_context():
@@ -83,19 +83,22 @@ def _process_context():
 
 
 def pin_get_many(names: Iterable[str], board: str | Board | None = None, parallel: Any = None,
-                 extract: bool | None = None, errors: str = "raise") -> dict[str, Any]:
+                 extract: bool | None = None, errors: str = "raise", *, cache: bool = True, files: bool = False,
+                 download: bool = True) -> dict[str, Any]:
     """Fetch (and extract) many pins of one board concurrently; returns {name: what pin_get returns}.
 
     `parallel`: None (threads, up to 16), an int (that many threads; 1 = one at a time),
     "threads", "processes", or "processes:N". `errors="raise"` raises `PinFetchError` at the end
     when any pin failed (it carries `.results` and `.errors`); `errors="return"` puts the exception
-    objects in the returned dict instead.
+    objects in the returned dict instead. `cache`, `files` and `download` mean what they mean for
+    `pin_get`, for every pin.
     """
     if isinstance(names, str):
         raise TypeError("pin_get_many takes a list of pin names; for one pin use pin_get")
     if errors not in _ERROR_MODES:
         raise ValueError(f"errors must be one of {_ERROR_MODES}, got {errors!r}")
     names = list(dict.fromkeys(names))  # once each, in the order given
+    options = {"extract": extract, "cache": cache, "files": files, "download": download}
     target = board_get(board)
     results: dict[str, Any] = {}
     failures: dict[str, BaseException] = {}
@@ -114,19 +117,19 @@ def pin_get_many(names: Iterable[str], board: str | Board | None = None, paralle
         if kind == "threads":
             # The first pin goes alone: it does the board's one-time work (sign-in, session, the
             # data.txt index) that would otherwise have every thread queue for the same lock at once.
-            settle(names[0], lambda: target.pin_get(names[0], extract=extract))
+            settle(names[0], lambda: target.pin_get(names[0], **options))
             rest = names[1:]
         if kind == "threads" and workers == 1:
             for name in rest:
-                settle(name, lambda name=name: target.pin_get(name, extract=extract))
+                settle(name, lambda name=name: target.pin_get(name, **options))
         elif rest:
             if kind == "threads":
                 pool = cf.ThreadPoolExecutor(workers, thread_name_prefix="pin-get")
-                futures = {pool.submit(target.pin_get, n, extract=extract): n for n in rest}
+                futures = {pool.submit(target.pin_get, n, **options): n for n in rest}
             else:
                 pool = cf.ProcessPoolExecutor(workers, mp_context=_process_context(),
                                               initializer=_init_worker, initargs=(target,))
-                futures = {pool.submit(_fetch_in_worker, n, extract): n for n in rest}
+                futures = {pool.submit(_fetch_in_worker, n, options): n for n in rest}
             try:
                 for future in cf.as_completed(futures):
                     settle(futures[future], future.result)

@@ -188,3 +188,27 @@ def test_concurrent_registrations_from_processes_all_persist(tmp_path):
     path = tmp_path / "config" / "boards.yaml"
     assert set(yaml.safe_load(path.read_text())["boards"]) == {f"b{i}" for i in range(4)}
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def test_a_local_board_reads_offline_without_a_cached_copy(tmp_path):
+    """`download=False` (`pinstorm get --offline`) on a board on local disk serves its own folder:
+    there is nothing to download, so the cache being empty is no reason to fail."""
+    board = boards.board_register("local", name="offline", path=tmp_path / "b", cache=tmp_path / "empty-cache")
+    board.pin({"a": 1}, "obj")
+    fresh = boards.board_register("local", name="offline2", path=tmp_path / "b", cache=tmp_path / "other-cache")
+    assert fresh.pin_get("obj", download=False) == {"a": 1}
+
+
+def test_an_unversioned_write_keeps_the_version_it_wrote_even_when_another_sorts_last(tmp_path):
+    """A version folder another tool made (a name that sorts after pins' time-stamped ones) must not
+    make `versioned=False` delete the version just written."""
+    board = boards.board_folder(tmp_path / "b")
+    board.pin_write({"v": 1}, "obj", type="json")
+    first = board.list_versions("obj")[0]
+    foreign = tmp_path / "b" / "obj" / "zz-hand-made"
+    foreign.mkdir()
+    (foreign / "data.txt").write_text((tmp_path / "b" / "obj" / first / "data.txt").read_text())
+    (foreign / "obj.json").write_text('{"v": 1}')
+    meta = board.pin_write({"v": 2}, "obj", type="json", versioned=False)
+    assert board.list_versions("obj") == [meta.version.version]
+    assert board.pin_read("obj") == {"v": 2}

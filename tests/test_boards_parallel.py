@@ -137,3 +137,15 @@ def test_arguments_are_checked():
     assert parallel._plan(None, 3) == ("threads", 3)
     assert parallel._plan("processes:2", 10) == ("processes", 2)
     assert parallel._plan(1, 10) == ("threads", 1)
+
+
+def test_pin_get_of_a_list_keeps_its_options_and_finds_each_pin_on_its_board(tmp_path):
+    """`pin_get([...])` is `pin_get` for each name: the same options, the same search across boards."""
+    boards.pin({"a": 1}, "on-local")  # the default board
+    other = boards.board_register("local", name="other", path=tmp_path / "other")
+    other.pin({"b": 2}, "on-other")
+    got = boards.pin_get(["on-local", "on-other"], files=True)
+    assert list(got) == ["on-local", "on-other"] and all(Path(p[0]).is_file() for p in got.values())
+    assert boards.pin_get(["on-local", "on-other"], download=False) == {"on-local": {"a": 1}, "on-other": {"b": 2}}
+    with pytest.raises(ValueError, match="one pin"):
+        boards.pin_get(["on-local", "on-other"], version="2020")
