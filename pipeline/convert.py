@@ -71,14 +71,14 @@ class DatasetExistsError(PinstormError, FileExistsError):
     """The output already holds a finished dataset from other inputs, or files pinstorm did not write."""
 
 
-# What a re-encode changed, stored as flags on each report entry so that counts never search the
-# reason text. `images.check_image` states the change only in its reason ("downscaled from WxH
-# (max_side N)", "EXIF orientation 6", ...); this table is the one place that reads it.
+# What a re-encode changed is stored as flags on each report entry (`images.CheckedImage.resized`,
+# `.reoriented`), so counts never search the reason text. Reports written before the flags existed
+# are read through this table, the one place that still reads a reason.
 REENCODE_FLAGS = {"resized": "(max_side ", "reoriented": "EXIF orientation"}
 
 
 def reencode_flags(reason: str) -> dict[str, bool]:
-    """``{"resized": ..., "reoriented": ...}`` for one re-encoded image."""
+    """``{"resized": ..., "reoriented": ...}`` of a re-encoded image in an older report (reason only)."""
     return {flag: marker in reason for flag, marker in REENCODE_FLAGS.items()}
 
 
@@ -354,7 +354,7 @@ def _write_part(location, plan, part, pool, advance, load) -> dict:
                     if checked.reencoded:
                         entry["reencoded"].append({"path": path, "format": checked.original_format,
                                                    "mode": checked.original_mode, "reason": checked.reason,
-                                                   **reencode_flags(checked.reason)})
+                                                   "resized": checked.resized, "reoriented": checked.reoriented})
                     columns["image"].append(checked.data)
                     columns["label"].append(label)
                     columns["wnid"].append(wnid)

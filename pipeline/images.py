@@ -64,6 +64,8 @@ class CheckedImage:
     original_mode: str     # RGB, L, CMYK, I;16, ...
     reencoded: bool
     reason: str = ""       # why it was re-encoded: "mode CMYK", "format PNG", "EXIF orientation 6", ...
+    resized: bool = False      # scaled down to max_side (what `convert --max-side` reports)
+    reoriented: bool = False   # turned upright by its EXIF orientation
 
 
 @dataclass(frozen=True)
@@ -272,7 +274,8 @@ def _reencode(image: Image.Image, original_format: str, original_mode: str, reas
             image = _to_8bit(image) if image.mode in _HIGH_BIT_MODES else image.convert(
                 "RGBA" if image.mode == "PA" or "transparency" in image.info else "RGB")
         image = image.resize(size, Image.BICUBIC, reducing_gap=3.0)   # antialiased; 1.5-2x faster than Lanczos
-    if _orientation(image) != 1:   # exif_transpose copies even when there is nothing to do: ask first
+    reoriented = _orientation(image) != 1
+    if reoriented:   # exif_transpose copies even when there is nothing to do: ask first
         image = ImageOps.exif_transpose(image)
         if "EXIF orientation" not in reason:
             reason += ", EXIF orientation applied"
@@ -291,7 +294,8 @@ def _reencode(image: Image.Image, original_format: str, original_mode: str, reas
         rgb = rgb.resize((max(1, int(rgb.width * factor)), max(1, int(rgb.height * factor))), Image.LANCZOS)
     buffer = io.BytesIO()
     rgb.save(buffer, "JPEG", quality=quality)
-    return CheckedImage(buffer.getvalue(), rgb.width, rgb.height, original_format, original_mode, True, reason)
+    return CheckedImage(buffer.getvalue(), rgb.width, rgb.height, original_format, original_mode, True, reason,
+                        resized=size is not None, reoriented=reoriented)
 
 
 def decode_rgb(data: bytes):
