@@ -20,7 +20,6 @@ import platformdirs
 
 from . import secrets
 from .board import BOARD_OPTIONS, Board
-from .cache import Cache
 from .errors import BoardError
 from .storage import StorageBase
 

@@ -27,7 +27,7 @@ from filelock import FileLock
 
 from . import secrets
 from .board import Board
-from .constructors import ENV_LOCAL_BOARD, board_from_spec, default_board_name, default_local_path  # noqa: F401
+from .constructors import board_from_spec, default_board_name, default_local_path  # noqa: F401 (cli shows the path)
 from .errors import BoardError, BoardNotRegistered
 
 _public = secrets.public  # the one rule for what may be saved (boards/secrets.py)
