@@ -60,11 +60,17 @@ def test_demo_runs_end_to_end_and_writes_its_report(two_cpu_devices, tmp_path):
     assert boards.board_list() == boards_before
     assert (workdir / "board" / "categories").is_dir() and (workdir / "cache").is_dir()
 
-    # one call loads the pinned run back (the board registered again, as a user would)
+    # the report's own snippet loads the pinned run back (a board from a constructor, nothing registered)
+    snippet = re.search(r"```python\n(.*?)```", report, re.S).group(1)
+    scope: dict = {}
+    exec(snippet, scope)
+    model = scope["model"]
+    assert model.output_shape == (None, 10) and model.count_params() == lineage["model"]["parameters"]
+    assert boards.board_list() == boards_before
+    # and through a registered board, as a user of the registry would
     from pinstorm.training import load_experiment
     boards.board_register("local", name="demo-again", path=workdir / "board", cache=tmp_path / "cache")
-    model = load_experiment("demo-again/alexnet-digits")
-    assert model.output_shape == (None, 10) and model.count_params() == lineage["model"]["parameters"]
+    assert load_experiment("demo-again/alexnet-digits").count_params() == model.count_params()
 
 
 def test_train_command_reports_bad_input_clearly(two_cpu_devices, tmp_path):
