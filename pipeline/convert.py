@@ -98,7 +98,8 @@ class ConvertResult:
     bytes: int
     classes: list[str]
     skipped: list[dict] = field(default_factory=list)     # {"path", "reason"}
-    reencoded: list[dict] = field(default_factory=list)   # {"path", "format", "mode", "reason", "resized", "reoriented"}
+    # {"path", "format", "mode", "reason", "resized", "reoriented"}
+    reencoded: list[dict] = field(default_factory=list)
     seconds: float = 0.0
     images_read: int = 0          # images read in this run (0 when the dataset was already complete)
     parts_reused: int = 0         # parts kept from an interrupted earlier run

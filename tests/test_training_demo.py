@@ -25,7 +25,8 @@ def test_demo_runs_end_to_end_and_writes_its_report(two_cpu_devices, tmp_path):
     result = CliRunner().invoke(cli, ["demo", "--size", "small", "--workdir", str(workdir)], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     out = result.output
-    for stage in ("build ILSVRC digits tree", "repartition", "serve + open data.txt board", "fetch categories over HTTP",
+    for stage in ("build ILSVRC digits tree", "repartition", "serve + open data.txt board",
+                  "fetch categories over HTTP",
                   "convert to Parquet", "strategy + all-reduce probe", "train AlexNet"):
         assert stage in out
     assert re.search(r"fetch categories over HTTP .* images/s .*4 in parallel", out)

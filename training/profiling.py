@@ -388,8 +388,9 @@ def _verdict(stages: list[StageTime], stall: float | None, fetch_ratio: float | 
     cores = os.cpu_count() or 1
     smaller = "store smaller images (convert(..., max_side=512); pinstorm convert --max-side 512)"
     if contention:
+        alone = by_name[bound].images_per_second
         advice.append(f"{stall:.0%} of the fit waits for input although the input alone runs at "
-                      f"{by_name[bound].images_per_second:,.0f} img/s, {by_name[bound].images_per_second / step.images_per_second:.1f}x the "
+                      f"{alone:,.0f} img/s, {alone / step.images_per_second:.1f}x the "
                       f"step: decoding and training compete for the same {cores} cores. Decode less ({smaller}, "
                       "smaller crops), use fewer replicas per host (--devices), or give the host more cores")
     elif bound == "decode (make_dataset)":

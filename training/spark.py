@@ -222,16 +222,15 @@ def _train_from_args(args: dict, *, per_worker_rows: int | None = None, callback
     from .strategy import make_strategy
 
     strategy_args = args.pop("strategy_args", {}) or {}
-    min_rows = per_worker_rows
     strategy = make_strategy("multiworker", **strategy_args)
-    if min_rows is not None and not args.get("steps_per_epoch"):
+    if per_worker_rows is not None and not args.get("steps_per_epoch"):
         # each worker reads its own slice: a step takes batch_size rows per local replica from it
         local_replicas = max(strategy.num_replicas_in_sync // cluster_size(read_tf_config()), 1)
-        steps = min_rows // (int(args.get("batch_size", 32)) * local_replicas)
+        steps = per_worker_rows // (int(args.get("batch_size", 32)) * local_replicas)
         if steps < 1:
             from .inputs import TrainingError
 
-            raise TrainingError(f"the smallest worker partition has {min_rows} rows, fewer than one batch of "
+            raise TrainingError(f"the smallest worker partition has {per_worker_rows} rows, fewer than one batch of "
                                 f"{args.get('batch_size', 32)} x {local_replicas} replica(s); lower batch_size")
         args["steps_per_epoch"] = steps
     model_name = args.pop("model_name", "alexnet")
