@@ -7,7 +7,7 @@ then in the other registered boards, as R's `pin_get` did.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ContextManager
 
 import pandas as pd
 
@@ -40,7 +40,7 @@ def _board_holding(name: str, board: str | Board | None) -> Board:
 
 
 def pin(x: Any, name: str | None = None, board: str | Board | None = None, description: str | None = None,
-        zip: bool = False, metadata: dict | None = None, type: str | None = None, title: str | None = None,
+        zip: bool = False, metadata: dict[str, Any] | None = None, type: str | None = None, title: str | None = None,
         tags: list[str] | None = None) -> Any:
     """Pin `x` (DataFrame, path(s), URL or JSON-able object) to `board`; returns what pin_get would.
     The same bytes with a new description, title, metadata or tags make a new version."""
@@ -48,7 +48,7 @@ def pin(x: Any, name: str | None = None, board: str | Board | None = None, descr
                                 type=type, title=title, tags=tags)
 
 
-def batch(board: str | Board | None = None):
+def batch(board: str | Board | None = None) -> ContextManager[Any]:
     """`with boards.batch("team"): boards.pin(...)`: the board's indexes (data.txt, `_pins.yaml`) are
     published once when the block ends, not after every pin, so many pins cost what each costs alone."""
     return board_get(board).batch()
@@ -56,7 +56,7 @@ def batch(board: str | Board | None = None):
 
 def pin_get(name: str | list[str], board: str | Board | None = None, cache: bool = True,
             extract: bool | None = None, version: str | None = None, files: bool = False,
-            download: bool = True, extract_limits: dict | None = None) -> Any:
+            download: bool = True, extract_limits: dict[str, Any] | None = None) -> Any:
     """Retrieve a pin: DataFrame / JSON value, or absolute local paths. A list of names fetches in parallel.
 
     `extract_limits` (e.g. `{"max_bytes": 2**40}`) adjusts the board's archive extraction bounds for this call."""
@@ -69,7 +69,7 @@ def pin_get(name: str | list[str], board: str | Board | None = None, cache: bool
 
 
 def _pin_get_list(names: list[str], board: str | Board | None, *, version: str | None,
-                  extract_limits: dict | None, **options: Any) -> dict[str, Any]:
+                  extract_limits: dict[str, Any] | None, **options: Any) -> dict[str, Any]:
     """`pin_get([...])`: every name from the board holding it (the default board first, as for one
     name), fetched in parallel, with the same options as one `pin_get`."""
     from .parallel import pin_get_many
@@ -88,11 +88,12 @@ def _pin_get_list(names: list[str], board: str | Board | None, *, version: str |
     return {n: found[n] for n in names if n in found}
 
 
-def pin_find(text: str = "", board: str | Board | list | None = None, name: str | None = None,
+def pin_find(text: str = "", board: str | Board | list[Any] | None = None, name: str | None = None,
              extended: bool = False) -> pd.DataFrame:
     """Search pins by name, title and description on one board, several, or every registered one."""
+    targets: list[str | Board]
     if board is None:
-        targets = board_names()
+        targets = list(board_names())
     elif isinstance(board, (list, tuple)):
         targets = list(board)
     else:
@@ -113,7 +114,7 @@ def pin_find(text: str = "", board: str | Board | list | None = None, name: str 
     return pd.concat(frames, ignore_index=True)
 
 
-def pin_info(name: str, board: str | Board | None = None, version: str | None = None) -> dict:
+def pin_info(name: str, board: str | Board | None = None, version: str | None = None) -> dict[str, Any]:
     return _board_holding(name, board).pin_info(name, version=version)
 
 

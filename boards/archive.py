@@ -22,6 +22,7 @@ import tarfile
 import uuid
 import zipfile
 import zlib
+from typing import Any
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 
@@ -44,7 +45,7 @@ class ExtractLimits:
     ratio_floor: int = 64 << 20  # ... checked once this many bytes were written (small files compress well)
 
     @classmethod
-    def of(cls, value: "ExtractLimits | dict | None" = None, **overrides) -> "ExtractLimits":
+    def of(cls, value: "ExtractLimits | dict[str, Any] | None" = None, **overrides: Any) -> "ExtractLimits":
         """Limits from an ExtractLimits, a dict of its fields, or None (defaults), then `overrides`
         that are not None (board options `max_extract_bytes=`, `max_extract_ratio=`)."""
         base = value if isinstance(value, ExtractLimits) else cls(**(value or {}))
@@ -76,7 +77,7 @@ class _Budget:
                                   f"{self.size}-byte archive, more than {lim.max_ratio:g}:1 (max_ratio; an archive "
                                   "bomb?); raise it with extract_limits= / max_extract_ratio= if trusted")
 
-    def copy(self, src, target: Path, member: str) -> None:
+    def copy(self, src: Any, target: Path, member: str) -> None:
         with open(target, "wb") as out:
             while block := src.read(_CHUNK):
                 self.add(len(block), member)
@@ -151,7 +152,7 @@ def _extract_tar(archive: Path, tf: tarfile.TarFile, tmp: Path, budget: _Budget)
             tf.extract(m, tmp, filter="data")
 
 
-def extract(archive: str | Path, dest: str | Path, *, limits: ExtractLimits | dict | None = None) -> list[Path]:
+def extract(archive: str | Path, dest: str | Path, *, limits: ExtractLimits | dict[str, Any] | None = None) -> list[Path]:
     """Unpack `archive` into `dest` (created atomically) and return the extracted files, sorted.
 
     If `dest` already exists it is assumed complete (it only ever appears by rename) and reused.

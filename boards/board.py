@@ -18,7 +18,7 @@ import shutil
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, ContextManager, Iterable, Iterator, Sequence
 
 import pandas as pd
 
@@ -50,7 +50,7 @@ class Board:
     the board too; they are documented on the backend class."""
 
     def __init__(self, storage: Storage, *, versions: bool = True, max_extract_bytes: int | None = None,
-                 max_extract_ratio: float | None = None, spec: dict | None = None):
+                 max_extract_ratio: float | None = None, spec: dict[str, Any] | None = None):
         self.storage = storage
         self.versions = versions
         # bounds on archive extraction for this board (archive.ExtractLimits; None keeps the default)
@@ -76,12 +76,12 @@ class Board:
         return self.storage.read_only
 
     @property
-    def spec(self) -> dict:
+    def spec(self) -> dict[str, Any]:
         """`{"kind": ..., **options}` that `board_from_spec` turns back into this board (secrets
         included: in-process only, never written to disk; `board_register(persist=True)` strips them)."""
         return dict(self._spec)
 
-    def with_cache(self, cache: str | os.PathLike | Cache) -> "Board":
+    def with_cache(self, cache: str | os.PathLike[str] | Cache) -> "Board":
         """The same board with another cache (a job that must not share the user's cache)."""
         copy = Board(self.storage.with_cache(cache), versions=self.versions, spec={**self._spec, "cache": cache})
         copy.extract_limits = self.extract_limits
@@ -110,7 +110,7 @@ class Board:
         """Where the board lives, in one line."""
         return self.storage.describe()
 
-    def list_entries(self) -> list[dict]:
+    def list_entries(self) -> list[dict[str, Any]]:
         """The board's index entries (name, description, type, title, ...)."""
         return self.storage.list_entries()
 
@@ -128,14 +128,14 @@ class Board:
     def resolve_version(self, name: str, version: str | None, versions: list[str]) -> str:
         return self.storage.resolve_version(name, version, versions)
 
-    def batch(self):
+    def batch(self) -> ContextManager[Any]:
         """`with board.batch(): ...`: write many pins and publish the board's indexes (data.txt,
         `_pins.yaml`) once, when the outermost batch closes."""
         return self.storage.batch()
 
     # ---- writing --------------------------------------------------------------------------
     def pin(self, x: Any, name: str | None = None, description: str | None = None, zip: bool = False,
-            metadata: dict | None = None, type: str | None = None, title: str | None = None,
+            metadata: dict[str, Any] | None = None, type: str | None = None, title: str | None = None,
             tags: list[str] | None = None) -> Any:
         """Store `x` as a new version of pin `name` and return what `pin_get` would.
 
@@ -153,7 +153,7 @@ class Board:
             return self.pin_get(name, version=version, files=True)
 
     def _store(self, x: Any, name: str | None, *, description: str | None = None, zip: bool = False,
-               metadata: dict | None = None, type: str | None = None, title: str | None = None,
+               metadata: dict[str, Any] | None = None, type: str | None = None, title: str | None = None,
                tags: Iterable[str] | None = None, created: _dt.datetime | None = None,
                force_identical_write: bool = False, versioned: bool | None = None) -> tuple[str, str]:
         """Store one version; returns (pin name, version). The rules of `pin` live here."""
@@ -179,13 +179,14 @@ class Board:
             if old is not None and not force_identical_write \
                     and _same_content(old, meta, staging) and _same_metadata(old, meta):
                 # identical content and metadata: keep the version (repairing its bytes if they rotted)
-                self.storage.repair_version(name, latest, old, staging)
-                version = latest
+                version = str(latest)
+                self.storage.repair_version(name, version, old, staging)
             else:  # new bytes, or the same bytes with a new title, description or metadata
                 meta.created = format_created(_after(latest, created))
                 version = self.storage.write_version(name, staging, meta)
                 meta.name, meta.version = name, version
                 self._written[(name, version)] = meta  # pin_get next needs no listing or data.txt read
+        assert version is not None  # stored, or the identical latest kept
         if not (self.versions if versioned is None else versioned):
             self._keep_only(name, version)
         return name, version
@@ -196,10 +197,11 @@ class Board:
         if older:
             self.storage.delete(name, older)
 
-    def _stage(self, x: Any, name: str, staging: Path, *, type: str | None, zip: bool, link: bool = False):
+    def _stage(self, x: Any, name: str, staging: Path, *, type: str | None, zip: bool,
+               link: bool = False) -> tuple[list[Path], str, str, dict[str, Any]]:
         """Write `x` into `staging`; return (files, type, default title, extra data.txt fields).
         `link`: user files are symlinked, not copied (`staging` is a TMPDIR folder; see `Storage.staging`)."""
-        extra: dict = {}
+        extra: dict[str, Any] = {}
         if isinstance(x, pd.DataFrame):
             path, kind, title = drivers.save_dataframe(x, name, staging, type)
             return [path], kind, title, extra
@@ -265,7 +267,7 @@ class Board:
             return self._offline(name, self.resolve_version(name, version, cached), full=not trust_cache)
         known = self._written.pop((name, version), None) if version else None
         try:
-            versions = [version] if known is not None else self.list_versions(name)
+            versions = [str(version)] if known is not None else self.list_versions(name)
         except (DownloadError, OSError) as e:
             if not cached or isinstance(e, PinNotFound):
                 raise
@@ -358,7 +360,7 @@ class Board:
 
     def pin_get(self, name: str, cache: bool = True, extract: bool | None = None, version: str | None = None,
                 files: bool = False, download: bool = True,
-                extract_limits: "archive.ExtractLimits | dict | None" = None) -> Any:
+                extract_limits: "archive.ExtractLimits | dict[str, Any] | None" = None) -> Any:
         """A DataFrame or JSON value for table/json pins; for file pins, absolute local paths.
 
         `extract=True` unpacks archives (zip, tar, tar.gz, gz) and returns the extracted files;
@@ -404,7 +406,7 @@ class Board:
                 for v in versions]
         return pd.DataFrame(rows, columns=VERSION_COLUMNS)
 
-    def pin_info(self, name: str, version: str | None = None) -> dict:
+    def pin_info(self, name: str, version: str | None = None) -> dict[str, Any]:
         """Everything known about a version (latest by default): its data.txt plus where it lives."""
         name = self.check_name(name)
         versions = self.list_versions(name)
@@ -513,7 +515,7 @@ class Board:
 
     # ---- pins-python ----------------------------------------------------------------------
     def pin_write(self, x: Any, name: str | None = None, type: str | None = None, title: str | None = None,
-                  description: str | None = None, metadata: dict | None = None, versioned: bool | None = None,
+                  description: str | None = None, metadata: dict[str, Any] | None = None, versioned: bool | None = None,
                   created: _dt.datetime | None = None, *, force_identical_write: bool = False,
                   tags: Iterable[str] | None = None) -> PinMetadata:
         """pins-python's `pin_write`: store `x` and return the stored version's metadata.
@@ -533,8 +535,8 @@ class Board:
                                     versioned=versioned)
         return self.pin_meta(name, version)
 
-    def pin_upload(self, paths: str | os.PathLike | Sequence[str | os.PathLike], name: str | None = None,
-                   title: str | None = None, description: str | None = None, metadata: dict | None = None,
+    def pin_upload(self, paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], name: str | None = None,
+                   title: str | None = None, description: str | None = None, metadata: dict[str, Any] | None = None,
                    tags: Iterable[str] | None = None) -> PinMetadata:
         """Store files (a path or a list of paths) as a `file` pin; returns its metadata."""
         return self.pin_write(paths, name=name, title=title, description=description, metadata=metadata,
@@ -550,7 +552,8 @@ class Board:
     def pin_download(self, name: str, version: str | None = None, hash: str | None = None) -> list[str]:
         """Local paths of a pin's files (cached; verified against its data.txt)."""
         meta = self._check_hash(name, version, hash)
-        return self.pin_get(name, version=meta["version"], files=True, extract=False)
+        paths: list[str] = self.pin_get(name, version=meta["version"], files=True, extract=False)
+        return paths
 
     def pin_delete(self, names: str | Sequence[str]) -> None:
         """Delete one or more pins with all their versions (pins-python's name for `pin_remove`).
@@ -601,7 +604,7 @@ def _same_content(old: PinMeta, new: PinMeta, staging: Path) -> bool:
 
 def _same_metadata(old: PinMeta, new: PinMeta) -> bool:
     """Whether re-pinning would record nothing new: same title, description, type and metadata."""
-    def extra(m: PinMeta) -> dict:
+    def extra(m: PinMeta) -> dict[str, Any]:
         return {k: v for k, v in m.extra.items() if k != FILE_HASH_FIELD}
 
     return (old.title, old.description, old.type, dict(old.user or {}), extra(old)) == \

@@ -28,7 +28,7 @@ import uuid
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import platformdirs
 import requests
@@ -75,7 +75,8 @@ def verify(meta: PinMeta, folder: Path, *, source: str, full: bool = True) -> No
     names the file that differs when data.txt records per-file hashes, else lists the pin's files.
     """
     paths = [folder / f for f in meta.file]
-    for path, f, size in zip(paths, meta.file, meta.file_size or [None] * len(paths)):
+    sizes: list[int | None] = list(meta.file_size) if meta.file_size else [None] * len(paths)
+    for path, f, size in zip(paths, meta.file, sizes):
         if not path.is_file():
             raise IntegrityError(f"{source}: file {f!r} listed in data.txt is missing")
         actual = path.stat().st_size
@@ -143,7 +144,7 @@ def check_folder(meta: PinMeta, folder: Path, stamp: Path, *, full: bool, source
 class Cache:
     """A cache folder. Cheap to create; safe to share between processes and threads."""
 
-    def __init__(self, root: str | Path | None = None):
+    def __init__(self, root: str | os.PathLike[str] | None = None):
         self.root = Path(root).expanduser().resolve() if root else default_cache_root()
 
     def __repr__(self) -> str:
@@ -227,7 +228,7 @@ class Cache:
         return self.root / _safe_segment(board) / "_urls" / f"{digest}-{tail}"
 
     def fetch_url(self, url: str, dest: Path, *, session: requests.Session | None = None,
-                  headers: dict | None = None, progress: Callable[[int], None] | None = None,
+                  headers: dict[str, Any] | None = None, progress: Callable[[int], None] | None = None,
                   offline: bool = False, max_bytes: int | None = None,
                   limits: TransferLimits | None = None) -> Path:
         """`dest` holding the bytes at `url`, revalidated with ETag / max-age as R legacy pins did.
@@ -297,7 +298,7 @@ class Cache:
         return dest
 
     @staticmethod
-    def _stale_or_raise(dest: Path, info: dict | None, url: str, why: str, status: int | None = None) -> Path:
+    def _stale_or_raise(dest: Path, info: dict[str, Any] | None, url: str, why: str, status: int | None = None) -> Path:
         if info is not None:
             warnings.warn(f"{why}; serving the cached copy from "
                           f"{email.utils.formatdate(info.get('fetched_at', 0), usegmt=True)}",
@@ -414,7 +415,8 @@ def _why_cap(size: int | None, cap: int | None) -> str:
     return f"the {cap}-byte cap"
 
 
-def _stream_to(response: requests.Response, tmp: Path, url: str, progress, *, what: str = "",
+def _stream_to(response: requests.Response, tmp: Path, url: str, progress: Callable[[int], None] | None, *,
+               what: str = "",
                size: int | None = None, cap: int | None = None, limits: TransferLimits | None = None,
                append: bool = False) -> int:
     """Write a bounded body (`bounded_blocks`) to `tmp`; an undeclared size is also bounded by the
@@ -422,7 +424,7 @@ def _stream_to(response: requests.Response, tmp: Path, url: str, progress, *, wh
     received = 0
     free, reserve = _free_space(tmp.parent)
     disk_bound = free is not None and size is None and (cap is None or free - reserve < cap)
-    if disk_bound:
+    if disk_bound and free is not None:
         cap = max(0, free - reserve)
     try:
         with open(tmp, "ab" if append else "wb") as out:  # append: resuming after a partial download
@@ -454,7 +456,7 @@ def _free_space(folder: Path) -> tuple[int | None, int]:
     return usage.free, min(DISK_RESERVE, usage.total // 20)
 
 
-def _cache_control(headers) -> dict[str, str | None]:
+def _cache_control(headers: Any) -> dict[str, str | None]:
     """The Cache-Control directives of a response, lower-cased: {"max-age": "60", "no-cache": None}."""
     out: dict[str, str | None] = {}
     for part in (headers.get("Cache-Control") or "").split(","):
@@ -472,7 +474,7 @@ def _max_age(directives: dict[str, str | None]) -> float:
     return float(value) if value.isdigit() else 0.0
 
 
-def _write_json(path: Path, data: dict) -> None:
+def _write_json(path: Path, data: dict[str, Any]) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
     tmp.write_text(json.dumps(data))
     os.replace(tmp, path)

@@ -31,7 +31,7 @@ def default_local_path() -> Path:
     return Path(os.environ.get(ENV_LOCAL_BOARD) or Path(platformdirs.user_data_dir("pinstorm")) / "local")
 
 
-def _board(storage_factory: Callable[..., StorageBase], spec: dict, name: str, options: dict) -> Board:
+def _board(storage_factory: Callable[..., StorageBase], spec: dict[str, Any], name: str, options: dict[str, Any]) -> Board:
     """A Board over the storage `storage_factory(name=..., **storage options)` makes."""
     options = dict(options)
     if "versioned" in options:  # pins-python's spelling
@@ -40,7 +40,7 @@ def _board(storage_factory: Callable[..., StorageBase], spec: dict, name: str, o
     return Board(storage_factory(name=name, **options), spec=spec, **own)
 
 
-def _spec(kind: str, **options: Any) -> dict:
+def _spec(kind: str, **options: Any) -> dict[str, Any]:
     return {"kind": kind, **{k: v for k, v in options.items() if v is not None}}
 
 
@@ -167,7 +167,7 @@ def board_kaggle(token: str | os.PathLike[str] | None = None, *, cache: Any = No
 
 
 # ---- from a spec (the registry, the CLI, Spark workers) -----------------------------------------
-def _from_kind(kind: str, name: str, options: dict) -> Board:
+def _from_kind(kind: str, name: str, options: dict[str, Any]) -> Board:
     """The board of `kind` with `board_register`'s options (bucket=, path=, url=, ...)."""
     options = dict(options)
     if kind in ("local", "folder"):
@@ -193,7 +193,7 @@ def _from_kind(kind: str, name: str, options: dict) -> Board:
                      "or an http(s) URL")
 
 
-def board_from_spec(spec: dict, name: str | None = None) -> Board:
+def board_from_spec(spec: dict[str, Any], name: str | None = None) -> Board:
     """The board `{"kind": ..., **options}` describes (`Board.spec` gives one back); `kind` may be an
     http(s) URL (a URL board)."""
     options = {k: v for k, v in spec.items() if k != "kind"}

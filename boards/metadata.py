@@ -64,13 +64,13 @@ def created_timestamp(value: Any) -> Any:
         return pd.NaT
 
 
-def as_list(value: Any) -> list:
+def as_list(value: Any) -> list[Any]:
     if value is None:
         return []
     return [value] if isinstance(value, (str, int, float)) else list(value)
 
 
-class PinMetadata(dict):
+class PinMetadata(dict[str, Any]):
     """A version's metadata as R's `pin_meta()` gives it: every data.txt field (`title`,
     `description`, `created`, `pin_hash`, `file`, `file_size`, `type`, `api_version`, `user`, `tags`,
     `urls`, and any other) plus `name`, `version`, `board` and `local`. Fields read as keys or
@@ -88,7 +88,7 @@ class PinMetadata(dict):
         return VersionInfo.of(self.get("version") or "", self.get("pin_hash"))
 
     @property
-    def local(self) -> dict:
+    def local(self) -> dict[str, Any]:
         """Where this version is on this machine: `dir` (None until fetched), `version`, `board`."""
         return dict(self.get("local") or {})
 

@@ -13,9 +13,10 @@ A failing pin never stops the others: every failure is collected and reported at
 from __future__ import annotations
 
 import concurrent.futures as cf
+import functools
 import multiprocessing
 import os
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from .board import Board
 from .errors import BoardError
@@ -35,7 +36,7 @@ class PinFetchError(BoardError):
         self.results = results or {}
         self.errors = errors or {}
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (str(self), self.results, self.errors))
 
 
@@ -72,12 +73,12 @@ def _init_worker(board: Board) -> None:
     _worker_board = board
 
 
-def _fetch_in_worker(name: str, options: dict) -> Any:
+def _fetch_in_worker(name: str, options: dict[str, Any]) -> Any:
     assert _worker_board is not None
     return _worker_board.pin_get(name, **options)
 
 
-def _process_context():
+def _process_context() -> Any:
     methods = multiprocessing.get_all_start_methods()
     return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
 
@@ -98,7 +99,7 @@ def pin_get_many(names: Iterable[str], board: str | Board | None = None, paralle
     if errors not in _ERROR_MODES:
         raise ValueError(f"errors must be one of {_ERROR_MODES}, got {errors!r}")
     names = list(dict.fromkeys(names))  # once each, in the order given
-    options = {"extract": extract, "cache": cache, "files": files, "download": download}
+    options: dict[str, Any] = {"extract": extract, "cache": cache, "files": files, "download": download}
     target = board_get(board)
     results: dict[str, Any] = {}
     failures: dict[str, BaseException] = {}
@@ -106,7 +107,7 @@ def pin_get_many(names: Iterable[str], board: str | Board | None = None, paralle
         return results
     kind, workers = _plan(parallel, len(names))
     with progress_bar(f"pins from {target.name}", len(names), unit="pins") as advance:
-        def settle(name: str, outcome) -> None:
+        def settle(name: str, outcome: Callable[[], Any]) -> None:
             try:
                 results[name] = outcome()
             except Exception as e:  # noqa: BLE001 - reported at the end with the pin's name
@@ -121,8 +122,9 @@ def pin_get_many(names: Iterable[str], board: str | Board | None = None, paralle
             rest = names[1:]
         if kind == "threads" and workers == 1:
             for name in rest:
-                settle(name, lambda name=name: target.pin_get(name, **options))
+                settle(name, functools.partial(target.pin_get, name, **options))
         elif rest:
+            pool: cf.Executor
             if kind == "threads":
                 pool = cf.ThreadPoolExecutor(workers, thread_name_prefix="pin-get")
                 futures = {pool.submit(target.pin_get, n, **options): n for n in rest}

@@ -38,7 +38,7 @@ DEFAULT_BOARD = "local"
 KINDS = ("local", "folder", "url", "datatxt", "s3", "gcs", "gcloud", "kaggle")  # or an http(s) URL
 _lock = threading.RLock()
 _boards: dict[str, Board] = {}
-_specs: dict[str, dict] = {}
+_specs: dict[str, dict[str, Any]] = {}
 _loaded_from: str | None = None
 
 
@@ -46,7 +46,7 @@ def config_path() -> Path:
     return Path(os.environ.get(ENV_CONFIG) or Path(platformdirs.user_config_dir("pinstorm")) / "boards.yaml")
 
 
-def _read_config() -> dict[str, dict]:
+def _read_config() -> dict[str, dict[str, Any]]:
     path = config_path()
     if not path.is_file():
         return {}
@@ -60,7 +60,7 @@ def _read_config() -> dict[str, dict]:
     return boards
 
 
-def _write_config(boards: dict[str, dict]) -> None:
+def _write_config(boards: dict[str, dict[str, Any]]) -> None:
     """Replace the config file atomically with a file only its owner can read (mode 0600)."""
     from .tempnames import tmp_name
 
@@ -134,7 +134,7 @@ def _ensure_loaded() -> None:
         _loaded_from = key
 
 
-def _make(kind: str, name: str, options: dict) -> Board:
+def _make(kind: str, name: str, options: dict[str, Any]) -> Board:
     return board_from_spec({"kind": kind, **options}, name=name)
 
 
@@ -214,7 +214,7 @@ def board_list() -> list[str]:
     return board_names()
 
 
-def board_specs() -> dict[str, dict]:
+def board_specs() -> dict[str, dict[str, Any]]:
     """name -> {kind, options...} of every registered board (secrets included only in-process)."""
     with _lock:
         _ensure_loaded()

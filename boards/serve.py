@@ -35,6 +35,7 @@ import socket
 import stat
 import sys
 import threading
+from typing import Any
 import urllib.parse
 from http import HTTPStatus
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -250,7 +251,7 @@ class _BoardHTTPServer(ThreadingHTTPServer):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self._open: set = set()  # client sockets: keep-alive connections outlive shutdown() otherwise
+        self._open: set[Any] = set()  # client sockets: keep-alive connections outlive shutdown() otherwise
         self._open_lock = threading.Lock()
 
     def process_request(self, request, client_address) -> None:
@@ -287,7 +288,7 @@ class _BoardHTTPServer(ThreadingHTTPServer):
 
 
 @contextlib.contextmanager
-def serve_board(path: str | os.PathLike, host: str = "127.0.0.1", port: int = 0, max_age: int = 0,
+def serve_board(path: str | os.PathLike[str], host: str = "127.0.0.1", port: int = 0, max_age: int = 0,
                 idle_timeout: float = IDLE_TIMEOUT, max_connections: int = MAX_CONNECTIONS) -> Iterator[str]:
     """Serve folder `path` over HTTP in a background thread; yields the base URL (no trailing /).
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import os
 import shutil
 from pathlib import Path
 from typing import Any, ContextManager, Iterator, Protocol, runtime_checkable
@@ -39,9 +40,9 @@ class Storage(Protocol):
         """Where the board lives, in one line (a folder, a bucket URL, an index URL)."""
     def check_name(self, name: str) -> str:
         """`name` if it is a valid pin name here, else InvalidPinName."""
-    def list_entries(self) -> list[dict]:
+    def list_entries(self) -> list[dict[str, Any]]:
         """Index entries: dicts with at least name, description, type (and title when known)."""
-    def search(self, text: str) -> list[dict]:
+    def search(self, text: str) -> list[dict[str, Any]]:
         """Entries matching `text` (the backend may search server-side)."""
     def list_versions(self, name: str) -> list[str]:
         """Version names of a pin, oldest first; PinNotFound if there is no such pin."""
@@ -69,7 +70,7 @@ class Storage(Protocol):
         """Delete some versions of a pin, or the whole pin."""
     def batch(self) -> ContextManager[Any]:
         """Defer the upkeep of derived indexes until the outermost batch closes."""
-    def with_cache(self, cache: str | Path | Cache) -> "Storage":
+    def with_cache(self, cache: str | os.PathLike[str] | Cache) -> "Storage":
         """The same storage, keeping fetched versions in `cache`."""
     def refusal(self, action: str, name: str | None) -> ReadOnlyBoard:
         """The error a read-only backend raises for `action` ("pin", "remove") on pin `name`."""
@@ -95,10 +96,10 @@ class StorageBase:
     def check_name(self, name: str) -> str:
         return check_pin_name(name)
 
-    def list_entries(self) -> list[dict]:
+    def list_entries(self) -> list[dict[str, Any]]:
         raise NotImplementedError
 
-    def search(self, text: str) -> list[dict]:
+    def search(self, text: str) -> list[dict[str, Any]]:
         needle = (text or "").lower()
         return [e for e in self.list_entries()
                 if needle in " ".join(str(e.get(k) or "") for k in ("name", "title", "description")).lower()]
@@ -111,15 +112,15 @@ class StorageBase:
             raise PinNotFound(f"pin {name!r} has no versions on board {self.name!r}")
         if version is None:
             return versions[-1]
-        version = str(version)
-        if version in versions:
-            return version
-        matches = [v for v in versions if v.startswith(version)]
+        wanted = str(version)
+        if wanted in versions:
+            return wanted
+        matches = [v for v in versions if v.startswith(wanted)]
         if len(matches) == 1:
             return matches[0]
         if matches:
-            raise VersionNotFound(f"version prefix {version!r} of pin {name!r} is ambiguous: {', '.join(matches)}")
-        raise VersionNotFound(f"pin {name!r} on board {self.name!r} has no version {version!r} "
+            raise VersionNotFound(f"version prefix {wanted!r} of pin {name!r} is ambiguous: {', '.join(matches)}")
+        raise VersionNotFound(f"pin {name!r} on board {self.name!r} has no version {wanted!r} "
                               f"(it has {', '.join(versions[-5:])}{' ...' if len(versions) > 5 else ''})")
 
     def read_meta(self, name: str, version: str) -> PinMeta:
@@ -168,7 +169,7 @@ class StorageBase:
     def batch(self) -> Iterator[Any]:
         yield self
 
-    def with_cache(self, cache: str | Path | Cache) -> "StorageBase":
+    def with_cache(self, cache: str | os.PathLike[str] | Cache) -> "StorageBase":
         clone = copy.copy(self)
         clone.cache = cache if isinstance(cache, Cache) else Cache(cache)
         return clone
