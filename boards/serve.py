@@ -35,12 +35,11 @@ import socket
 import stat
 import sys
 import threading
-from typing import Any
 import urllib.parse
 from http import HTTPStatus
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 # what a client hanging up looks like from the server side
