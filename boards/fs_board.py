@@ -34,7 +34,9 @@ no lock orders their writers; local boards hold a file lock, so their one round 
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import copy
 import os
 import posixpath
 import random
@@ -59,6 +61,7 @@ from .storage import StorageBase
 from .tempnames import FOREIGN_MAX_AGE, TMP_MARK, is_temporary, sweep, tmp_name
 
 INDEX_ROUNDS = 60  # reconciliation rounds before giving up (the versions are stored either way)
+PARSED_META_ENTRIES = 4096  # parsed data.txt kept per local board (a few MB at most)
 
 
 class IndexConflict(Exception):
@@ -311,7 +314,7 @@ class FsStorage(StorageBase):
         self.fresh(folder)
         try:
             found = self.version_data_txts(folder)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             found = []
         versions = [posixpath.basename(posixpath.dirname(p)) for p in found]
         versions = [v for v in versions if TMP_MARK not in v and not v.startswith(".")]
@@ -374,6 +377,17 @@ class FolderStorage(FsStorage):
                  cache: str | Path | Cache | None = None):
         super().__init__(name, fsspec.filesystem("file"), str(root), kind=kind, cache=cache)
         Path(self.root).mkdir(parents=True, exist_ok=True)
+        self._parsed: collections.OrderedDict[str, tuple[tuple[int, int, int], PinMeta]] = collections.OrderedDict()
+        self._parsed_lock = threading.Lock()
+
+    def __getstate__(self) -> dict:
+        state = super().__getstate__()
+        state.update(_parsed=collections.OrderedDict(), _parsed_lock=None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        self._parsed_lock = threading.Lock()
 
     def describe(self) -> str:
         return self.root
@@ -395,7 +409,34 @@ class FolderStorage(FsStorage):
         return [list(parts) for parts in _local_versions(self.root)]
 
     def version_data_txts(self, folder: str) -> list[str]:
-        return self.fs.glob(posixpath.join(folder, "*", "data.txt"))
+        found = []
+        with os.scandir(folder) as entries:  # ~10x cheaper than fsspec's glob: one call per pin_get
+            for entry in entries:
+                data_txt = os.path.join(entry.path, "data.txt")
+                if entry.is_dir(follow_symlinks=False) and os.path.isfile(data_txt):
+                    found.append(data_txt)
+        return found
+
+    def read_meta(self, name: str, version: str) -> PinMeta:
+        """A version's data.txt, parsed once per process while the file stays the same (same size,
+        mtime and inode): YAML parsing is most of a cached `pin_get` on a local disk."""
+        path = self.path(name, version, "data.txt")
+        try:
+            st = os.stat(path)
+        except FileNotFoundError as e:
+            raise PinNotFound(f"pin {name!r} version {version!r} has no data.txt on board {self.name!r}") from e
+        key = (st.st_size, st.st_mtime_ns, st.st_ino)
+        with self._parsed_lock:
+            hit = self._parsed.get(path)
+            if hit is not None and hit[0] == key:
+                self._parsed.move_to_end(path)
+                return _copy_meta(hit[1])
+        meta = super().read_meta(name, version)
+        with self._parsed_lock:
+            self._parsed[path] = (key, _copy_meta(meta))
+            while len(self._parsed) > PARSED_META_ENTRIES:
+                self._parsed.popitem(last=False)
+        return meta
 
     def sweep_temporaries(self, older_than: float = FOREIGN_MAX_AGE) -> int:
         """Temporary version folders and index files whose owner process is gone."""
@@ -500,6 +541,11 @@ class FolderStorage(FsStorage):
                 tmp.unlink(missing_ok=True)
         self._stamp(name, version, meta)
         return True
+
+
+def _copy_meta(meta: PinMeta) -> PinMeta:
+    """A copy callers may change (they set name and version) without touching the one kept."""
+    return copy.deepcopy(meta)
 
 
 def _local_versions(root: str) -> list[tuple[str, str, str]]:
