@@ -137,9 +137,10 @@ class UrlStorage(DatatxtStorage):
         return not self._is_versioned(entry)
 
     def list_versions(self, name: str) -> list[str]:
-        entry = self._entry(name)
+        entry = self._entry(name, revalidate=getattr(self._within, "fetch", None) != name)
         if self._is_versioned(entry):
-            return super().list_versions(name)
+            return super().list_versions(name)  # reuses the index the same way, and clears the mark
+        self._within.fetch = None
         return [*self._legacy_versions(entry), LEGACY]
 
     def read_meta(self, name: str, version: str) -> PinMeta:
