@@ -13,7 +13,7 @@ import click
 import pandas as pd
 
 from . import api, registry
-from .board import _default_name as default_pin_name
+from .board import default_pin_name
 
 
 def _show(df: pd.DataFrame) -> None:
