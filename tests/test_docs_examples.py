@@ -16,6 +16,7 @@ SECTIONS = [
     ("boards.md", "ImageNet-sized boards"),
     ("boards.md", "Large files"),
     ("boards.md", "Verified bytes, a lossless index, no garbage"),
+    ("boards.md", "pins-python's API"),
 ]
 
 
