@@ -58,8 +58,31 @@ class PinstormGroup(click.Group):
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
-        except (PinstormError, FileNotFoundError) as e:
+        except (click.exceptions.Exit, click.Abort, click.ClickException, KeyboardInterrupt):
+            raise
+        except (PinstormError, OSError) as e:
+            if debugging(ctx):
+                raise
             raise click.ClickException(f"{type(e).__name__}: {e}") from e
+        except Exception as e:  # noqa: BLE001 - a bug or an unforeseen input: one line, the traceback on demand
+            if debugging(ctx):
+                raise
+            raise click.ClickException(f"{type(e).__name__}: {e} (unexpected: run again with --debug, or set "
+                                       f"{DEBUG_ENV}=1, for the traceback)") from e
+
+
+DEBUG_ENV = "PINSTORM_DEBUG"
+
+
+def debugging(ctx: click.Context | None = None) -> bool:
+    """--debug or $PINSTORM_DEBUG=1: show tracebacks instead of one line."""
+    flag = bool(ctx and ctx.find_root().params.get("debug"))
+    return flag or os.environ.get(DEBUG_ENV, "").strip().lower() not in ("", "0", "false", "no")
+
+
+def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Warnings as one plain line ("warning: ..."), not Python's path, line number and source line."""
+    print(f"warning: {message}", file=file or sys.stderr)
 
 
 def _unavailable(name: str, message: str) -> click.Command:
@@ -74,13 +97,18 @@ def _unavailable(name: str, message: str) -> click.Command:
 
 @click.group(cls=PinstormGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="pinstorm")
-def cli() -> None:
+@click.option("--debug", is_flag=True, help=f"Show the traceback of an error (also: ${DEBUG_ENV}=1).")
+def cli(debug: bool) -> None:
     """pinstorm: pin, cache and share image data sets, stream them into TensorFlow, train at scale."""
 
 
 def main() -> None:
     """The `pinstorm` console script."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ start-up chatter
+    if not debugging():
+        import warnings
+
+        warnings.showwarning = _one_line_warning
     try:
         cli(prog_name="pinstorm")
         code = 0
