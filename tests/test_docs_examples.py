@@ -1,38 +1,216 @@
-"""The examples of the user guide run as written: each section's fenced Python blocks, in order, in
-one namespace, in a fresh folder with its own board, cache and config (the autouse fixture).
+"""Every fenced Python and shell example of README.md and docs/*.md runs as written, so a changed API
+breaks a test, not a reader.
 
-A changed API then breaks a test, not a reader. Sections are listed by their heading."""
+The rules (what a doc writer needs to know):
+
+* **Found automatically.** Every `## ` section of README.md and docs/*.md is one test (the text before
+  the first `## ` is the document's "(intro)"), sub-sections and blocks indented in lists included,
+  so a section added later is tested without touching this file. Blocks fenced ```python run in one
+  namespace; blocks fenced ```bash, ```sh, ```shell run in bash (`set -eo pipefail`: the first failing
+  command fails the test); ```console blocks are transcripts: only their `$ ` lines run. Other fences
+  (```text, ```yaml, none) are not examples: an unlabelled fence holding `$ ` commands is an error.
+* **Isolated, in order.** A section's examples run in document order in a fresh interpreter
+  (`tests/docs_support.py`), in a fresh empty folder (relative paths land there), with its own
+  `PINSTORM_CONFIG`, `PINSTORM_BOARD`, `PINSTORM_CACHE` and `HOME`, and the venv's `pinstorm` first on
+  `PATH`. Anything a shell block leaves running in the background is ended after the block.
+* **Building on another section** is explicit: `<!-- docs-test: after "Heading" -->` in a section
+  runs that section's examples first, in the same folder (the reader has run them too).
+* **Placeholders.** Examples are written for real use and pointed at local servers the way a user
+  points them at a stand-in:
+  - `http://127.0.0.1:8000` is a board shared with `pinstorm board serve FOLDER --port 8000`. If the
+    section serves one itself, port 8000 is replaced by a free port; otherwise the test serves a board
+    holding the pins the examples read (`categories`, `n01440764`, `mtcars`) and substitutes its URL.
+  - Cloud examples take no endpoint arguments: the clients' own variables point them at the servers
+    of tests/servers — `AWS_ENDPOINT_URL` + `AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY` (moto),
+    `STORAGE_EMULATOR_HOST` (the GCS emulator), `PINSTORM_KAGGLE_ENDPOINT` +
+    `KAGGLE_USERNAME`/`KAGGLE_KEY` (the Kaggle-API server, holding `uciml/iris` and `c/titanic`).
+* **Not run, and said so.** Lines starting with `make`, `pip`, `python -m pip` or `git clone`
+  (installing, building) are left out of shell blocks and listed in the test's output. A block fenced
+  ```python skip: REASON (or ```bash skip: REASON) is not run: its own test is skipped with that
+  reason, and the document must say why in its text too. Nothing else is skipped.
+"""
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-DOCS = Path(__file__).resolve().parents[1] / "docs"
+import docs_support
+from docs_support import Example, Section
 
-SECTIONS = [
-    ("boards.md", "ImageNet-sized boards"),
-    ("boards.md", "Large files"),
-    ("boards.md", "Verified bytes, a lossless index, no garbage"),
-    ("boards.md", "pins-python's API"),
-]
+SECTIONS = docs_support.all_sections()
+BY_HEADING = {(s.doc, s.heading): s for s in SECTIONS}
+PLACEHOLDER = "127.0.0.1:8000"
 
-
-def python_blocks(doc: str, heading: str) -> list[str]:
-    """The ```python blocks under `## heading` (up to the next heading of the same level)."""
-    text = (DOCS / doc).read_text()
-    match = re.search(rf"^## {re.escape(heading)}\n(.*?)(?=^## |\Z)", text, flags=re.M | re.S)
-    assert match, f"{doc} has no section {heading!r}"
-    return re.findall(r"^```python\n(.*?)^```", match.group(1), flags=re.M | re.S)
+# Python blocks that are not examples, in files this test's owner may not edit.
+NOT_EXAMPLES = {
+    ("docs/architecture.md", "boards — find, pin, cache and share data sets"):
+        "an API signature listing (`-> Board`), not an example: it should be fenced ```text",
+}
 
 
-@pytest.mark.parametrize("doc,heading", SECTIONS, ids=[h for _, h in SECTIONS])
-def test_the_examples_of_a_section_run_as_written(doc, heading, tmp_path, monkeypatch):
-    blocks = python_blocks(doc, heading)
-    assert blocks, f"{doc} § {heading} has no Python example"
-    monkeypatch.chdir(tmp_path)
-    namespace: dict = {"__name__": "__docs__"}
-    for i, block in enumerate(blocks):
-        exec(compile(block, f"{doc} § {heading} (example {i + 1})", "exec"), namespace)  # noqa: S102
+def runnable(example: Example, section: Section) -> bool:
+    return (example.kind is not None and example.skip_reason is None
+            and (section.doc, section.heading) not in NOT_EXAMPLES)
+
+
+RUNNABLE = [s for s in SECTIONS if any(runnable(e, s) for e in s.examples)]
+SKIPPED = [(e, e.skip_reason or NOT_EXAMPLES[(s.doc, s.heading)]) for s in SECTIONS for e in s.examples
+           if e.kind is not None and not runnable(e, s)]
+
+
+def prerequisites(section: Section, seen: tuple = ()) -> list[Section]:
+    """The sections named by `<!-- docs-test: after "..." -->`, theirs first."""
+    chain = []
+    for heading in section.after:
+        before = BY_HEADING.get((section.doc, heading))
+        assert before is not None, f"{section.id}: 'after' names no section {heading!r} of {section.doc}"
+        assert heading not in seen, f"{section.id}: 'after' loops through {heading!r}"
+        chain += prerequisites(before, (*seen, heading)) + [before]
+    return chain
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def shared_board(folder: Path) -> Path:
+    """The board behind `http://127.0.0.1:8000` when a section does not serve its own."""
+    import pandas as pd
+    from pinstorm import boards
+
+    board = boards.board_folder(folder)
+    board.pin_write(pd.DataFrame({"wnid": ["n01440764", "n01443537"], "name": ["tench", "goldfish"]}),
+                    "categories", type="parquet", description="ImageNet categories")
+    images = folder.parent / "shared-images" / "n01440764"
+    images.mkdir(parents=True)
+    (images / "n01440764_1.JPEG").write_bytes(b"\xff\xd8\xff\xe0" + bytes(100) + b"\xff\xd9")
+    boards.pin(images, "n01440764", board=board, zip=True, description="tench")
+    board.pin_write(pd.DataFrame({"mpg": [21.0, 22.8], "cyl": [6, 4]}), "mtcars", type="csv")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def cloud_servers():
+    """Started on first use, stopped with the module: {"s3": S3Server, "gcs": ..., "kaggle": ...}."""
+    from servers import GcsServer, KaggleServer, S3Server
+
+    started: dict = {}
+
+    def get(kind: str):
+        if kind not in started:
+            server = {"s3": S3Server, "gcs": GcsServer, "kaggle": KaggleServer}[kind]().start()
+            if kind == "kaggle":
+                server.add_dataset("uciml/iris", {"Iris.csv": b"Id,SepalLengthCm,Species\n1,5.1,Iris-setosa\n"},
+                                   title="Iris Species", subtitle="Classify iris plants into three species")
+                server.add_competition("titanic", {"train.csv": b"PassengerId,Survived\n1,0\n"},
+                                       title="Titanic - Machine Learning from Disaster")
+            started[kind] = server
+        return started[kind]
+
+    yield get
+    for server in started.values():
+        server.stop()
+
+
+def cloud_environment(code: str, servers) -> dict:
+    env = {}
+    if re.search(r'"s3"|board_s3\(|s3://', code):
+        s3 = servers("s3")
+        env.update(AWS_ENDPOINT_URL=s3.endpoint, AWS_ACCESS_KEY_ID="testing-key",
+                   AWS_SECRET_ACCESS_KEY="testing-secret", AWS_DEFAULT_REGION="us-east-1")
+    if re.search(r'"gcs"|"gcloud"|board_gcs\(|gs://', code):
+        env.update(STORAGE_EMULATOR_HOST=servers("gcs").endpoint)
+    if re.search(r'"kaggle"|board_kaggle\(', code):
+        kaggle = servers("kaggle")
+        token = kaggle.kaggle_json()
+        env.update(PINSTORM_KAGGLE_ENDPOINT=kaggle.endpoint, KAGGLE_USERNAME=token["username"],
+                   KAGGLE_KEY=token["key"])
+    return env
+
+
+def steps_of(section: Section, substitute) -> list[dict]:
+    steps = []
+    for example in (e for e in section.examples if runnable(e, section)):
+        step = {"label": example.label, "doc": example.doc, "line": example.line, "kind": example.kind}
+        if example.kind == "shell":
+            step["code"], step["skipped"] = docs_support.shell_script(example)
+        else:
+            step["code"] = example.code
+        step["code"] = substitute(step["code"])
+        steps.append(step)
+    return steps
+
+
+@pytest.mark.parametrize("section", RUNNABLE, ids=[s.id for s in RUNNABLE])
+def test_the_examples_of_a_section_run_as_written(section, tmp_path, cloud_servers):
+    chain = [*prerequisites(section), section]
+    code = "".join(e.code for s in chain for e in s.examples if runnable(e, s))
+    work, home = tmp_path / "work", tmp_path / "home"
+    work.mkdir()
+    home.mkdir()
+    env = dict(os.environ, HOME=str(home), PYTHONDONTWRITEBYTECODE="1",
+               PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+               MPLCONFIGDIR=os.environ.get("MPLCONFIGDIR") or str(Path.home() / ".config" / "matplotlib"),
+               **cloud_environment(code, cloud_servers))
+    env.pop("PYTHONPATH", None)  # the examples import the installed pinstorm, as a user's script does
+
+    replacements: dict[str, str] = {}
+    serving = None
+    if PLACEHOLDER in code:
+        if re.search(r"board serve|serve_board\(", code):
+            port = free_port()  # the section serves its own board: give it a free port
+            replacements = {PLACEHOLDER: f"127.0.0.1:{port}", "--port 8000": f"--port {port}"}
+        else:
+            from pinstorm import boards
+            serving = boards.serve_board(shared_board(tmp_path / "shared-board"))
+            replacements = {f"http://{PLACEHOLDER}": serving.__enter__().rstrip("/")}
+
+    def substitute(text: str) -> str:
+        for old, new in replacements.items():
+            text = text.replace(old, new)
+        return text
+
+    plan = [step for s in chain for step in steps_of(s, substitute)]
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    try:
+        done = subprocess.run([sys.executable, docs_support.__file__, str(tmp_path / "plan.json")], cwd=work,
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
+    finally:
+        if serving is not None:
+            serving.__exit__(None, None, None)
+    print(done.stdout)
+    if done.returncode:
+        pytest.fail(f"{section.id} failed:\n{done.stdout[-6000:]}", pytrace=False)
+
+
+@pytest.mark.parametrize("example,reason", SKIPPED, ids=[e.label for e, _ in SKIPPED])
+def test_an_example_marked_skip_says_why(example, reason):
+    assert reason.strip(), f"{example.label} is marked skip without a reason"
+    pytest.skip(f"{example.label} not run: {reason}")
+
+
+def test_every_command_transcript_is_fenced_as_one():
+    """An unlabelled fence holding `$ ` commands would escape the tests: fence it ```console."""
+    unlabelled = [e.label for s in SECTIONS for e in s.examples
+                  if e.lang == "" and any(line.startswith("$ ") for line in e.code.splitlines())]
+    assert not unlabelled
+
+
+def test_the_rules_find_what_they_should():
+    """The parser sees the blocks a reader sees: indented ones in lists, console transcripts, skips."""
+    example = Example("x.md", "s", 1, "console", "", "$ pinstorm a \\\n  --b\nout put\n$ make x\n")
+    assert docs_support.shell_script(example) == ("pinstorm a \\\n  --b\n: skipped set-up line\n", ["make x"])
+    assert Example("x.md", "s", 1, "bash", "skip: needs a GPU", "").skip_reason == "needs a GPU"
+    found = {s.id for s in RUNNABLE}
+    assert "docs/boards.md: Quick start" in found and "docs/cloud.md: S3 boards" in found
+    assert any(e.code.startswith("import io") for s in SECTIONS for e in s.examples)  # indented in a list
