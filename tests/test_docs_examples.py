@@ -214,3 +214,34 @@ def test_the_rules_find_what_they_should():
     found = {s.id for s in RUNNABLE}
     assert "docs/boards.md: Quick start" in found and "docs/cloud.md: S3 boards" in found
     assert any(e.code.startswith("import io") for s in SECTIONS for e in s.examples)  # indented in a list
+
+
+def synopses() -> list[tuple[str, list[str], str]]:
+    """(where, command words, text) of each `pinstorm ...` line (and its indented continuation lines)
+    in the ```text blocks: the command-line synopses."""
+    found = []
+    for section in SECTIONS:
+        for example in (e for e in section.examples if e.lang == "text"):
+            for chunk in re.findall(r"^pinstorm [^\n]*(?:\n[ \t]+[^\n]*)*", example.code, flags=re.M):
+                words = [w for w in chunk.split()[1:3] if re.fullmatch(r"[a-z][a-z-]*", w)]
+                found.append((example.label, words, chunk))
+    return found
+
+
+SYNOPSES = synopses()
+
+
+@pytest.mark.parametrize("where,words,text", SYNOPSES, ids=[f"{w} {' '.join(c)}" for w, c, _ in SYNOPSES])
+def test_every_flag_of_a_synopsis_exists(where, words, text):
+    """A synopsis is not run, so its flags are checked against the command's own --help."""
+    from click.testing import CliRunner
+    from pinstorm.cli import cli
+
+    helps = CliRunner().invoke(cli, [words[0], "--help"])
+    assert helps.exit_code == 0, f"{where}: no command `pinstorm {words[0]}`"
+    if "Commands:" in helps.output and len(words) > 1:  # a group: `pinstorm board register`
+        helps = CliRunner().invoke(cli, [*words[:2], "--help"])
+        assert helps.exit_code == 0, f"{where}: no command `pinstorm {' '.join(words[:2])}`"
+    flags = set(re.findall(r"(?<![\w-])(--?[a-zA-Z][\w-]*)", text))
+    known = set(re.findall(r"(?<![\w-])(--?[a-zA-Z][\w-]*)", helps.output))
+    assert not flags - known, f"{where}: `pinstorm {' '.join(words)}` has no {sorted(flags - known)}"
