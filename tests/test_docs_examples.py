@@ -24,6 +24,8 @@ The rules (what a doc writer needs to know):
     of tests/servers — `AWS_ENDPOINT_URL` + `AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY` (moto),
     `STORAGE_EMULATOR_HOST` (the GCS emulator), `PINSTORM_KAGGLE_ENDPOINT` +
     `KAGGLE_USERNAME`/`KAGGLE_KEY` (the Kaggle-API server, holding `uciml/iris` and `c/titanic`).
+* **Once.** The examples run in the full environment (`make test`, petastorm included); in the
+  modern one (`make test-modern`, no petastorm) their tests skip, saying so, to keep CI's time.
 * **Not run, and said so.** Lines starting with `make`, `pip`, `python -m pip` or `git clone`
   (installing, building) are left out of shell blocks and listed in the test's output. A block fenced
   ```python skip: REASON (or ```bash skip: REASON) is not run: its own test is skipped with that
@@ -32,6 +34,7 @@ The rules (what a doc writer needs to know):
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -153,6 +156,9 @@ def steps_of(section: Section, substitute) -> list[dict]:
 
 @pytest.mark.parametrize("section", RUNNABLE, ids=[s.id for s in RUNNABLE])
 def test_the_examples_of_a_section_run_as_written(section, tmp_path, cloud_servers):
+    if importlib.util.find_spec("petastorm") is None:
+        pytest.skip("the docs' examples run once, in the full environment (make test: pinstorm[all], "
+                    "petastorm included); this one lacks petastorm, and a second run would cost CI ~3 min")
     chain = [*prerequisites(section), section]
     code = "".join(e.code for s in chain for e in s.examples if runnable(e, s))
     work, home = tmp_path / "work", tmp_path / "home"
