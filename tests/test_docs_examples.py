@@ -34,6 +34,7 @@ The rules (what a doc writer needs to know):
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -170,30 +171,26 @@ def test_the_examples_of_a_section_run_as_written(section, tmp_path, cloud_serve
                **cloud_environment(code, cloud_servers))
     env.pop("PYTHONPATH", None)  # the examples import the installed pinstorm, as a user's script does
 
-    replacements: dict[str, str] = {}
-    serving = None
-    if PLACEHOLDER in code:
-        if re.search(r"board serve|serve_board\(", code):
-            port = free_port()  # the section serves its own board: give it a free port
-            replacements = {PLACEHOLDER: f"127.0.0.1:{port}", "--port 8000": f"--port {port}"}
-        else:
-            from pinstorm import boards
-            serving = boards.serve_board(shared_board(tmp_path / "shared-board"))
-            replacements = {f"http://{PLACEHOLDER}": serving.__enter__().rstrip("/")}
+    with contextlib.ExitStack() as stack:
+        replacements: dict[str, str] = {}
+        if PLACEHOLDER in code:
+            if re.search(r"board serve|serve_board\(", code):
+                port = free_port()  # the section serves its own board: give it a free port
+                replacements = {PLACEHOLDER: f"127.0.0.1:{port}", "--port 8000": f"--port {port}"}
+            else:
+                from pinstorm import boards
+                url = stack.enter_context(boards.serve_board(shared_board(tmp_path / "shared-board")))
+                replacements = {f"http://{PLACEHOLDER}": url.rstrip("/")}
 
-    def substitute(text: str) -> str:
-        for old, new in replacements.items():
-            text = text.replace(old, new)
-        return text
+        def substitute(text: str) -> str:
+            for old, new in replacements.items():
+                text = text.replace(old, new)
+            return text
 
-    plan = [step for s in chain for step in steps_of(s, substitute)]
-    (tmp_path / "plan.json").write_text(json.dumps(plan))
-    try:
+        plan = [step for s in chain for step in steps_of(s, substitute)]
+        (tmp_path / "plan.json").write_text(json.dumps(plan))
         done = subprocess.run([sys.executable, docs_support.__file__, str(tmp_path / "plan.json")], cwd=work,
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
-    finally:
-        if serving is not None:
-            serving.__exit__(None, None, None)
     print(done.stdout)
     if done.returncode:
         pytest.fail(f"{section.id} failed:\n{done.stdout[-6000:]}", pytrace=False)
