@@ -11,7 +11,7 @@ The rules (what a doc writer needs to know):
   (```text, ```yaml, none) are not examples: an unlabelled fence holding `$ ` commands is an error.
 * **Isolated, in order.** A section's examples run in document order in a fresh interpreter
   (`tests/docs_support.py`), in a fresh empty folder (relative paths land there), with its own
-  `PINSTORM_CONFIG`, `PINSTORM_BOARD`, `PINSTORM_CACHE` and `HOME`, and the venv's `pinstorm` first on
+  `PINSTORM_CONFIG`, `PINSTORM_BOARD`, `PINSTORM_CACHE`, `HOME` and `TMPDIR`, and the venv's `pinstorm` first on
   `PATH`. Anything a shell block leaves running in the background is ended after the block.
 * **Building on another section** is explicit: `<!-- docs-test: after "Heading" -->` in a section
   runs that section's examples first, in the same folder (the reader has run them too).
@@ -162,10 +162,10 @@ def test_the_examples_of_a_section_run_as_written(section, tmp_path, cloud_serve
                     "petastorm included); this one lacks petastorm, and a second run would cost CI ~3 min")
     chain = [*prerequisites(section), section]
     code = "".join(e.code for s in chain for e in s.examples if runnable(e, s))
-    work, home = tmp_path / "work", tmp_path / "home"
-    work.mkdir()
-    home.mkdir()
-    env = dict(os.environ, HOME=str(home), PYTHONDONTWRITEBYTECODE="1",
+    work, home, temp = tmp_path / "work", tmp_path / "home", tmp_path / "tmp"
+    for folder in (work, home, temp):
+        folder.mkdir()
+    env = dict(os.environ, HOME=str(home), TMPDIR=str(temp), PYTHONDONTWRITEBYTECODE="1",
                PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
                MPLCONFIGDIR=os.environ.get("MPLCONFIGDIR") or str(Path.home() / ".config" / "matplotlib"),
                **cloud_environment(code, cloud_servers))
