@@ -190,7 +190,7 @@ def test_the_examples_of_a_section_run_as_written(section, tmp_path, cloud_serve
         plan = [step for s in chain for step in steps_of(s, substitute)]
         (tmp_path / "plan.json").write_text(json.dumps(plan))
         done = subprocess.run([sys.executable, docs_support.__file__, str(tmp_path / "plan.json")], cwd=work,
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
     print(done.stdout)
     if done.returncode:
         pytest.fail(f"{section.id} failed:\n{done.stdout[-6000:]}", pytrace=False)
