@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -151,8 +152,9 @@ def run_shell(script: str, label: str) -> int:
 
 def run_plan(steps: list[dict]) -> int:
     namespace: dict = {"__name__": "__main__"}
+    started = time.perf_counter()
     for step in steps:
-        print(f"=== {step['label']}", flush=True)
+        print(f"=== {step['label']} (at {time.perf_counter() - started:.1f} s)", flush=True)
         for line in step.get("skipped", []):
             print(f"--- not run (set-up line): {line}", flush=True)
         if step["kind"] == "python":
