@@ -209,6 +209,13 @@ def test_every_command_transcript_is_fenced_as_one():
     assert not unlabelled
 
 
+def test_no_example_needs_the_repository():
+    """Examples are for users of the installed package: none imports the test helpers."""
+    offenders = [e.label for s in SECTIONS for e in s.examples if e.kind == "python"
+                 and re.search(r"^\s*(from|import) (tests|servers)\b", e.code, flags=re.M)]
+    assert not offenders
+
+
 def test_the_rules_find_what_they_should():
     """The parser sees the blocks a reader sees: indented ones in lists, console transcripts, skips."""
     example = Example("x.md", "s", 1, "console", "", "$ pinstorm a \\\n  --b\nout put\n$ make x\n")
