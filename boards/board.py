@@ -94,10 +94,9 @@ class Board:
         return getattr(self.storage, attr)
 
     def __repr__(self) -> str:
-        try:
-            from .display import board_text
-        except ImportError:
-            return f"<Board {self.name!r} ({self.kind}) {self.describe()}>"
+        """Name, kind, location (secrets masked), access, cache and the first pins; never raises."""
+        from .display import board_text
+
         return board_text(self)
 
     def _repr_html_(self) -> str:
