@@ -34,226 +34,21 @@ No code from the dataset runs, and no row group is decoded past the memory budge
 otherwise, at `make_dataset`), petastorm's unpickler is guarded while it opens the dataset, and
 every row group of the shard is bounded the same way before petastorm is handed the dataset.
 TensorFlow is imported inside the functions, so ``import pipeline`` stays light.
+The TF-free parts (shards, epoch order, the counted and verified `EpochSource`, the JPEG checks) live in
+`pipeline.epochs`, shared with the PyTorch reader (`pipeline.torch_loader`).
 """
 
 from __future__ import annotations
 
-import logging
-import random
-import warnings
-
-import numpy as np
-
-from .metadata import check_petastorm_metadata, petastorm_guard, read_info
-from .storage import locate, petastorm_filesystem
-from .verify import (CorruptPartError, check_parts, open_part, read_row_group, rows_digest, verified)
-from pinstorm.errors import PinstormError
-
-log = logging.getLogger(__name__)
+from .epochs import EpochSource as _EpochSource  # noqa: F401 (kept importable from here)
+from .epochs import IncompleteEpochError, shard_row_groups  # noqa: F401 (public names of this module)
+from .epochs import check_arguments, default_shuffle_buffer, open_epochs
+from .epochs import check_jpegs as _check_jpegs  # noqa: F401 (kept importable from here)
+from .epochs import epoch_seed as _epoch_seed  # noqa: F401
+from .epochs import jpeg_problem as _jpeg_problem  # noqa: F401
 
 ENGINES = ("petastorm", "pyarrow")
 _AHEAD = 512   # encoded rows queued ahead of the decoders (~55 MB of ImageNet JPEGs)
-
-
-class IncompleteEpochError(PinstormError, RuntimeError):
-    """An epoch that delivered a different number of rows than the dataset (or shard) holds."""
-
-
-def shard_row_groups(info: dict, shard) -> list[int]:
-    """Global row-group indexes of one shard: index % count == shard index (petastorm's rule)."""
-    groups = info["row_groups"]
-    if shard is None:
-        return list(range(groups))
-    try:
-        index, count = (int(v) for v in shard)
-    except (TypeError, ValueError):
-        raise ValueError(f"shard must be (index, count), got {shard!r}") from None
-    if count < 1 or not 0 <= index < count:
-        raise ValueError(f"shard index must be in [0, {count}), got {shard!r}")
-    if count > groups:
-        raise ValueError(f"{info.get('url', 'dataset')} has {groups} row groups, fewer than {count} shards: some "
-                         f"workers would get no data; convert with more partitions or a smaller row_group_size_mb")
-    return [g for g in range(groups) if g % count == index]
-
-
-def _quiet_petastorm() -> None:
-    """petastorm 0.13 on pyarrow 14 warns on every row group about pyarrow's legacy dataset API, and
-    asks for make_reader because the dataset carries a Unischema; neither is news to us."""
-    warnings.filterwarnings("ignore", category=FutureWarning, module=r"petastorm(\.|$)")
-    warnings.filterwarnings("ignore", message="Please use make_reader", module=r"petastorm(\.|$)")
-
-
-def _epoch_seed(base: int, epoch: int) -> int:
-    return (base * 1_000_003 + epoch * 7919 + 17) % (2**31 - 1)
-
-
-class _EpochSource:
-    """Yields one epoch of (jpeg bytes, labels) batches, one row group at a time, and counts them."""
-
-    def __init__(self, location, info, shard, groups, *, shuffle, base_seed, engine, retries, workers):
-        self.location, self.info, self.shard, self.groups = location, info, shard, groups
-        self.expected = sum(info["row_group_rows"][g] for g in groups)
-        self.shuffle, self.base_seed, self.engine = shuffle, base_seed, engine
-        self.retries, self.workers = retries, workers
-
-    def part_names(self) -> list[str]:
-        names = sorted(self.info["files"])
-        where = [name for name in names for _ in range(self.info["files"][name]["row_groups"])]
-        return sorted({where[g] for g in self.groups})
-
-    def __call__(self, epoch):
-        epoch = int(epoch)
-        check_parts(self.location, self.info, self.part_names())   # a missing part: before the first row
-        for attempt in range(self.retries + 1):
-            delivered = 0
-            for images, labels in self._batches(epoch):
-                delivered += len(labels)
-                yield images, labels
-            if delivered == self.expected:
-                return
-            where = f"{self.location.url}" + (f" shard {self.shard[0]}/{self.shard[1]}" if self.shard else "")
-            if delivered == 0 and attempt < self.retries:
-                log.warning("%s: epoch %d came back empty; reading it again", where, epoch)
-                continue
-            raise IncompleteEpochError(f"{where}: epoch {epoch} delivered {delivered} rows, expected "
-                                       f"{self.expected}; the dataset changed after conversion or the reader failed")
-
-    def _batches(self, epoch):
-        seed = _epoch_seed(self.base_seed, epoch)
-        if self.engine == "pyarrow":
-            yield from self._arrow_batches(seed)
-        else:
-            yield from self._petastorm_batches(seed)
-
-    def _petastorm_batches(self, seed):
-        from petastorm import make_batch_reader
-
-        sharded = self.shard is not None and self.shard[1] > 1
-        expected = None
-        if verified(self.info):
-            names = sorted(self.info["files"])
-            digests = [d for name in names for d in self.info["files"][name]["row_group_xxh3"]]
-            expected = {digests[g] for g in self.groups}
-        check_petastorm_metadata(self.location, self.info)
-        self._bound_row_groups()
-        _quiet_petastorm()
-        with petastorm_guard(self.location.url):
-            reader = make_batch_reader(
-                self.location.url, schema_fields=["image", "label"], num_epochs=1,
-                # reader_workers=0: the "dummy" pool reads in the generator's thread; stored order is kept and
-                # the thread pool's short and empty epochs were never seen with it.
-                reader_pool_type="dummy" if self.workers == 0 else "thread", workers_count=max(1, self.workers),
-                shuffle_row_groups=self.shuffle, seed=seed,
-                cur_shard=self.shard[0] if sharded else None, shard_count=self.shard[1] if sharded else None,
-                filesystem=petastorm_filesystem(self.location))
-        try:
-            for batch in reader:
-                images = np.asarray(batch.image, dtype=object)
-                labels = np.asarray(batch.label, dtype=np.int32)
-                if expected is not None and rows_digest(images, labels) not in expected:
-                    self._name_corruption()
-                _check_jpegs(images, self.location, self.info, None, None, deep=expected is None)
-                yield images, labels
-        finally:
-            reader.stop()
-            reader.join()
-
-    def _bound_row_groups(self):
-        """Every row group petastorm will read fits the memory budget (footer, page headers and
-        dictionaries; nothing expanded), checked before petastorm decodes any of them."""
-        names = sorted(self.info["files"])
-        where = [(name, rg) for name in names for rg in range(self.info["files"][name]["row_groups"])]
-        by_part = {}
-        for g in self.groups:
-            by_part.setdefault(where[g][0], []).append(where[g][1])
-        for name, groups in by_part.items():
-            handle = open_part(self.location, self.info, name)
-            try:
-                for rg in groups:
-                    handle.check_row_group(rg, ["image", "label"])
-            finally:
-                handle.close()
-
-    def _name_corruption(self):
-        """A petastorm batch matched no recorded checksum: find the part and row group with pyarrow."""
-        for _ in self._arrow_batches(None):
-            pass
-        raise CorruptPartError(f"{self.location.url}: a row group read by petastorm matches no recorded checksum "
-                               "(but pyarrow reads every row group intact: did petastorm split a row group?)")
-
-    def _arrow_batches(self, seed):
-        names = sorted(self.info["files"])
-        where = [(name, rg) for name in names for rg in range(self.info["files"][name]["row_groups"])]
-        order = [where[g] for g in self.groups]
-        if self.shuffle and seed is not None:
-            random.Random(seed).shuffle(order)
-        files = {}
-        try:
-            for name, rg in order:
-                if name not in files:
-                    files[name] = open_part(self.location, self.info, name)
-                table = read_row_group(files[name], self.location, self.info, name, rg)
-                images = table.column("image").to_numpy(zero_copy_only=False)
-                _check_jpegs(images, self.location, self.info, name, rg, files[name],
-                             deep="row_group_xxh3" not in self.info["files"][name])
-                yield images, table.column("label").to_numpy().astype(np.int32)
-        finally:
-            for handle in files.values():
-                handle.close()
-
-
-def _jpeg_problem(data) -> str | None:
-    """Why `data` cannot be a whole JPEG (no SOI, a broken header, no EOI after the scan), or None.
-
-    Walks the marker segments to the first scan (a few jumps), then looks for the end-of-image marker
-    after it: what libjpeg, and so ``tf.io.decode_jpeg``, fails on ("Invalid JPEG data") is mostly a
-    file cut short. ~15 us for an ImageNet-size JPEG.
-    """
-    data = bytes(data)
-    if data[:3] != b"\xff\xd8\xff":
-        return f"not a JPEG (first bytes: {data[:16]!r})"
-    at, size = 2, len(data)
-    while at + 4 <= size:
-        if data[at] != 0xFF:
-            return f"broken JPEG header at byte {at}"
-        marker = data[at + 1]
-        if marker == 0xFF:            # fill byte
-            at += 1
-        elif marker == 0x01 or 0xD0 <= marker <= 0xD8:
-            at += 2
-        elif marker == 0xDA:          # start of scan: the entropy-coded data follows
-            scan = at + 2 + int.from_bytes(data[at + 2:at + 4], "big")
-            return None if data.rfind(b"\xff\xd9", scan) != -1 else "truncated JPEG (no end-of-image marker)"
-        else:
-            at += 2 + int.from_bytes(data[at + 2:at + 4], "big")
-    return "truncated JPEG header"
-
-
-def _check_jpegs(images, location, info, name, rg, handle=None, *, deep=False) -> None:
-    """Every stored value starts like a JPEG (and, `deep`, is a whole one); else name part, row group
-    and original file name.
-
-    Row groups with checksums hold exactly the bytes `convert` decoded completely, so for them only
-    the first bytes are looked at; row groups without (older datasets, foreign ones) get the `deep`
-    check, so a cut-off JPEG is named here rather than by libjpeg's bare "Invalid JPEG data".
-    """
-    if deep:
-        problems = [(i, p) for i, p in enumerate(map(_jpeg_problem, images)) if p]
-    else:
-        problems = [(i, f"not a JPEG (first bytes: {bytes(image[:16])!r})") for i, image in enumerate(images)
-                    if bytes(image[:3]) != b"\xff\xd8\xff"]
-    if not problems:
-        return
-    row, problem = problems[0]
-    filename = "?"
-    if handle is not None:
-        try:
-            filename = handle.read_row_group(rg, columns=["filename"]).column("filename")[row].as_py()
-        except Exception:
-            pass
-    where = f"{location.url}/{name} row group {rg}" if name else f"{location.url} (petastorm engine)"
-    raise CorruptPartError(f"{where}: row {row} ({filename}) is {problem}; {len(problems)} such row(s) in this "
-                           "row group")
 
 
 DCT_RATIOS = (1, 2, 4, 8)
@@ -367,38 +162,12 @@ def make_dataset(url, *, batch_size: int, image_size=(224, 224), training: bool 
 
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
-    if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-    if num_epochs is not None and num_epochs < 1:
-        raise ValueError(f"num_epochs must be None or at least 1, got {num_epochs!r}")
-    image_size = (int(image_size),) * 2 if isinstance(image_size, (int, np.integer)) else tuple(map(int, image_size))
-    if len(image_size) != 2 or min(image_size) < 1:
-        raise ValueError(f"image_size must be (height, width), got {image_size!r}")
-    crop_area = tuple(float(v) for v in crop_area)
-    if not 0 < crop_area[0] <= crop_area[1] <= 1:
-        raise ValueError(f"crop_area must satisfy 0 < low <= high <= 1, got {crop_area!r}")
-
-    location = locate(url, storage_options)
-    info = read_info(location)
-    if engine == "petastorm":
-        check_petastorm_metadata(location, info)   # before petastorm could unpickle anything
-    info["url"] = location.url
-    groups = shard_row_groups(info, shard)
-    if not verify:
-        info["files"] = {name: {k: v for k, v in entry.items() if k not in ("footer_xxh3", "row_group_xxh3")}
-                         for name, entry in info["files"].items()}
-    elif not verified(info):
-        log.warning("%s: written by an older pinstorm, without checksums; convert it again to have its parts "
-                    "verified", location.url)
-    shard = None if shard is None else (int(shard[0]), int(shard[1]))
-    base_seed = seed if seed is not None else random.SystemRandom().randrange(2**31)
-    source = _EpochSource(location, info, shard, groups, shuffle=shuffle, base_seed=base_seed, engine=engine,
-                          retries=retries, workers=reader_workers)
-    check_parts(location, info, source.part_names())   # a missing part fails here, not mid-epoch
+    image_size, crop_area = check_arguments(batch_size, num_epochs, image_size, crop_area)
+    source = open_epochs(url, shard, shuffle=shuffle, seed=seed, engine=engine, retries=retries,
+                         workers=reader_workers, storage_options=storage_options, verify=verify)
+    base_seed, shard = source.base_seed, source.shard
     if shuffle_buffer is None:
-        mean_rows = max(1, source.expected // max(1, len(groups)))
-        mean_bytes = max(1, info["bytes"] // max(1, info["rows"]))
-        shuffle_buffer = min(source.expected, max(1024, 4 * mean_rows), max(256, 2**28 // mean_bytes))
+        shuffle_buffer = default_shuffle_buffer(source.info, source.expected, len(source.groups))
 
     signature = (tf.TensorSpec([None], tf.string), tf.TensorSpec([None], tf.int32))
 
