@@ -30,7 +30,7 @@ comma := ,
 install: $(STAMP)
 
 demo: $(STAMP)  ## the main job: digits -> pins -> HTTP board -> Parquet -> AlexNet (MirroredStrategy, NCCL fallback)
-	$(BIN)/pinstorm demo --workdir demo-output/$$(date +%Y%m%dT%H%M%S)
+	$(BIN)/pinstorm demo --output demo-output/$$(date +%Y%m%dT%H%M%S)
 
 test: $(STAMP)  ## the whole test suite in the full environment (what CI runs, with test-modern)
 	@.ci/install-r || echo "make test: R or R pins could not be installed; the R interoperability tests will be skipped"

@@ -5,7 +5,6 @@ Registrations made here persist in the user config file.
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
 
@@ -16,8 +15,11 @@ from . import api, registry
 from .board import default_pin_name
 
 
-def _show(df: pd.DataFrame) -> None:
-    if df.empty:
+def _show(df: pd.DataFrame, as_json: bool = False) -> None:
+    """A listing as a table, or with `--json` as a JSON list of records (for scripts and `jq`)."""
+    if as_json:
+        click.echo(json.dumps(json.loads(df.to_json(orient="records", date_format="iso")), indent=1))
+    elif df.empty:
         click.echo("(none)")
     else:
         with pd.option_context("display.max_rows", 500, "display.max_colwidth", 80, "display.width", 200):
@@ -34,6 +36,17 @@ def _parse_options(pairs: tuple[str, ...]) -> dict:
     return out
 
 
+def json_option(f):
+    """`--json` on every listing: the same rows as JSON records."""
+    return click.option("--json", "as_json", is_flag=True, help="Print the listing as JSON.")(f)
+
+
+def yes_option(f):
+    """`--yes` on every command that deletes or replaces something."""
+    return click.option("--yes", "-y", is_flag=True,
+                        help="Do not ask for confirmation (required when stdin is not a terminal).")(f)
+
+
 @click.group()
 def board() -> None:
     """Register, list and remove boards (saved in the user config file)."""
@@ -48,20 +61,88 @@ def board() -> None:
 @click.option("--endpoint-url", help="Endpoint of an S3/GCS-compatible server or Kaggle mirror.")
 @click.option("--cache", help="Cache folder for this board.")
 @click.option("--no-versions", is_flag=True, help="Keep only the latest version of each pin.")
-@click.option("--option", "-o", "options", multiple=True, metavar="KEY=VALUE", help="Any other board option.")
-def board_register_cmd(kind, name, path, url, bucket, endpoint_url, cache, no_versions, options):
-    """Register a board: KIND is local, datatxt, s3, gcs, kaggle, or an http(s) URL."""
+@click.option("--option", "options", multiple=True, metavar="KEY=VALUE",
+              help="Any other board option (e.g. create_bucket=true, index_max_age=300).")
+@click.option("--force", "-f", is_flag=True, help="Replace a board already registered under this name.")
+@click.option("--no-check", is_flag=True, help="Register without checking that the board answers.")
+def board_register_cmd(kind, name, path, url, bucket, endpoint_url, cache, no_versions, options, force, no_check):
+    """Register a board: KIND is local, datatxt, s3, gcs, kaggle, or an http(s) URL.
+
+    The board must answer (its index or bucket can be listed; a local folder exists or can be made)
+    unless --no-check. A name that is taken, including the default board `local`, is replaced only
+    with --force (or when you say yes at the prompt).
+    """
+    from .constructors import board_from_spec, default_board_name
+
+    kind_name = kind.lower()
+    _require_options(kind_name, url=url, bucket=bucket)
     opts = {k: v for k, v in dict(path=path, url=url, bucket=bucket, endpoint_url=endpoint_url,
                                   cache=cache).items() if v is not None}
     if no_versions:
         opts["versions"] = False
     opts.update(_parse_options(options))
+    name = name or default_board_name(kind)
+    replaced = _replacing(name, force)
+    if not no_check:
+        _check_answers(lambda: board_from_spec({"kind": kind, **opts}, name=name), name)
     b = registry.board_register(kind, name=name, persist=True, **opts)
-    click.echo(f"registered board {b.name!r} ({b.kind}: {b.describe()})")
+    click.echo(f"registered board {b.name!r} ({b.kind}: {b.describe()})"
+               + (f"; it replaces {replaced}" if replaced else ""))
+
+
+# Options a kind cannot do without, as the flags that give them.
+_REQUIRED = {"datatxt": ("url", "--url URL"), "s3": ("bucket", "--bucket NAME"), "gcs": ("bucket", "--bucket NAME"),
+             "gcloud": ("bucket", "--bucket NAME")}
+
+
+def _require_options(kind: str, **given) -> None:
+    if kind in _REQUIRED:
+        key, flag = _REQUIRED[kind]
+        if not given.get(key):
+            raise click.UsageError(f"`board register {kind}` needs {flag}")
+
+
+def _where(spec: dict) -> str:
+    from .secrets import redact_text, secret_values
+
+    where = spec.get("url") or spec.get("path") or spec.get("bucket") or ""
+    if not where and spec.get("kind") in (None, "local"):
+        where = str(registry.default_local_path())
+    kind = str(spec.get("kind") or "local")
+    hidden = secret_values(spec)  # registrations of this process still hold their secrets
+    return redact_text(f"{kind}: {where}" if where and where != kind else kind, hidden)
+
+
+def _replacing(name: str, force: bool) -> str | None:
+    """What registering `name` would replace (None: nothing); asks, or needs --force, first."""
+    specs = registry.board_specs()
+    if name not in specs and name != registry.DEFAULT_BOARD:
+        return None
+    old = f"board {name!r} ({_where(specs.get(name, {'kind': 'local'}))})"
+    if force:
+        return old
+    if not sys.stdin.isatty():
+        raise click.UsageError(f"{old} is already registered; add --force to replace it, or choose another --name")
+    click.confirm(f"Replace {old}?", default=False, abort=True)
+    return old
+
+
+def _check_answers(make_board, name: str) -> None:
+    """Registration fails for a board that does not answer: a typo in a URL, bucket or path shows
+    now, not at the first `get`."""
+    from .errors import BoardError
+
+    try:
+        make_board().pin_list()
+    except Exception as e:  # noqa: BLE001 - whatever the storage raised, said as one line
+        reason = str(e).rstrip(". ") or type(e).__name__
+        raise BoardError(f"board {name!r} does not answer: {reason}; check the location, or register anyway "
+                         "with --no-check") from e
 
 
 @board.command("list")
-def board_list_cmd():
+@json_option
+def board_list_cmd(as_json):
     """List registered boards (credentials in URLs and options shown as ***)."""
     from .secrets import redact_text, secret_values
 
@@ -73,20 +154,25 @@ def board_list_cmd():
         hidden = secret_values(spec)  # registrations of this process still hold their secrets
         rows.append({"name": name, "kind": redact_text(str(spec.get("kind")), hidden),
                      "where": redact_text(str(where), hidden)})
-    _show(pd.DataFrame(rows))
+    _show(pd.DataFrame(rows, columns=["name", "kind", "where"]), as_json)
 
 
 @board.command("remove")
 @click.argument("name")
-def board_remove_cmd(name):
-    """Deregister a board (its data stays where it is)."""
+@yes_option
+def board_remove_cmd(name, yes):
+    """Deregister a board (its data stays where it is); asks first (`--yes` skips the question)."""
+    if name not in registry.board_specs():
+        registry.board_deregister(name, persist=True)   # says it is not registered, and what is
+    confirm_destructive(f"board {name!r} ({_where(registry.board_specs()[name])}) from the registered boards "
+                        "(its data stays)", yes)
     registry.board_deregister(name, persist=True)
     click.echo(f"removed board {name!r}")
 
 
 @board.command("repair")
 @click.argument("name", default="local")
-@click.option("--older-than", default=86400.0, show_default=True, type=float, metavar="SECONDS",
+@click.option("--older-than", default=86400.0, show_default=True, type=click.FloatRange(min=0), metavar="SECONDS",
               help="On buckets, remove unfinished versions (no data.txt) only when this old.")
 def board_repair_cmd(name, older_than):
     """Rebuild a writable board's data.txt index from the pins it stores and remove what killed
@@ -105,7 +191,7 @@ def board_repair_cmd(name, older_than):
 @board.command("serve")
 @click.argument("path", type=click.Path(exists=True, file_okay=False))
 @click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=8000, show_default=True, type=int)
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="0: any free port.")
 def board_serve_cmd(path, host, port):
     """Serve a board folder over HTTP (Range-aware) as a read-only datatxt board."""
     from .serve import serve_board
@@ -146,7 +232,7 @@ def pin_cmd(paths, name, board, zip_, description):
 @click.command("get")
 @click.argument("name")
 @board_option
-@click.option("--version", "-v", help="Version or unique prefix (default: latest).")
+@click.option("--version", help="Version or unique prefix (default: latest).")
 @click.option("--extract/--no-extract", default=None, help="Unpack archives (default: the board's choice).")
 @click.option("--offline", is_flag=True, help="Use only the local cache; no network.")
 def get_cmd(name, board, version, extract, offline):
@@ -163,44 +249,60 @@ def get_cmd(name, board, version, extract, offline):
 @click.argument("text", default="")
 @board_option
 @click.option("--extended", is_flag=True, help="Show every index field.")
-def find_cmd(text, board, extended):
+@json_option
+def find_cmd(text, board, extended, as_json):
     """Search pins by name, title and description (every board by default)."""
-    _show(api.pin_find(text, board=board, extended=extended))
+    _show(api.pin_find(text, board=board, extended=extended), as_json)
+
+
+@click.command("list")
+@board_option
+@json_option
+def list_cmd(board, as_json):
+    """The names of a board's pins, one per line (the default board unless --board)."""
+    names = registry.board_get(board).pin_list()
+    if as_json:
+        click.echo(json.dumps(names))
+    else:
+        for name in names:
+            click.echo(name)
 
 
 @click.command("info")
 @click.argument("name")
 @board_option
-@click.option("--version", "-v")
-def info_cmd(name, board, version):
-    """Show a pin's metadata (latest version by default)."""
+@click.option("--version", help="Version or unique prefix (default: latest).")
+@click.option("--json", "as_json", is_flag=True, help="Accepted for symmetry: the metadata is always JSON.")
+def info_cmd(name, board, version, as_json):
+    """Show a pin's metadata as JSON (latest version by default)."""
     click.echo(json.dumps(api.pin_info(name, board=board, version=version), indent=2, default=str))
 
 
 @click.command("versions")
 @click.argument("name")
 @board_option
-def versions_cmd(name, board):
+@json_option
+def versions_cmd(name, board, as_json):
     """List a pin's versions, oldest first."""
-    _show(api.pin_versions(name, board=board))
+    _show(api.pin_versions(name, board=board), as_json)
 
 
-def confirm_destructive(what: str, yes: bool) -> None:
+def confirm_destructive(what: str, yes: bool, verb: str = "Remove") -> None:
     """Ask before deleting anything: `--yes` skips the question; without a terminal to ask on,
     refuse (a pipe or a script's stdin is not an answer, `echo n | ...` included)."""
     if yes:
         return
     if not sys.stdin.isatty():
-        raise click.UsageError(f"refusing to delete {what} without confirmation: stdin is not a terminal, so "
-                               "pinstorm cannot ask; add --yes to delete without asking")
-    click.confirm(f"Remove {what}?", default=False, abort=True)  # only y / yes deletes
+        raise click.UsageError(f"refusing to {verb.lower()} {what} without confirmation: stdin is not a terminal, "
+                               f"so pinstorm cannot ask; add --yes to {verb.lower()} without asking")
+    click.confirm(f"{verb} {what}?", default=False, abort=True)  # only y / yes goes ahead
 
 
 @click.command("remove")
 @click.argument("name")
 @board_option
-@click.option("--version", "-v", help="Remove only this version.")
-@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation (required when stdin is not a terminal).")
+@click.option("--version", help="Remove only this version.")
+@yes_option
 def remove_cmd(name, board, version, yes):
     """Remove a pin (all versions) or one version; asks first (`--yes` skips the question)."""
     what = f"version {version} of pin {name!r}" if version else f"pin {name!r} and all its versions"

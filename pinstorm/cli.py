@@ -3,7 +3,15 @@
 Each layer keeps its commands beside the code they call (`boards/cli.py`, `pipeline/cli.py`,
 `training/cli.py`); this module lists them and imports a layer only when one of its commands runs,
 so `pinstorm board list` never loads pyarrow, TensorFlow or Spark, and works on the boards core
-alone. Every `PinstormError` becomes one clear line and exit code 1 — the one error policy.
+alone.
+
+The one error policy: a usage mistake (a missing or invalid flag) is one line and exit 2; any other
+error is one line and exit 1, in the CLI's terms (`CLI_TERMS`), with the traceback only on `--debug`.
+
+The flags mean one thing everywhere: `-v/--verbose`, `-o/--output` (the folder a command writes),
+`--overwrite` (replace what a command would otherwise refuse to touch), `--json` (every listing and
+report as JSON), `-y/--yes` (do the destructive thing without asking), `-b/--board`, `--version` a
+pin's version.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ COMMANDS: dict[str, tuple[str, str, str | None]] = {
     "pin": ("pinstorm.boards.cli", "pin_cmd", None),
     "get": ("pinstorm.boards.cli", "get_cmd", None),
     "find": ("pinstorm.boards.cli", "find_cmd", None),
+    "list": ("pinstorm.boards.cli", "list_cmd", None),
     "info": ("pinstorm.boards.cli", "info_cmd", None),
     "versions": ("pinstorm.boards.cli", "versions_cmd", None),
     "remove": ("pinstorm.boards.cli", "remove_cmd", None),
@@ -58,12 +67,14 @@ class PinstormGroup(click.Group):
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
+        except click.UsageError as e:
+            raise OneLineUsageError(e) from e
         except (click.exceptions.Exit, click.Abort, click.ClickException, KeyboardInterrupt):
             raise
-        except (PinstormError, OSError) as e:
+        except (PinstormError, OSError, ValueError) as e:   # ValueError: an argument the library refused
             if debugging(ctx):
                 raise
-            raise click.ClickException(f"{type(e).__name__}: {e}") from e
+            raise click.ClickException(in_cli_terms(f"{type(e).__name__}: {e}")) from e
         except Exception as e:  # noqa: BLE001 - a bug or an unforeseen input: one line, the traceback on demand
             if debugging(ctx):
                 raise
@@ -71,7 +82,36 @@ class PinstormGroup(click.Group):
                                        f"{DEBUG_ENV}=1, for the traceback)") from e
 
 
+class OneLineUsageError(click.UsageError):
+    """A usage mistake as one line that says where help is, exit 2 (click's own form takes four)."""
+
+    def __init__(self, error: click.UsageError):
+        super().__init__(error.format_message(), error.ctx)
+        self.hint = f"see '{error.ctx.command_path} --help'" if error.ctx else "see 'pinstorm --help'"
+
+    def show(self, file=None) -> None:
+        click.echo(f"Error: {self.format_message()} ({self.hint})", file=file or sys.stderr)
+
+
 DEBUG_ENV = "PINSTORM_DEBUG"
+
+# Advice the library gives in Python terms, as the command line says it (library phrase -> CLI phrase).
+CLI_TERMS = (
+    ("register it with board_register() or `pinstorm board register`", "register it with `pinstorm board register`"),
+    ("and download=False", "and --offline was given"),
+    ("with create_bucket=True", "with --option create_bucket=true"),
+    ("with allow_external=True (or a list of allowed origins)", "with --option allow_external=true"),
+    ("pass overwrite=True (--overwrite)", "add --overwrite"),
+    ("read its path with pin_get(..., files=True)", "take its files with `pinstorm get`"),
+    ("use pin_download()", "use `pinstorm get`"),
+)
+
+
+def in_cli_terms(message: str) -> str:
+    """`message` with its Python advice replaced by the flags and commands that do the same."""
+    for python, cli_words in CLI_TERMS:
+        message = message.replace(python, cli_words)
+    return message
 
 
 def debugging(ctx: click.Context | None = None) -> bool:
@@ -82,7 +122,7 @@ def debugging(ctx: click.Context | None = None) -> bool:
 
 def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
     """Warnings as one plain line ("warning: ..."), not Python's path, line number and source line."""
-    print(f"warning: {message}", file=file or sys.stderr)
+    print(f"warning: {in_cli_terms(str(message))}", file=file or sys.stderr)
 
 
 def _unavailable(name: str, message: str) -> click.Command:

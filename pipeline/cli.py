@@ -11,11 +11,18 @@ from .storage import is_board_url, parse_board_url
 
 
 
+POSITIVE = click.IntRange(min=1)
+POSITIVE_FLOAT = click.FloatRange(min=0, min_open=True)
+
+
 def _partition(value: str) -> tuple[int, int]:
     try:
         index, count = (int(v) for v in value.split("/"))
     except ValueError:
         raise click.BadParameter(f"expected I/N such as 0/4, got {value!r}", param_hint="--partition") from None
+    if count < 1 or not 0 <= index < count:
+        raise click.BadParameter(f"I/N needs 0 <= I < N (slices are 0-based), got {value!r}",
+                                 param_hint="--partition")
     return index, count
 
 
@@ -23,7 +30,7 @@ def _partition(value: str) -> tuple[int, int]:
 @click.argument("root", type=click.Path(exists=True, file_okay=False))
 @click.option("--board", "-b", required=True, help="Registered board to pin the categories to.")
 @click.option("--zip/--no-zip", "zip_", default=True, show_default=True, help="One zip per category.")
-@click.option("--parallel", type=int, default=None, help="Categories pinned at once (default 4).")
+@click.option("--parallel", type=POSITIVE, default=None, help="Categories pinned at once (default 4).")
 def repartition(root, board, zip_, parallel):
     """Pin each train category of the image tree ROOT as its own pin, plus a `categories` table."""
     from .repartition import repartition as run
@@ -36,21 +43,21 @@ def repartition(root, board, zip_, parallel):
 @click.command()
 @click.argument("source")
 @click.argument("output")
-@click.option("--partitions", "-p", type=int, default=1, show_default=True, help="Part files (balanced shards).")
+@click.option("--partitions", "-p", type=POSITIVE, default=1, show_default=True, help="Part files (balanced shards).")
 @click.option("--split", type=click.Choice(["train", "val"]), default="train", show_default=True,
               help="Which split of an ILSVRC tree to write.")
 @click.option("--partition", "slice_", default=None, metavar="I/N",
               help="With SOURCE board://<board>: convert categories slice I of N (0-based).")
 @click.option("--classes-from", default=None, metavar="DATASET",
               help="Label by the class list of an existing dataset (so train and val agree).")
-@click.option("--row-group-size-mb", type=float, default=32, show_default=True)
-@click.option("--min-row-groups", type=int, default=16, show_default=True)
+@click.option("--row-group-size-mb", type=POSITIVE_FLOAT, default=32, show_default=True)
+@click.option("--min-row-groups", type=POSITIVE, default=16, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the row shuffle.")
-@click.option("--parallel", type=int, default=None, help="Threads reading and checking images.")
+@click.option("--parallel", type=POSITIVE, default=None, help="Threads reading and checking images.")
 @click.option("--overwrite", is_flag=True, help="Replace a finished dataset built from other inputs.")
-@click.option("--max-pixels", type=int, default=None,
+@click.option("--max-pixels", type=POSITIVE, default=None,
               help="Per-image pixel budget (default 40000000): larger JPEGs are downscaled, other images skipped.")
-@click.option("--memory-budget-mb", type=float, default=None,
+@click.option("--memory-budget-mb", type=POSITIVE_FLOAT, default=None,
               help="Decoded pixels all threads may hold at once (default 1024).")
 @click.option("--max-side", type=click.IntRange(min=1), default=None,
               help="Downscale images whose longer side exceeds this many pixels (default: keep every byte).")
@@ -66,6 +73,9 @@ def convert(source, output, partitions, split, slice_, classes_from, row_group_s
     from .info import dataset_info
     from .repartition import imagenet_partition
 
+    if quality is not None and max_side is None:
+        raise click.BadParameter("--quality sets the quality of images --max-side downscales; give --max-side",
+                                 param_hint="--quality")
     if is_board_url(source):
         board = source[len("board://"):].strip("/")
         if "/" in board:
@@ -77,9 +87,6 @@ def convert(source, output, partitions, split, slice_, classes_from, row_group_s
             raise click.BadParameter("--partition needs a board:// SOURCE", param_hint="--partition")
         source_obj = source
     classes = dataset_info(classes_from)["classes"] if classes_from else None
-    if quality is not None and max_side is None:
-        raise click.BadParameter("--quality sets the quality of images --max-side downscales; give --max-side",
-                                 param_hint="--quality")
     limits = {key: value for key, value in (("max_pixels", max_pixels), ("memory_budget_mb", memory_budget_mb),
                                             ("max_side", max_side), ("quality", quality)) if value is not None}
     result = run(source_obj, output, partitions=partitions, split=split, classes=classes, seed=seed,
@@ -108,7 +115,7 @@ def convert(source, output, partitions, split, slice_, classes_from, row_group_s
 @click.option("--sheet", type=click.Path(dir_okay=False), default=None,
               help="Contact sheet PNG (default: ./<dataset name>-contact-sheet.png).")
 @click.option("--no-sheet", is_flag=True, help="Only print the summary.")
-@click.option("--samples", type=int, default=36, show_default=True, help="Images on the contact sheet.")
+@click.option("--samples", type=POSITIVE, default=36, show_default=True, help="Images on the contact sheet.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def inspect(dataset, sheet, no_sheet, samples, as_json):
     """Rows, classes, row groups, sizes of DATASET, and a contact sheet of sample images with labels."""

@@ -45,7 +45,7 @@ def test_cli_round_trip(tmp_path, env):
     assert "one" in _pinstorm("find", env=env).stdout
     _pinstorm("remove", "n01440764", "--yes", env=env)
     assert "(none)" in _pinstorm("find", "tench", env=env).stdout
-    _pinstorm("board", "remove", "second", env=env)
+    _pinstorm("board", "remove", "second", "--yes", env=env)
     assert "second" not in _pinstorm("board", "list", env=env).stdout
 
 

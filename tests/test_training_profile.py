@@ -76,7 +76,7 @@ def test_profile_needs_something_to_measure(tmp_path):
     with pytest.raises(ProfileError, match="needs a dataset"):
         profile()
     result = CliRunner().invoke(cli, ["profile"])
-    assert result.exit_code == 1 and "give a DATASET" in result.output
+    assert result.exit_code == 2 and "give a DATASET" in result.output
     with pytest.raises(ProfileError, match="not registered"):
         profile(board="no-such-board", output_dir=tmp_path)
 

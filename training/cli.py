@@ -6,27 +6,52 @@ from __future__ import annotations
 
 from . import keras_env  # noqa: F401  (before anything can import TensorFlow)
 
-import functools
 import json
 import logging
 import os
+from pathlib import Path
 
 import click
 
+from .strategy import STRATEGY_KINDS   # a plain tuple: importing it does not load TensorFlow
 
 MODEL_NAMES = ("alexnet", "resnet50", "mobilenet_v2")
-
+POSITIVE = click.IntRange(min=1)
+POSITIVE_FLOAT = click.FloatRange(min=0, min_open=True)
 
 
 def _image_size(value: str) -> int | list[tuple[int, int]]:
     """`224`, or a progressive-resizing schedule `0:128,6:192,12:224` (epoch:size, fast.ai style)."""
     try:
         if ":" not in value:
-            return int(value)
-        return [(int(epoch), int(size)) for epoch, size in (step.split(":") for step in value.split(","))]
+            size = int(value)
+            if size < 1:
+                raise ValueError
+            return size
+        schedule = [(int(epoch), int(size)) for epoch, size in (step.split(":") for step in value.split(","))]
+        if any(epoch < 0 or size < 1 for epoch, size in schedule):
+            raise ValueError
+        return schedule
     except ValueError:
-        raise click.BadParameter(f"expected a size or EPOCH:SIZE,... such as 0:128,6:192, got {value!r}",
+        raise click.BadParameter(f"expected a positive size or EPOCH:SIZE,... such as 0:128,6:192, got {value!r}",
                                  param_hint="--image-size") from None
+
+
+def output_option(*aliases: str, help: str):
+    """`-o/--output`: the folder a command writes, the same name on every command (older names still work)."""
+    return click.option("--output", "-o", *aliases, "output_dir", default=None, type=click.Path(file_okay=False),
+                        help=help)
+
+
+overwrite_option = click.option("--overwrite", is_flag=True,
+                                help="Replace what an earlier run left in --output instead of refusing.")
+
+
+def _refuse_finished(output_dir, marker: str, overwrite: bool) -> None:
+    """A finished run's outputs are not replaced unasked: --overwrite, or another --output."""
+    if output_dir and not overwrite and list(Path(output_dir).glob(marker)):
+        raise click.UsageError(f"--output {output_dir} holds the results of an earlier run ({marker}); add "
+                               "--overwrite to replace them, or choose another --output")
 
 
 def _log_to_console(verbose: bool) -> None:
@@ -38,34 +63,38 @@ def _log_to_console(verbose: bool) -> None:
 @click.argument("model", type=click.Choice(MODEL_NAMES, case_sensitive=False))
 @click.argument("data")
 @click.option("--val", "validation", default=None, help="Validation dataset (Parquet URL or folder).")
-@click.option("--epochs", type=int, default=10, show_default=True)
-@click.option("--batch-size", type=int, default=32, show_default=True, help="Per replica; global = x replicas.")
+@click.option("--epochs", type=POSITIVE, default=10, show_default=True)
+@click.option("--batch-size", type=POSITIVE, default=32, show_default=True, help="Per replica; global = x replicas.")
 @click.option("--image-size", default="224", show_default=True, callback=lambda c, p, v: _image_size(v),
               help="A size, or a progressive schedule EPOCH:SIZE,... such as 0:128,6:192,12:224.")
-@click.option("--width", type=float, default=1.0, show_default=True, help="AlexNet width multiplier.")
-@click.option("--strategy", "kind", type=click.Choice(["auto", "mirrored", "multiworker", "one-device"]),
+@click.option("--width", type=POSITIVE_FLOAT, default=1.0, show_default=True, help="AlexNet width multiplier.")
+@click.option("--strategy", "kind", type=click.Choice(STRATEGY_KINDS),
               default="auto", show_default=True, help="auto: multi-worker when TF_CONFIG names several workers.")
-@click.option("--devices", type=int, default=None, help="GPUs to use, or logical CPU devices without GPUs.")
+@click.option("--devices", type=POSITIVE, default=None, help="GPUs to use, or logical CPU devices without GPUs.")
 @click.option("--cross-device-ops", default="auto", show_default=True,
               help="auto, nccl, hierarchical, one-device, collective (across workers: auto, nccl, ring).")
 @click.option("--no-fallback", is_flag=True, help="Fail instead of falling back when the all-reduce probe fails.")
-@click.option("--probe-timeout", type=float, default=60.0, show_default=True)
+@click.option("--probe-timeout", type=POSITIVE_FLOAT, default=60.0, show_default=True)
 @click.option("--checkpoint-dir", default=None, help="BackupAndRestore folder: a restarted run resumes from it.")
-@click.option("--output-dir", default=None, help="Metrics CSV, curves PNG, TensorBoard logs, final weights.")
-@click.option("--parallel", type=int, default=None, help="Parallel image decodes.")
-@click.option("--learning-rate", type=float, default=1e-3, show_default=True)
+@output_option("--output-dir", help="Metrics CSV, curves PNG, TensorBoard logs, final weights "
+                                    "(default: runs/<model>-<time>).")
+@overwrite_option
+@click.option("--parallel", type=POSITIVE, default=None, help="Parallel image decodes.")
+@click.option("--learning-rate", type=POSITIVE_FLOAT, default=1e-3, show_default=True)
 @click.option("--optimizer", type=click.Choice(["adam", "sgd"]), default="adam", show_default=True)
 @click.option("--seed", type=int, default=None)
 @click.option("--no-flip", is_flag=True, help="No random left-right flips (for digits, text, ...).")
-@click.option("--crop-min", type=float, default=None, help="Smallest random-crop area (0-1).")
+@click.option("--crop-min", type=click.FloatRange(0, 1, min_open=True), default=None,
+              help="Smallest random-crop area (0-1].")
 @click.option("--pin", "pin", default=None, metavar="BOARD/NAME",
               help="Pin the finished run (weights, metrics, curves, TensorBoard, lineage) as a new version.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result summary as JSON.")
 @click.option("--verbose", "-v", is_flag=True)
 def train(model, data, validation, epochs, batch_size, image_size, width, kind, devices, cross_device_ops,
-          no_fallback, probe_timeout, checkpoint_dir, output_dir, parallel, learning_rate, optimizer, seed, no_flip,
-          crop_min, pin, as_json, verbose):
+          no_fallback, probe_timeout, checkpoint_dir, output_dir, overwrite, parallel, learning_rate, optimizer, seed,
+          no_flip, crop_min, pin, as_json, verbose):
     """Train MODEL on the Parquet dataset DATA (with TF_CONFIG set: one worker of a multi-worker run)."""
+    _refuse_finished(output_dir, "**/final.weights.h5", overwrite)
     _log_to_console(verbose)
     from .strategy import make_strategy, strategy_choice
     from .fit import train as run_training
@@ -96,19 +125,26 @@ def train(model, data, validation, epochs, batch_size, image_size, width, kind, 
 
 
 @click.command()
-@click.option("--workdir", type=click.Path(file_okay=False), default=None,
-              help="Where boards, cache, Parquet, logs and the report go (default: a new temp folder).")
+@output_option("--workdir", help="Where boards, cache, Parquet, logs and the report go (default: a new temp "
+                                 "folder). An earlier demo's folder is reused: its images, board and Parquet are "
+                                 "kept, and the run is pinned as a new version.")
+@click.option("--overwrite", is_flag=True, help="Start from scratch: delete what an earlier demo left in --output "
+                                                "(only the demo's own files and folders).")
 @click.option("--size", type=click.Choice(["full", "small"]), default="full", show_default=True,
               help="small: a quick end-to-end check on a few images.")
-@click.option("--epochs", type=int, default=None, help="Override the size's epochs.")
-@click.option("--parallel", type=int, default=4, show_default=True, help="Parallel fetches and decodes.")
+@click.option("--epochs", type=POSITIVE, default=None, help="Override the size's epochs.")
+@click.option("--parallel", type=POSITIVE, default=4, show_default=True, help="Parallel fetches and decodes.")
 @click.option("--verbose", "-v", is_flag=True)
-def demo(workdir, size, epochs, parallel, verbose):
+def demo(output_dir, overwrite, size, epochs, parallel, verbose):
     """The whole flow offline: digits -> board -> HTTP -> Parquet -> AlexNet under MirroredStrategy."""
     _log_to_console(verbose)
-    from .demo import run_demo
+    from .demo import clear_demo, run_demo
 
-    run_demo(workdir, size=size, epochs=epochs, parallel=parallel, echo=click.echo)
+    if overwrite and output_dir:
+        removed = clear_demo(output_dir)
+        if removed:
+            click.echo(f"--overwrite: removed {', '.join(removed)} from {output_dir}")
+    run_demo(output_dir, size=size, epochs=epochs, parallel=parallel, echo=click.echo)
 
 
 
@@ -129,37 +165,40 @@ def _spark_conf(pairs) -> dict:
 @click.argument("data", required=False)
 @click.option("--master", default=None, help="local[N] (default: local[--workers]), spark://HOST:PORT, yarn, "
               "k8s://https://HOST:PORT.")
-@click.option("--workers", type=int, default=2, show_default=True, help="Barrier tasks = training workers.")
+@click.option("--workers", type=POSITIVE, default=2, show_default=True, help="Barrier tasks = training workers.")
 @click.option("--partition-board", default=None, metavar="URL|BOARD",
               help="Instead of DATA: each worker fetches its own 1/N of the categories from this board "
                    "(a data.txt URL or a registered board), converts and trains on them.")
 @click.option("--val", "validation", default=None, help="Validation dataset (Parquet URL every executor can read).")
-@click.option("--epochs", type=int, default=10, show_default=True)
-@click.option("--batch-size", type=int, default=32, show_default=True, help="Per replica; global = x replicas.")
-@click.option("--image-size", type=int, default=224, show_default=True)
-@click.option("--width", type=float, default=1.0, show_default=True, help="AlexNet width multiplier.")
+@click.option("--epochs", type=POSITIVE, default=10, show_default=True)
+@click.option("--batch-size", type=POSITIVE, default=32, show_default=True, help="Per replica; global = x replicas.")
+@click.option("--image-size", type=POSITIVE, default=224, show_default=True)
+@click.option("--width", type=POSITIVE_FLOAT, default=1.0, show_default=True, help="AlexNet width multiplier.")
 @click.option("--checkpoint-dir", default=None, help="Shared BackupAndRestore folder: a relaunch resumes from it.")
-@click.option("--output-dir", default=None, help="Shared folder for metrics, curves, TensorBoard, weights.")
-@click.option("--max-restarts", type=int, default=0, show_default=True,
+@output_option("--output-dir", help="Shared folder for metrics, curves, TensorBoard, weights.")
+@overwrite_option
+@click.option("--max-restarts", type=click.IntRange(min=0), default=0, show_default=True,
               help="Relaunch the barrier stage this many times when a worker dies.")
 @click.option("--python", default=None, help="Interpreter the executors run (default: this one).")
 @click.option("--driver-host", default=None, help="Address executors reach the driver at "
               "(default: 127.0.0.1 for local masters, Spark's choice otherwise).")
 @click.option("--conf", "conf_pairs", multiple=True, metavar="KEY=VALUE", help="Spark setting (repeatable).")
-@click.option("--slots-timeout", type=float, default=120.0, show_default=True,
+@click.option("--slots-timeout", type=POSITIVE_FLOAT, default=120.0, show_default=True,
               help="Seconds to wait for executors to offer --workers task slots.")
-@click.option("--parallel", type=int, default=None, help="Parallel image decodes (and fetches).")
-@click.option("--learning-rate", type=float, default=1e-3, show_default=True)
+@click.option("--parallel", type=POSITIVE, default=None, help="Parallel image decodes (and fetches).")
+@click.option("--learning-rate", type=POSITIVE_FLOAT, default=1e-3, show_default=True)
 @click.option("--optimizer", type=click.Choice(["adam", "sgd"]), default="adam", show_default=True)
 @click.option("--seed", type=int, default=None)
 @click.option("--no-flip", is_flag=True, help="No random left-right flips (for digits, text, ...).")
-@click.option("--crop-min", type=float, default=None, help="Smallest random-crop area (0-1).")
+@click.option("--crop-min", type=click.FloatRange(0, 1, min_open=True), default=None,
+              help="Smallest random-crop area (0-1].")
 @click.option("--json", "as_json", is_flag=True, help="Print the result (every rank, every attempt) as JSON.")
 @click.option("--verbose", "-v", is_flag=True)
 def spark_train_cmd(model, data, master, workers, partition_board, validation, epochs, batch_size, image_size, width,
-                    checkpoint_dir, output_dir, max_restarts, python, driver_host, conf_pairs, slots_timeout,
-                    parallel, learning_rate, optimizer, seed, no_flip, crop_min, as_json, verbose):
+                    checkpoint_dir, output_dir, overwrite, max_restarts, python, driver_host, conf_pairs,
+                    slots_timeout, parallel, learning_rate, optimizer, seed, no_flip, crop_min, as_json, verbose):
     """Train MODEL on DATA with --workers workers as one Spark barrier stage (MultiWorkerMirroredStrategy)."""
+    _refuse_finished(output_dir, "**/final.weights.h5", overwrite)
     _log_to_console(verbose)
     if (data is None) == (partition_board is None):
         raise click.UsageError("give DATA (a Parquet dataset every executor can read) or --partition-board, not both")
@@ -204,38 +243,40 @@ def spark_train_cmd(model, data, master, workers, partition_board, validation, e
 @click.argument("dataset", required=False)
 @click.option("--board", default=None, help="Board to time fetching from: a registered name or a data.txt URL.")
 @click.option("--pins", default=None, help="Comma-separated pins to fetch (default: the board's first categories).")
-@click.option("--max-pins", type=int, default=8, show_default=True)
+@click.option("--max-pins", type=POSITIVE, default=8, show_default=True)
 @click.option("--demo", "use_demo", is_flag=True,
               help="Profile the demo's board (served over HTTP) and dataset, built in --output.")
 @click.option("--size", type=click.Choice(["full", "small"]), default="small", show_default=True,
               help="With --demo: the demo's size.")
 @click.option("--model", type=click.Choice(MODEL_NAMES, case_sensitive=False), default="alexnet", show_default=True)
-@click.option("--image-size", type=int, default=None, help="Default 224 (32 with --demo).")
-@click.option("--batch-size", type=int, default=32, show_default=True, help="Per replica.")
-@click.option("--width", type=float, default=None, help="AlexNet width multiplier (default 1.0; 0.25 with --demo).")
-@click.option("--steps", type=int, default=20, show_default=True, help="Training steps per timed epoch.")
-@click.option("--parallel", type=int, default=None, help="Parallel image decodes (default: AUTOTUNE).")
-@click.option("--fetch-parallel", type=int, default=8, show_default=True, help="Pins fetched at once.")
-@click.option("--strategy", "kind", type=click.Choice(["auto", "mirrored", "multiworker", "one-device"]),
-              default="auto", show_default=True)
-@click.option("--devices", type=int, default=None, help="GPUs to use, or logical CPU devices without GPUs.")
+@click.option("--image-size", type=POSITIVE, default=None, help="Default 224 (32 with --demo).")
+@click.option("--batch-size", type=POSITIVE, default=32, show_default=True, help="Per replica.")
+@click.option("--width", type=POSITIVE_FLOAT, default=None,
+              help="AlexNet width multiplier (default 1.0; 0.25 with --demo).")
+@click.option("--steps", type=POSITIVE, default=20, show_default=True, help="Training steps per timed epoch.")
+@click.option("--parallel", type=POSITIVE, default=None, help="Parallel image decodes (default: AUTOTUNE).")
+@click.option("--fetch-parallel", type=POSITIVE, default=8, show_default=True, help="Pins fetched at once.")
+@click.option("--strategy", "kind", type=click.Choice(STRATEGY_KINDS), default="auto", show_default=True)
+@click.option("--devices", type=POSITIVE, default=None, help="GPUs to use, or logical CPU devices without GPUs.")
 @click.option("--cross-device-ops", default="auto", show_default=True)
 @click.option("--no-flip", is_flag=True, help="No random left-right flips (implied by --demo).")
-@click.option("--output", "output_dir", default=None, help="Folder for profile.json and profile.png.")
+@output_option(help="Folder for profile.json and profile.png (default: a new temp folder).")
+@overwrite_option
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--verbose", "-v", is_flag=True)
 def profile(dataset, board, pins, max_pins, use_demo, size, model, image_size, batch_size, width, steps, parallel,
-            fetch_parallel, kind, devices, cross_device_ops, no_flip, output_dir, as_json, verbose):
+            fetch_parallel, kind, devices, cross_device_ops, no_flip, output_dir, overwrite, as_json, verbose):
     """Time each stage from BOARD to a training step on DATASET; name the bound and what to change."""
     import contextlib
     import tempfile
 
+    _refuse_finished(output_dir, "profile.json", overwrite)
     _log_to_console(verbose)
-    from .profiling import ProfileError, profile as run_profile
+    from .profiling import profile as run_profile
     from .strategy import make_strategy
 
     if not (dataset or board or use_demo):
-        raise ProfileError("give a DATASET, a --board, or --demo")
+        raise click.UsageError("give a DATASET, a --board, or --demo")
     output_dir = output_dir or tempfile.mkdtemp(prefix="pinstorm-profile-")
     say = (lambda text: None) if as_json else click.echo
     strategy = None

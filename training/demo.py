@@ -121,6 +121,29 @@ def run_demo(workdir=None, *, size: str = "full", epochs: int | None = None, par
     return summary
 
 
+# What a demo writes into its folder: all that `clear_demo` (`pinstorm demo --overwrite`) may delete.
+DEMO_ENTRIES = ("ilsvrc", "board", "cache", "parquet", "run", "backup", "summary.json", "report.md",
+                ".report.md.tmp", "stages.png")
+
+
+def clear_demo(workdir) -> list[str]:
+    """Delete an earlier demo's files from `workdir` (only `DEMO_ENTRIES`: anything else of the user's
+    stays), so the next demo starts from scratch. Returns the names removed."""
+    import shutil
+
+    removed = []
+    for name in DEMO_ENTRIES:
+        path = Path(workdir) / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+        else:
+            continue
+        removed.append(name)
+    return removed
+
+
 def _local_board(board_dir: Path, cache_dir: Path):
     """The demo's writable board: a folder in the workdir with its own cache there."""
     from pinstorm import boards
