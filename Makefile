@@ -1,29 +1,32 @@
 # One-command set-up: every target installs into .venv in the checkout first if needed.
 PY ?= python3.11
+MODERN_PY ?= $(PY)
+CORE_PY ?= python3.10
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-modern test-fast bench clean r-pins
+.PHONY: install demo test test-modern test-core test-fast bench clean r-pins
 
-# .venv: everything, petastorm included (numpy < 2, pyarrow 14.0.x, as petastorm 0.13.1 needs).
-# .venv-modern: every extra but petastorm, on a current numpy and pyarrow. CI tests both.
+# .venv: everything, petastorm included (numpy < 2, pyarrow 14.0.x, as petastorm 0.13.1 needs), on PY.
+# .venv-modern: every extra but petastorm, on a current numpy and pyarrow, on MODERN_PY (CI: the newest
+# supported Python). .venv-py<X.Y>: the boards core alone on CORE_PY (CI: the oldest). CI tests all three.
 MODERN := .venv-modern
 MODERN_STAMP := $(MODERN)/.installed
 
 define make_venv
-	@command -v $(PY) >/dev/null 2>&1 || { echo "need $(PY) (Python 3.11) on PATH, or run: make PY=/path/to/python3.11"; exit 1; }
-	test -x $(1)/bin/python || $(PY) -m venv $(1)
+	@command -v $(3) >/dev/null 2>&1 || { echo "need $(3) on PATH, or run: make PY=/path/to/python3.11 (MODERN_PY= for test-modern)"; exit 1; }
+	test -x $(1)/bin/python || $(3) -m venv $(1)
 	$(1)/bin/python -m pip install -q --upgrade pip setuptools wheel
 	$(1)/bin/python -m pip install -q -e '.[$(2)]'
 	touch $(1)/.installed
 endef
 
 $(STAMP): pyproject.toml
-	$(call make_venv,$(VENV),all$(comma)test)
+	$(call make_venv,$(VENV),all$(comma)test,$(PY))
 
 $(MODERN_STAMP): pyproject.toml
-	$(call make_venv,$(MODERN),modern$(comma)test)
+	$(call make_venv,$(MODERN),modern$(comma)test,$(MODERN_PY))
 
 comma := ,
 
@@ -40,6 +43,9 @@ test-modern: $(MODERN_STAMP)  ## the suite on numpy 2 and a current pyarrow (pet
 	@.ci/install-r || echo "make test-modern: R or R pins could not be installed; the R interoperability tests will be skipped"
 	$(MODERN)/bin/pytest -q -ra --durations=15 tests
 
+test-core:  ## the boards core alone (no pipeline/training extras) on CORE_PY, in .venv-py<X.Y>
+	venv=$$(.ci/core-env $(CORE_PY)) && $$venv/bin/pytest -q -ra --durations=10 --ignore tests/test_interop_r.py tests
+
 test-fast: $(STAMP)  ## skip the tests marked slow
 	$(BIN)/pytest -q -m "not slow" tests
 
@@ -50,4 +56,4 @@ r-pins:  ## R and R pins 0.4.5 / 1.1.0 for the interoperability tests (.venv/r-l
 	.ci/install-r
 
 clean:
-	rm -rf $(VENV) $(MODERN) .pytest_cache build *.egg-info demo-output
+	rm -rf $(VENV) $(MODERN) .venv-py3.* .pytest_cache build *.egg-info demo-output

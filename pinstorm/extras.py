@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import sys
 from types import ModuleType
 
 from .errors import MissingExtra
@@ -21,12 +22,28 @@ def require(module: str, extra: str, feature: str | None = None) -> ModuleType:
     except ModuleNotFoundError as e:
         if e.name is None or not (module == e.name or module.startswith(e.name + ".")):
             raise  # the module exists but something it imports is broken: show the real error
-        what = feature or module
-        raise MissingExtra(f"{what} needs the {module!r} package: pip install 'pinstorm[{extra}]'") from e
+        raise MissingExtra(_message(module, extra, feature)) from e
 
 
 def ensure(module: str, extra: str, feature: str | None = None) -> None:
     """Like `require`, without importing: for package start-up, where importing (TensorFlow) is slow."""
     if importlib.util.find_spec(module) is None:
-        what = feature or module
-        raise MissingExtra(f"{what} needs the {module!r} package: pip install 'pinstorm[{extra}]'")
+        raise MissingExtra(_message(module, extra, feature))
+
+
+# Extras whose dependencies exist only for some Pythons (pyproject's markers say the same):
+# extra -> (oldest Python, first Python without it, why).
+PYTHON_RANGE = {
+    "kaggle": ((3, 11), None, "the Kaggle client pinstorm speaks (kaggle >= 1.8) needs Python 3.11 or newer"),
+    "petastorm": (None, (3, 13), "petastorm 0.13.1 needs numpy < 2 and pyarrow 14, which have no wheels for "
+                                 "Python 3.13 or newer"),
+}
+
+
+def _message(module: str, extra: str, feature: str | None) -> str:
+    text = f"{feature or module} needs the {module!r} package: pip install 'pinstorm[{extra}]'"
+    oldest, too_new, why = PYTHON_RANGE.get(extra, (None, None, ""))
+    here = sys.version_info[:2]
+    if (oldest and here < oldest) or (too_new and here >= too_new):
+        text += f" (not on this Python {here[0]}.{here[1]}: {why})"
+    return text

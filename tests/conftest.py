@@ -15,6 +15,22 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ["PINSTORM_PROGRESS"] = "0"
 sys.path.insert(0, str(Path(__file__).parent))  # so tests can import the `servers` helpers
 
+# The boards core runs its tests without the heavier extras (CI does, on the oldest Python): the
+# modules of a layer whose extra is missing are not collected, and the header says so.
+from extras_support import has_extra  # noqa: E402
+
+_LAYER_TESTS = {"pipeline": ["test_pipeline_*.py", "test_trust_parquet.py"], "training": ["test_training_*.py"]}
+MISSING_LAYERS = [layer for layer in _LAYER_TESTS if not has_extra(layer)]
+collect_ignore_glob = [pattern for layer in MISSING_LAYERS for pattern in _LAYER_TESTS[layer]]
+
+
+def pytest_report_header(config):
+    if MISSING_LAYERS:
+        return (f"boards core only: the {' and '.join(MISSING_LAYERS)} tests are not collected "
+                f"(pip install 'pinstorm[{','.join(MISSING_LAYERS)}]' to run them)")
+    return None
+
+
 # In CI, property tests draw the same examples every run, so a red build is reproducible; on a
 # developer's machine they explore new ones each run (what found the `//:a` URL bug).
 if os.environ.get("CI"):

@@ -13,7 +13,10 @@ Imports made by ``importlib`` at run time (the lazy layer exports) are not seen,
 from __future__ import annotations
 
 import ast
-import tomllib
+try:
+    import tomllib
+except ModuleNotFoundError:   # Python 3.10
+    import tomli as tomllib
 from pathlib import Path
 
 import pytest

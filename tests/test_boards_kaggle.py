@@ -15,6 +15,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from extras_support import needs
 
 from pinstorm import boards
 from pinstorm.boards.cache import StaleCacheWarning
@@ -27,6 +28,8 @@ kaggle_server = pytest.fixture(scope="module", name="kaggle_server")(kaggle.serv
 DIGITS = {"digits.csv": b"pixel0,label\n0,3\n16,7\n", "images/0.png": b"\x89PNG fake 0", "README.md": b"# digits"}
 TITANIC = {"train.csv": b"PassengerId,Survived\n1,0\n2,1\n", "test.csv": b"PassengerId\n3\n",
            "extra.zip": None}
+
+pytestmark = needs("kaggle")   # the Kaggle client needs Python 3.11+ (pinstorm.extras.PYTHON_RANGE)
 
 
 def _zip(files: dict[str, bytes]) -> bytes:

@@ -15,6 +15,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from extras_support import needs
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -157,6 +158,7 @@ def _tree(root: Path, wnids: list[str]) -> Path:
 
 
 @pytest.mark.slow
+@needs("pipeline")
 @pytest.mark.parametrize("kind,writers,each", [("local", 4, 60), ("s3", 8, 6), ("gcs", 8, 6)])
 def test_processes_repartitioning_disjoint_slices_leave_every_category_listed_over_http(
         kind, writers, each, tmp_path, request, monkeypatch):

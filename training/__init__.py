@@ -5,6 +5,7 @@ imported when one of the exported functions is first used (PEP 562), so the CLI 
 """
 
 import importlib
+from typing import TYPE_CHECKING, Any
 
 from pinstorm.extras import ensure
 
@@ -29,8 +30,17 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
+if TYPE_CHECKING:  # what type checkers and IDEs see; at run time `__getattr__` imports on first use
+    from .demo import run_demo
+    from .experiments import experiment_lineage, find_experiments, load_experiment
+    from .fit import TrainResult, alexnet_train, train
+    from .models import build_model
+    from .profiling import profile
+    from .spark import spark_train
+    from .strategy import make_strategy, strategy_choice
 
-def __getattr__(name):
+
+def __getattr__(name: str) -> Any:
     if name in _EXPORTS:
         if _EXPORTS[name] == "spark":
             ensure("pyspark", "spark", f"pinstorm.training.{name}")
