@@ -116,7 +116,9 @@ def preprocess_fn(image_size=(224, 224), *, training=True, crop_area=(0.25, 1.0)
 
     Exposed so benchmarks can run the very same work over bytes held in memory.
     """
-    import tensorflow as tf
+    from pinstorm.tensorflow_quiet import tensorflow
+
+    tf = tensorflow()
 
     return _preprocess_fns(tf, tuple(image_size), training, tuple(crop_area), flip, eval_crop, dct_scale)
 
@@ -158,7 +160,9 @@ def make_dataset(url, *, batch_size: int, image_size=(224, 224), training: bool 
     Ready for ``model.fit`` and ``strategy.experimental_distribute_dataset`` (batch by the
     global batch size). Auto-sharding is switched off when `shard` is given: the reader shards.
     """
-    import tensorflow as tf
+    from pinstorm.tensorflow_quiet import tensorflow
+
+    tf = tensorflow()
 
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
