@@ -1,7 +1,7 @@
 """pinstorm's data path: ImageNet layout -> per-category pins -> Parquet in petastorm's format -> tf.data.
 
 Importing this package does not import TensorFlow (only `make_dataset` does, when called), nor
-petastorm, nor boards.
+petastorm, nor torch (`make_torch_loader` loads `torch_loader`, and torch, when first asked for).
 """
 
 from pinstorm.extras import ensure
@@ -25,3 +25,12 @@ __all__ = [
     "make_imagenet_size_tree", "EmptyClassesWarning", "CorruptPartError", "MissingPartError", "verify_dataset",
     "MalformedDatasetError", "UntrustedSchemaError",
 ]
+
+
+def __getattr__(name):
+    """`make_torch_loader` imports torch (or raises MissingExtra naming the `torch` extra) on first use."""
+    if name == "make_torch_loader":
+        import importlib
+
+        return importlib.import_module(".torch_loader", __name__).make_torch_loader
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,288 @@
+"""`make_torch_loader`: a converted dataset as a PyTorch ``DataLoader`` of (images, labels), sharded, exact epochs.
+
+The same rows as `make_dataset` (the same shard rule, counted epochs, verified parts and JPEG checks,
+all from `pipeline.epochs`), decoded with Pillow instead of TensorFlow: images float32
+``[B, 3, H, W]`` in [0, 1], labels int64 ``[B]``.
+
+* DataLoader workers (`num_workers` > 0) are processes; each reads a disjoint slice of every
+  epoch's row groups (every n-th of the epoch's seeded order), counts its slice, decodes and batches
+  it into shared memory. Together they deliver each row of the shard once per epoch.
+* Decoding: Pillow's ``draft`` makes libjpeg decode at 1/2, 1/4 or 1/8 DCT scale when the crop
+  window stays at least the target size there (`make_dataset`'s rule); the window is then cut out
+  and resized as ``tf.image.resize`` does (bilinear, half-pixel centres, no antialiasing) by torch's
+  uint8 kernel. Pillow cannot decode only a window as ``decode_and_crop_jpeg`` does: the whole
+  image is decoded, which is most of the CPU time (bench/bench_torch_loader.py).
+* Pixels are bounded before decoding (`images.DEFAULT_MAX_PIXELS`, the converter's rule): a larger
+  JPEG is decoded at the DCT scale that fits, or refused if even 1/8 does not.
+
+Nothing else in pinstorm imports torch; ``import pinstorm.pipeline`` does not import this module
+until `make_torch_loader` is asked for. Without torch this module raises `MissingExtra`.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import random
+import warnings
+
+import numpy as np
+from PIL import Image
+
+from pinstorm.extras import require
+
+from .epochs import check_arguments, default_shuffle_buffer, epoch_seed, open_epochs
+from .images import DEFAULT_MAX_PIXELS, UndecodableImage, _draft_factor
+
+torch = require("torch", "torch", "pinstorm.pipeline.make_torch_loader")
+
+DCT_RATIOS = (1, 2, 4, 8)
+_ASPECTS = (3 / 4, 4 / 3)
+_ATTEMPTS = 10   # crop samples before the whole image is taken (tf.image.sample_distorted_bounding_box's default)
+
+
+def train_window(width: int, height: int, rng: random.Random, crop_area) -> tuple[int, int, int, int]:
+    """A random (x, y, w, h) covering `crop_area` of the image with aspect 3/4..4/3, or the whole image
+    when `_ATTEMPTS` samples do not fit (as ``sample_distorted_bounding_box`` falls back)."""
+    area = width * height
+    for _ in range(_ATTEMPTS):
+        target = area * rng.uniform(*crop_area)
+        aspect = rng.uniform(*_ASPECTS)
+        w, h = round(math.sqrt(target * aspect)), round(math.sqrt(target / aspect))
+        if 0 < w <= width and 0 < h <= height and crop_area[0] * area <= w * h:
+            return rng.randint(0, width - w), rng.randint(0, height - h), w, h
+    return 0, 0, width, height
+
+
+def eval_window(width: int, height: int, size, eval_crop: float) -> tuple[int, int, int, int]:
+    """The centred (x, y, w, h): `eval_crop` of the largest window of the target's aspect (`make_dataset`'s)."""
+    aspect = size[1] / size[0]
+    crop_h = min(height, width / aspect) * eval_crop
+    crop_w = max(1, round(crop_h * aspect))
+    crop_h = max(1, round(crop_h))
+    return (width - crop_w) // 2, (height - crop_h) // 2, crop_w, crop_h
+
+
+def dct_ratio(window, size, dct_scale: bool = True) -> int:
+    """The largest DCT reduction (1, 2, 4, 8) that leaves `window` (x, y, w, h) at least `size`
+    (height, width) on both sides: `make_dataset`'s rule."""
+    if not dct_scale:
+        return 1
+    fit = min(window[3] // size[0], window[2] // size[1])
+    return max(r for r in DCT_RATIOS if r <= max(fit, 1))
+
+
+def open_jpeg(data, where: str = "image") -> Image.Image:
+    """A lazily decoded Pillow image (header read, no pixel), or `UndecodableImage`."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            return Image.open(io.BytesIO(data))
+    except Exception as error:   # Pillow raises several types for broken headers and bombs
+        raise UndecodableImage(f"{where}: {error or type(error).__name__}") from None
+
+
+def decode_window(image: Image.Image, window, size, *, dct_scale: bool = True,
+                  max_pixels: int | None = DEFAULT_MAX_PIXELS, where: str = "image"):
+    """(`window` (x, y, w, h) of `image` resized to `size` (height, width): a uint8 tensor [3, H, W], the
+    DCT reduction used).
+
+    The reduction is the largest that keeps the window at least `size` (`dct_ratio`), raised if
+    needed so the decoded image stays within `max_pixels`; over it even at 1/8: `UndecodableImage`.
+    The window is mapped into the reduced image as `make_dataset` maps it (integer pixels, clipped),
+    and resized as ``tf.image.resize`` does (bilinear, half-pixel centres, no antialiasing) by torch's
+    uint8 kernel: ~3x faster here than Pillow's antialiased resize.
+    """
+    width, height = image.size
+    ratio = dct_ratio(window, size, dct_scale)
+    if max_pixels and math.ceil(width / ratio) * math.ceil(height / ratio) > max_pixels:
+        ratio = max(ratio, _draft_factor(width, height, max_pixels))
+        if math.ceil(width / ratio) * math.ceil(height / ratio) > max_pixels:
+            raise UndecodableImage(f"{where}: too large to decode: {width}x{height} = {width * height / 1e6:.1f} MP, "
+                                   f"over max_pixels {max_pixels / 1e6:.1f} MP even at 1/8 scale")
+    if ratio > 1:
+        drafted = image.draft("RGB", (width // ratio, height // ratio))
+        if drafted is None:
+            ratio = 1
+            if max_pixels and width * height > max_pixels:
+                raise UndecodableImage(f"{where}: too large to decode at full scale ({width}x{height}) and not a "
+                                       "JPEG Pillow can decode at a reduced scale")
+        else:
+            ratio = round(width / drafted[1][2])
+    try:
+        if image.mode != "RGB":   # grayscale or CMYK: not what convert stores, but a dataset may hold them
+            image = image.convert("RGB")
+        pixels = np.asarray(image)
+    except Exception as error:   # a file cut short, bad entropy data, ...
+        raise UndecodableImage(f"{where}: {error or type(error).__name__}") from None
+    x, y, w, h = window
+    if ratio > 1:   # as make_dataset's _decode_crop: scaled down, clipped to the scaled image
+        x, y = x // ratio, y // ratio
+        w = min(max(1, w // ratio), pixels.shape[1] - x)
+        h = min(max(1, h // ratio), pixels.shape[0] - y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)   # "not writable": the array is only read
+        crop = torch.from_numpy(pixels)[y:y + h, x:x + w].permute(2, 0, 1)
+    if (h, w) == tuple(size):
+        return crop, ratio
+    out = torch.nn.functional.interpolate(crop[None], size=tuple(size), mode="bilinear", align_corners=False,
+                                          antialias=False)
+    return out[0], ratio
+
+
+def _shuffled(rows, size: int, rng: random.Random):
+    """Rows through a shuffle buffer of `size` (tf.data's: each row out is a random one of the buffer)."""
+    buffer = []
+    for row in rows:
+        if len(buffer) < size:
+            buffer.append(row)
+            continue
+        at = rng.randrange(size)
+        yield buffer[at]
+        buffer[at] = row
+    rng.shuffle(buffer)
+    yield from buffer
+
+
+def _empty(shape, dtype, shared: bool):
+    """A tensor for a batch; in a worker process, in shared memory from the start (as torch's own
+    collate does, with the same private call), so handing it to the main process copies nothing."""
+    empty = torch.empty(0, dtype=dtype)
+    if not shared:
+        return torch.empty(shape, dtype=dtype)
+    try:
+        storage = empty.untyped_storage()._new_shared(math.prod(shape) * empty.element_size())
+    except AttributeError:   # a torch without it: shared at hand-over instead (one copy)
+        return torch.empty(shape, dtype=dtype)
+    return empty.set_(storage).view(shape)
+
+
+class ParquetImages(torch.utils.data.IterableDataset):
+    """Batches of (images float32 [B, 3, H, W], labels int64 [B]) from one shard, every epoch counted.
+
+    Made by `make_torch_loader`. Run by a DataLoader with workers, each worker process reads its own
+    slice of every epoch's row groups. `set_epoch(n)` makes the next pass start at epoch `n` (its own
+    row-group order, shuffle and augmentation), for loops that iterate the loader once per epoch.
+    """
+
+    def __init__(self, source, *, batch_size, image_size, training, num_epochs, shuffle, shuffle_buffer,
+                 crop_area, flip, eval_crop, dct_scale, drop_remainder, max_pixels):
+        self.source, self.batch_size, self.size = source, batch_size, image_size
+        self.training, self.num_epochs, self.shuffle = training, num_epochs, shuffle
+        self.shuffle_buffer = shuffle_buffer
+        self.crop_area, self.flip, self.eval_crop, self.dct_scale = crop_area, flip, eval_crop, dct_scale
+        self.drop_remainder, self.max_pixels = drop_remainder, max_pixels
+        self.first_epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.first_epoch = int(epoch)
+
+    def __iter__(self):
+        worker = torch.utils.data.get_worker_info()
+        if worker is not None:   # a DataLoader worker process: it runs one torch thread already
+            yield from self._batches((worker.id, worker.num_workers), shared=True)
+            return
+        # In the calling process, decode on one torch thread (the per-image ops are small: a second
+        # thread doubled their CPU here), and give the caller its own setting back between batches.
+        batches, threads = self._batches(None, shared=False), torch.get_num_threads()
+        while True:
+            torch.set_num_threads(1)
+            try:
+                batch = next(batches, None)
+            finally:
+                torch.set_num_threads(threads)
+            if batch is None:
+                return
+            yield batch
+
+    def _batches(self, split, shared: bool):
+        images, labels, filled = None, None, 0
+        epoch = self.first_epoch
+        while self.num_epochs is None or epoch < self.first_epoch + self.num_epochs:
+            rng = random.Random(epoch_seed(self.source.base_seed, epoch) * 64 + (split[0] if split else 0))
+            for jpeg, label in self._rows(epoch, split, rng):
+                if images is None:
+                    images = _empty((self.batch_size, 3, *self.size), torch.float32, shared)
+                    labels = _empty((self.batch_size,), torch.int64, shared)
+                self._decode_into(images[filled], jpeg, rng)
+                labels[filled] = label
+                filled += 1
+                if filled == self.batch_size:
+                    yield images, labels
+                    images, filled = None, 0
+            epoch += 1
+        if filled and not self.drop_remainder:
+            yield images[:filled], labels[:filled]
+
+    def _rows(self, epoch, split, rng):
+        batches = self.source(epoch, split=split)
+        rows = ((jpeg, label) for images, labels in batches for jpeg, label in zip(images, labels.tolist()))
+        if not self.shuffle:
+            return rows
+        size = self.shuffle_buffer
+        if size is None:
+            count = split[1] if split else 1
+            size = default_shuffle_buffer(self.source.info, max(1, self.source.expected // count),
+                                          max(1, len(self.source.groups) // count), share=count)
+        return _shuffled(rows, size, rng)
+
+    def _decode_into(self, planes, jpeg, rng: random.Random) -> None:
+        """Decode one row into `planes` (float32 [3, H, W] in [0, 1]), a slice of the batch tensor."""
+        where = f"{self.source.where}: an image"
+        image = open_jpeg(jpeg, where)
+        width, height = image.size
+        if self.training:
+            window = train_window(width, height, rng, self.crop_area)
+        else:
+            window = eval_window(width, height, self.size, self.eval_crop)
+        decoded, _ = decode_window(image, window, self.size, dct_scale=self.dct_scale, max_pixels=self.max_pixels,
+                                   where=where)
+        if self.training and self.flip and rng.random() < 0.5:
+            decoded = decoded.flip(-1)
+        torch.mul(decoded, 1 / 255, out=planes)   # uint8 -> float32 in [0, 1], one pass
+
+
+def make_torch_loader(url, *, batch_size: int, image_size=224, training: bool = True, shard=None,
+                      num_epochs: int | None = 1, seed: int | None = None, num_workers: int = 0,
+                      shuffle: bool = True, drop_remainder: bool = False, shuffle_buffer: int | None = None,
+                      crop_area=(0.25, 1.0), flip: bool = True, eval_crop: float = 0.875, dct_scale: bool = True,
+                      retries: int = 2, storage_options: dict | None = None, verify: bool = True,
+                      max_pixels: int | None = DEFAULT_MAX_PIXELS, prefetch_factor: int | None = None,
+                      pin_memory: bool = False, multiprocessing_context=None):
+    """A ``torch.utils.data.DataLoader`` of ``(images, labels)`` batches from a converted dataset.
+
+    images: float32 ``[B, 3, H, W]`` in [0, 1]; labels: int64 ``[B]`` class indexes. The arguments
+    mean what they mean for `make_dataset` (`training`, `crop_area`, `flip`, `eval_crop`, `shard`,
+    `num_epochs`, `shuffle`, `shuffle_buffer`, `seed`, `dct_scale`, `verify`, `retries`, `url`), and
+    for the same url, shard, epoch and seed with ``shuffle=False, training=False`` both deliver the
+    same rows in the same order (with ``num_workers=0``).
+
+    * `num_workers`: DataLoader worker processes; each reads a disjoint slice of every epoch's row
+      groups (so no more workers than the shard has row groups are useful), and batches are taken
+      from the workers in turn. 0: everything in the calling process.
+    * Batches run across epoch boundaries (as `make_dataset`'s); each worker's last one may be
+      partial unless `drop_remainder`.
+    * `seed`: the same seed gives the same batches for the same `num_workers`.
+    * `max_pixels`: pixels a JPEG may decode to (after DCT scaling), see `pipeline.images`.
+    * `prefetch_factor`, `pin_memory`, `multiprocessing_context`: handed to the DataLoader. In a
+      process where TensorFlow has run, pass ``multiprocessing_context="forkserver"``: workers forked
+      from it needed ~1 ms more CPU per image (bench/results/torch_loader.json); a fork server's
+      workers start in ~4 s instead of ~0.5 s.
+    * In the calling process (``num_workers=0``) decoding runs on one torch thread; the caller's
+      ``torch.get_num_threads()`` is set back between batches.
+
+    ``loader.dataset.set_epoch(n)`` before a pass starts it at epoch n (for ``num_epochs=1`` loops).
+    """
+    image_size, crop_area = check_arguments(batch_size, num_epochs, image_size, crop_area)
+    if not isinstance(num_workers, (int, np.integer)) or num_workers < 0:
+        raise ValueError(f"num_workers must be a non-negative integer, got {num_workers!r}")
+    source = open_epochs(url, shard, shuffle=shuffle, seed=seed, retries=retries, storage_options=storage_options,
+                         verify=verify)
+    dataset = ParquetImages(source, batch_size=int(batch_size), image_size=image_size, training=training,
+                            num_epochs=num_epochs, shuffle=shuffle, shuffle_buffer=shuffle_buffer,
+                            crop_area=crop_area, flip=flip, eval_crop=eval_crop, dct_scale=dct_scale,
+                            drop_remainder=drop_remainder, max_pixels=max_pixels)
+    extra = {} if num_workers == 0 else {"prefetch_factor": prefetch_factor,
+                                         "multiprocessing_context": multiprocessing_context}
+    return torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=int(num_workers),
+                                       pin_memory=pin_memory, **extra)
