@@ -250,6 +250,13 @@ def test_pixels_are_bounded_before_decoding():
         open_jpeg(b"\xff\xd8\xff" + b"\x00" * 40)
 
 
+def test_an_image_over_the_pixel_budget_is_refused_naming_its_row_group(digits_dataset):
+    url, _ = digits_dataset   # 48x48 digits: 6x6 = 36 pixels even at 1/8 scale
+    with pytest.raises(UndecodableImage, match=r"part-0000\d\.parquet row group \d+: an image: too large to decode"):
+        next(iter(make_torch_loader(url, batch_size=8, image_size=48, training=False, max_pixels=30)))
+    assert len(next(iter(make_torch_loader(url, batch_size=8, image_size=6, training=False, max_pixels=36)))[1]) == 8
+
+
 def test_refuses_bad_arguments(digits_dataset, tmp_path):
     url, _ = digits_dataset
     with pytest.raises(ValueError, match="batch_size"):
