@@ -19,14 +19,20 @@ define make_venv
 	test -x $(1)/bin/python || $(3) -m venv $(1)
 	$(1)/bin/python -m pip install -q --upgrade pip setuptools wheel
 	$(1)/bin/python -m pip install -q -e '.[$(2)]'
-	touch $(1)/.installed
 endef
+
+# The full environment also has PyTorch's CPU build for the `torch` extra's reader and trainer (CI's
+# machines hold torch 2.13.0 CPU in their wheel store; elsewhere give TORCH=, e.g. a CPU wheel's path).
+TORCH ?= torch==2.13.0
 
 $(STAMP): pyproject.toml
 	$(call make_venv,$(VENV),all$(comma)test,$(PY))
+	$(BIN)/python -m pip install -q '$(TORCH)'
+	touch $(STAMP)
 
 $(MODERN_STAMP): pyproject.toml
 	$(call make_venv,$(MODERN),modern$(comma)test,$(MODERN_PY))
+	touch $(MODERN_STAMP)
 
 comma := ,
 
