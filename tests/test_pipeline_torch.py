@@ -17,7 +17,7 @@ import pytest
 from PIL import Image
 
 from pinstorm import boards
-from pinstorm.pipeline import CorruptPartError, IncompleteEpochError, UndecodableImage, convert, dataset_info, scan
+from pinstorm.pipeline import CorruptPartError, IncompleteEpochError, UndecodableImage, convert, dataset_info
 from pipeline_support import IMAGE_SIZE, read_rows
 
 pytest_plugins = ["conftest_pipeline"]
