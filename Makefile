@@ -23,11 +23,14 @@ endef
 
 # The full environment also has PyTorch's CPU build for the `torch` extra's reader and trainer (CI's
 # machines hold torch 2.13.0 CPU in their wheel store; elsewhere give TORCH=, e.g. a CPU wheel's path).
+# Without its setuptools >= 77 (only torch's C++ extension builder needs it): petastorm 0.13.1 requires
+# setuptools < 70.
 TORCH ?= torch==2.13.0
 
 $(STAMP): pyproject.toml
 	$(call make_venv,$(VENV),all$(comma)test,$(PY))
-	$(BIN)/python -m pip install -q '$(TORCH)'
+	$(BIN)/python -m pip install -q --no-deps '$(TORCH)'
+	$(BIN)/python -m pip install -q filelock fsspec jinja2 networkx sympy typing-extensions
 	touch $(STAMP)
 
 $(MODERN_STAMP): pyproject.toml
