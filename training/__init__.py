@@ -1,5 +1,7 @@
 """pinstorm training: strategies that survive a broken NCCL, models, fits, scale-out, the demo.
 
+``train_torch`` is the PyTorch path (DDP, gloo or a probed NCCL); torch is imported only when it is used.
+
 Importing the package only selects tf-keras (``TF_USE_LEGACY_KERAS=1``); TensorFlow itself is
 imported when one of the exported functions is first used (PEP 562), so the CLI stays fast.
 """
@@ -26,7 +28,11 @@ _EXPORTS = {
     "experiment_lineage": "experiments",
     "find_experiments": "experiments",
     "profile": "profiling",
+    "train_torch": "torch_fit",
+    "init_distributed": "torch_fit",
+    "build_torch_model": "torch_models",
 }
+_NEEDS = {"spark": ("pyspark", "spark"), "torch_fit": ("torch", "torch"), "torch_models": ("torch", "torch")}
 
 __all__ = sorted(_EXPORTS)
 
@@ -38,12 +44,14 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time `__getattr__` 
     from .profiling import profile
     from .spark import spark_train
     from .strategy import make_strategy, strategy_choice
+    from .torch_fit import init_distributed, train_torch
+    from .torch_models import build_torch_model
 
 
 def __getattr__(name: str) -> Any:
     if name in _EXPORTS:
-        if _EXPORTS[name] == "spark":
-            ensure("pyspark", "spark", f"pinstorm.training.{name}")
+        if _EXPORTS[name] in _NEEDS:
+            ensure(*_NEEDS[_EXPORTS[name]], f"pinstorm.training.{name}")
         value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
         globals()[name] = value
         return value

@@ -1,0 +1,203 @@
+"""train_torch: PyTorch models, a resumable fit with train()'s outputs, DDP over gloo in two real processes,
+the NCCL probe falling back to gloo (and saying so), and TensorFlow never imported on the way."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pickle
+import socket
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytest_plugins = ["conftest_training"]
+torch = pytest.importorskip("torch")
+
+from pinstorm.training.torch_fit import (BackendProbeError, TorchTrainingError, init_distributed,  # noqa: E402
+                                         load_checkpoint, train_torch)
+from pinstorm.training.torch_models import AlexNet, TorchModelError, build_torch_model  # noqa: E402
+from training_support import finish  # noqa: E402
+
+TINY = dict(width=0.125, normalization=None, dropout=0.0)   # small and quick
+LEARNS = dict(width=0.125, normalization="batch", dropout=0.0)   # with batch norm: 0.3-0.4 after 3 epochs (chance 0.1)
+DIGITS = {"flip": False, "crop_area": (0.6, 1.0)}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _parameters(model) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+# --------------------------------------------------------------------------- models
+
+def test_alexnet_at_imagenet_size_has_the_published_parameters():
+    model = AlexNet(1000, 224)
+    assert _parameters(model) == 62_378_344          # the same count as the tf-keras AlexNet
+    assert model(torch.zeros(2, 3, 224, 224)).shape == (2, 1000)
+
+
+@pytest.mark.parametrize("side", [24, 32, 64, 128])
+def test_alexnet_scales_down_for_small_inputs(side):
+    model = build_torch_model("alexnet", 10, side, width=0.25)
+    assert model(torch.zeros(2, 3, side, side)).shape == (2, 10)
+    assert model.features[0].out_channels == 24 and model.classifier[2].out_features == 1024
+
+
+def test_resnet_small_and_refusals():
+    model = build_torch_model("resnet_small", 10, 32, width=0.5, blocks=1)
+    assert model(torch.zeros(2, 3, 32, 32)).shape == (2, 10)
+    with pytest.raises(TorchModelError, match="at least 24x24"):
+        build_torch_model("alexnet", 10, 16)
+    with pytest.raises(TorchModelError, match="unknown torch model"):
+        build_torch_model("vgg", 10, 32)
+
+
+# --------------------------------------------------------------------------- one process
+
+def test_train_writes_what_train_writes_and_learns(digits_parquet, tmp_path):
+    result = train_torch("alexnet", digits_parquet["train"], digits_parquet["val"], epochs=3, batch_size=8,
+                         image_size=32, model_kwargs=LEARNS, learning_rate=3e-3, seed=0, output_dir=tmp_path / "run",
+                         input_options=DIGITS)
+    assert result.epochs == [0, 1, 2] and result.steps_per_epoch == digits_parquet["rows"] // 8
+    assert set(result.val_metrics) == {"loss", "accuracy"} and result.val_metrics["accuracy"] > 0.2   # chance: 0.1
+    assert set(result.history) == {"loss", "accuracy", "val_loss", "val_accuracy"}
+    assert result.history["loss"][-1] < result.history["loss"][0]
+    assert result.strategy["kind"] == "single-process" and result.images_per_second > 0
+    lines = open(result.metrics_csv).read().splitlines()
+    assert lines[0] == "epoch,accuracy,loss,val_accuracy,val_loss" and len(lines) == 4
+    assert os.path.getsize(result.plot_png) > 0
+    weights = torch.load(result.weights_path, weights_only=True)
+    assert all(torch.equal(weights[k], v) for k, v in result.model.state_dict().items())
+    json.dumps(result.summary())
+
+
+def test_an_interrupted_run_resumes_from_its_checkpoint(digits_parquet, tmp_path):
+    args = dict(epochs=3, batch_size=8, image_size=32, model_kwargs=TINY, seed=0, output_dir=tmp_path / "run",
+                checkpoint_dir=tmp_path / "ckpt", input_options=DIGITS)
+
+    def crash_after_second_epoch(epoch, logs):
+        if epoch == 1:
+            raise KeyboardInterrupt("killed")
+
+    with pytest.raises(KeyboardInterrupt):
+        train_torch("alexnet", digits_parquet["train"], callbacks=[crash_after_second_epoch], **args)
+    saved = load_checkpoint(tmp_path / "ckpt")
+    assert saved["epoch"] == 2 and len(saved["history"]["loss"]) == 2
+
+    result = train_torch("alexnet", digits_parquet["train"], **args)
+    assert result.initial_epoch == 2 and result.epochs == [2]
+    rows = open(result.metrics_csv).read().splitlines()[1:]
+    assert [row.split(",")[0] for row in rows] == ["0", "1", "2"]
+    assert [float(row.split(",")[2]) for row in rows[:2]] == saved["history"]["loss"]
+    assert not (tmp_path / "ckpt" / "checkpoint.pt").exists()      # removed after the finished run
+
+
+class _Payload:
+    def __reduce__(self):
+        return (os.system, ("echo owned",))
+
+
+def test_a_checkpoint_is_never_unpickled(tmp_path):
+    """torch.load(weights_only=True): a checkpoint holding an arbitrary object is refused, not run."""
+    with open(tmp_path / "checkpoint.pt", "wb") as handle:
+        pickle.dump({"format": 1, "model": _Payload()}, handle, protocol=2)
+    with pytest.raises(pickle.UnpicklingError, match="Weights only load failed"):
+        load_checkpoint(tmp_path)
+
+
+def test_bad_arguments_are_refused(digits_parquet, tmp_path):
+    with pytest.raises(TorchTrainingError, match="Parquet dataset"):
+        train_torch("alexnet", {"image": [], "category": []})
+    with pytest.raises(TorchTrainingError, match="unknown input_options"):
+        train_torch("alexnet", digits_parquet["train"], epochs=1, batch_size=8, image_size=32, model_kwargs=TINY,
+                    output_dir=tmp_path, input_options={"flp": False})
+    with pytest.raises(TorchTrainingError, match="fewer than one batch"):
+        train_torch("alexnet", digits_parquet["train"], epochs=1, batch_size=10_000, image_size=32,
+                    output_dir=tmp_path)
+
+
+# --------------------------------------------------------------------------- the backend probe
+
+@pytest.fixture
+def one_rank(monkeypatch):
+    """This process as rank 0 of a group of one on 127.0.0.1; the group is torn down afterwards."""
+    for key, value in dict(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port())).items():
+        monkeypatch.setenv(key, value)
+    yield
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+def test_auto_on_cpu_is_gloo_without_a_fallback(one_rank):
+    choice = init_distributed("auto")
+    assert (choice.backend, choice.fallback_from, choice.world_size) == ("gloo", None, 1)
+    assert choice.probe_seconds is not None and "fell back" not in choice.describe()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="NCCL may work here: the fallback needs a CPU-only machine")
+def test_nccl_that_fails_falls_back_to_gloo_and_says_so(one_rank, caplog):
+    with caplog.at_level(logging.WARNING, logger="pinstorm.training"):
+        choice = init_distributed("nccl")
+    assert (choice.backend, choice.requested, choice.fallback_from) == ("gloo", "nccl", "nccl")
+    assert "NCCL" in choice.error and "fell back from nccl" in choice.describe()
+    assert any("NCCL failed its all-reduce probe" in r.message and "falling back to gloo" in r.message
+               for r in caplog.records if r.levelno == logging.WARNING)
+    assert torch.distributed.get_backend() == "gloo"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="NCCL may work here: the failure needs a CPU-only machine")
+def test_nccl_without_fallback_raises(one_rank):
+    with pytest.raises(BackendProbeError, match="NCCL failed its all-reduce probe"):
+        init_distributed("nccl", fallback=False)
+
+
+# --------------------------------------------------------------------------- DDP in two processes
+
+RANK_SCRIPT = textwrap.dedent("""
+    import json, logging, sys
+    logging.basicConfig(level=logging.WARNING)
+    from pinstorm.training.torch_fit import train_torch
+    result = train_torch("alexnet", sys.argv[1], sys.argv[2], epochs=2, batch_size=8, image_size=32,
+                         model_kwargs={"width": 0.125, "normalization": None, "dropout": 0.0}, seed=0,
+                         output_dir=sys.argv[3], backend=sys.argv[4], input_options={"flip": False})
+    print(json.dumps(dict(result.summary(), tensorflow="tensorflow" in sys.modules)))
+""")
+
+
+def test_two_ranks_each_read_half_and_end_with_identical_weights(digits_parquet, tmp_path, processes):
+    """Two processes, gloo on 127.0.0.1 (NCCL asked for, so both ranks fall back together); each reads
+    its own half of the row groups, gradients are all-reduced, and both end with the same weights."""
+    port = str(_free_port())
+    script = tmp_path / "rank.py"
+    script.write_text(RANK_SCRIPT)
+    ranks = [processes.start([str(script), digits_parquet["train"], digits_parquet["val"], str(tmp_path / "run"),
+                              "nccl"],
+                             env=dict(RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r), LOCAL_WORLD_SIZE="2",
+                                      MASTER_ADDR="127.0.0.1", MASTER_PORT=port))
+             for r in range(2)]
+    outputs = [finish(process, timeout=240) for process in ranks]
+    results = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
+    assert [r["input_shards"] for r in results] == [[[0, 2]], [[1, 2]]]
+    assert all(r["replicas"] == 2 and r["global_batch_size"] == 16 for r in results)
+    assert all(r["strategy"]["backend"] == "gloo" and r["strategy"]["fallback_from"] == "nccl" for r in results)
+    assert all("falling back to gloo" in err for _, err in outputs)
+    assert results[0]["history"] == results[1]["history"]            # metrics are all-reduced too
+    assert not any(r["tensorflow"] for r in results)                 # the torch path never loads TensorFlow
+    first, second = (torch.load(r["weights_path"], weights_only=True) for r in results)
+    assert results[1]["output_dir"].endswith(os.path.join("workers", "rank1"))
+    assert all(torch.equal(first[k], second[k]) for k in first)
+
+
+def test_importing_the_training_package_does_not_import_torch():
+    code = "import sys, pinstorm.training; print('torch' in sys.modules, 'tensorflow' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]

@@ -1,0 +1,518 @@
+"""``train_torch``: the PyTorch side of ``train``, single process or DDP, resumable, with the same outputs.
+
+Data is a Parquet dataset URL from the pipeline, read with ``pipeline.make_torch_loader``. When the
+process was launched for ``torch.distributed`` (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
+``MASTER_PORT``, as torchrun and Spark's ``TorchDistributor`` set them), the model runs under
+``DistributedDataParallel`` and each rank reads its own ``shard=(rank, world)`` of the row groups;
+``batch_size`` is per rank, so the global batch grows with the world.
+
+The backend follows ``strategy.py``'s idea: a broken NCCL fails (or hangs) at the first
+collective, not when the group is made, so NCCL is only used after one real ``all_reduce`` has
+passed inside a timeout, and every rank agrees on the outcome through the rendezvous store. When
+the probe fails on any rank, every rank falls back to gloo, the original error is logged as a
+WARNING, and the choice is recorded (``TrainResult.strategy``). On CPU-only machines gloo is used
+directly.
+
+``checkpoint_dir`` holds one ``checkpoint.pt`` (model, optimizer, finished epochs, the metric
+history): written by rank 0 after every epoch, read back with ``torch.load(weights_only=True)``
+(tensors and plain containers only, never arbitrary objects), removed after a finished run.
+Outputs, as ``train`` writes them: ``metrics.csv``, ``curves.png``, ``final.pt`` (a state dict);
+ranks other than 0 write into ``output_dir/workers/rank<N>``. Neither TensorFlow nor tf-keras is
+imported here.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import os
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+from pinstorm.errors import PinstormError
+from pinstorm.extras import require
+
+from .plots import plot_curves, read_metrics_csv
+from .torch_models import build_torch_model
+
+torch = require("torch", "torch", "pinstorm.training.train_torch")
+dist = torch.distributed
+
+__all__ = ["BackendChoice", "TorchTrainResult", "TorchTrainingError", "init_distributed", "train_torch"]
+
+log = logging.getLogger("pinstorm.training")
+
+BACKENDS = ("auto", "nccl", "gloo")
+_GROUP: dict = {}   # the BackendChoice of the group init_distributed made, while that group lives
+CHECKPOINT_FILE = "checkpoint.pt"
+WEIGHTS_FILE = "final.pt"
+CHECKPOINT_FORMAT = 1
+_LOADER_OPTIONS = ("flip", "crop_area", "eval_crop", "shuffle_buffer", "dct_scale", "verify", "retries",
+                   "storage_options", "max_pixels", "prefetch_factor", "multiprocessing_context")
+
+
+class TorchTrainingError(PinstormError, ValueError):
+    """Training cannot start with the arguments given (data, sizes, backend, ...)."""
+
+
+class BackendProbeError(PinstormError, RuntimeError):
+    """The process group's all-reduce probe failed and no fallback was allowed."""
+
+
+# --------------------------------------------------------------------------- the process group
+
+@dataclass
+class BackendChoice:
+    """Which ``torch.distributed`` backend runs the all-reduce, and why; ``describe()`` is one line."""
+
+    backend: str
+    requested: str
+    world_size: int
+    rank: int
+    probe_seconds: float | None = None
+    fallback_from: str | None = None
+    error: str | None = None
+
+    def describe(self) -> str:
+        text = f"DDP on {self.world_size} process(es) with {self.backend}"
+        if self.fallback_from:
+            text += f" (fell back from {self.fallback_from}: {self.error})"
+        if self.probe_seconds is not None:
+            text += f"; all-reduce probe passed in {self.probe_seconds:.2f} s"
+        return text
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__, kind="ddp")
+
+
+def launched_distributed() -> bool:
+    """Whether torchrun (or TorchDistributor, or a test) launched this process as one rank of a group."""
+    return all(os.environ.get(key) for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {(lines[0] if lines else '')[:300]}"
+
+
+def _device_for(backend: str):
+    if backend == "nccl" or (torch.cuda.is_available() and backend != "gloo"):
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    return torch.device("cpu")
+
+
+def _probe(backend: str, store, rank: int, world: int, timeout: float) -> float:
+    """Make the default group with ``backend`` and run one all-reduce; its seconds, or an exception.
+
+    Runs in a daemon thread joined with ``timeout``: a hung collective cannot be cancelled, so its
+    thread is abandoned (``TimeoutError``), as ``strategy.probe_all_reduce`` does.
+    """
+    outcome: dict = {}
+
+    def target():
+        try:
+            started = time.perf_counter()
+            dist.init_process_group(backend, store=dist.PrefixStore(f"pinstorm/{backend}/", store), rank=rank,
+                                    world_size=world, timeout=timedelta(seconds=max(timeout, 1.0)))
+            value = torch.full((8,), float(rank + 1), device=_device_for(backend))
+            dist.all_reduce(value)
+            expected = world * (world + 1) / 2
+            if not torch.allclose(value.cpu(), torch.full((8,), expected)):
+                raise BackendProbeError(f"all-reduce probe returned {value.tolist()} instead of {expected}")
+            outcome["seconds"] = time.perf_counter() - started
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=target, name=f"pinstorm-{backend}-probe", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise TimeoutError(f"the {backend} all-reduce probe did not finish within {timeout:g} s (hung collective); "
+                           "its thread was abandoned")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["seconds"]
+
+
+def _agree(store, rank: int, world: int, backend: str, error: str | None, timeout: float) -> list[str]:
+    """Every rank's probe error ("" for a pass), shared through the store, so all ranks choose alike."""
+    store.set(f"pinstorm/probe/{backend}/{rank}", error or "")
+    keys = [f"pinstorm/probe/{backend}/{r}" for r in range(world)]
+    store.wait(keys, timedelta(seconds=max(timeout, 1.0)))
+    return [store.get(key).decode() for key in keys]
+
+
+def init_distributed(backend: str = "auto", *, probe_timeout: float = 60.0, fallback: bool = True) -> BackendChoice:
+    """Join the process group the environment describes, with a backend whose all-reduce was seen to work.
+
+    ``backend``: ``"auto"`` (NCCL when CUDA is available, else gloo), ``"nccl"`` or ``"gloo"``. A
+    failed or hung NCCL probe on any rank makes every rank fall back to gloo and logs why
+    (``fallback=False``: raise ``BackendProbeError`` instead). A group that already exists is used
+    as it is.
+    """
+    if backend not in BACKENDS:
+        raise TorchTrainingError(f"unknown backend {backend!r}; use one of {BACKENDS}")
+    if dist.is_initialized():   # made by init_distributed (its record, fallback included) or by the caller
+        made = _GROUP.get("choice")
+        if made is not None and made.world_size == dist.get_world_size() and made.backend == dist.get_backend():
+            return made
+        return BackendChoice(dist.get_backend(), backend, dist.get_world_size(), dist.get_rank())
+    if not launched_distributed():
+        raise TorchTrainingError("init_distributed needs RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT (torchrun "
+                                 "and TorchDistributor set them)")
+    store, rank, world = next(dist.rendezvous("env://", timeout=timedelta(seconds=max(probe_timeout, 30.0))))
+    chosen = backend if backend != "auto" else ("nccl" if torch.cuda.is_available() else "gloo")
+    choice = BackendChoice(chosen, backend, world, rank)
+    if chosen == "gloo":
+        choice.probe_seconds = _probe("gloo", store, rank, world, probe_timeout)
+        return _made(choice)
+    error = None
+    try:
+        choice.probe_seconds = _probe("nccl", store, rank, world, probe_timeout)
+    except BaseException as exc:  # noqa: BLE001 - any failure of NCCL here means "do not use it"
+        error = _first_line(exc)
+        cause = exc
+    errors = _agree(store, rank, world, "nccl", error, probe_timeout)
+    failed = [f"rank {r}: {e}" for r, e in enumerate(errors) if e]
+    if not failed:
+        return _made(choice)
+    reason = error or failed[0]
+    if not fallback:
+        raise BackendProbeError(f"NCCL failed its all-reduce probe ({reason})") from (cause if error else None)
+    log.warning("NCCL failed its all-reduce probe (%s); falling back to gloo", reason)
+    if dist.is_initialized():     # NCCL came up on this rank but not on another one
+        try:
+            dist.destroy_process_group()
+        except Exception as exc:  # noqa: BLE001 - a half-broken NCCL group; gloo gets a fresh one
+            log.warning("could not tear down the NCCL group (%s)", _first_line(exc))
+    choice = BackendChoice("gloo", backend, world, rank, fallback_from="nccl", error=reason)
+    choice.probe_seconds = _probe("gloo", store, rank, world, probe_timeout)
+    return _made(choice)
+
+
+def _made(choice: BackendChoice) -> BackendChoice:
+    _GROUP["choice"] = choice
+    log.info("torch.distributed: %s", choice.describe())
+    return choice
+
+
+# --------------------------------------------------------------------------- results and files
+
+@dataclass
+class TorchTrainResult:
+    """What ``train_torch`` produced; the fields of ``fit.TrainResult`` that apply to a torch run."""
+
+    history: dict[str, list[float]]
+    val_metrics: dict[str, float]
+    model: Any = field(repr=False)
+    epochs: list[int] = field(default_factory=list)
+    initial_epoch: int = 0
+    global_batch_size: int = 0
+    replicas: int = 1
+    steps_per_epoch: int | None = None
+    seconds: float = 0.0
+    images_per_second: float = 0.0
+    strategy: dict | None = None
+    output_dir: str | None = None
+    metrics_csv: str | None = None
+    plot_png: str | None = None
+    tensorboard_dir: str | None = None
+    checkpoint_dir: str | None = None
+    weights_path: str | None = None
+    num_classes: int = 0
+    is_chief: bool = True
+    input_shards: list = field(default_factory=list)
+    experiment: dict | None = None
+    framework: str = "torch"
+
+    def summary(self) -> dict:
+        """Everything but the model, JSON-serialisable (for reports and for Spark to send home)."""
+        out = {k: v for k, v in self.__dict__.items() if k != "model"}
+        return json.loads(json.dumps(out, default=float))
+
+
+def _write_csv(path: Path, history: dict[str, list[float]]) -> None:
+    """The whole run's metrics as Keras's CSVLogger writes them (epoch, then sorted names), atomically."""
+    names = sorted(history)
+    rows = len(next(iter(history.values()), []))
+    temporary = path.with_name(f".{path.name}.tmp")
+    with open(temporary, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["epoch", *names])
+        for epoch in range(rows):
+            writer.writerow([epoch, *(history[name][epoch] for name in names)])
+    os.replace(temporary, path)
+
+
+def _save(obj, path: Path) -> None:
+    """torch.save under a temporary name, then rename: a crash never leaves half a file."""
+    temporary = path.with_name(f".{path.name}.tmp")
+    torch.save(obj, temporary)
+    os.replace(temporary, path)
+
+
+def load_checkpoint(checkpoint_dir) -> dict | None:
+    """The last epoch's checkpoint (tensors and plain containers only: ``weights_only=True``), or None."""
+    path = Path(checkpoint_dir) / CHECKPOINT_FILE
+    if not path.exists():
+        return None
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
+        raise TorchTrainingError(f"{path} is not a pinstorm torch checkpoint (format {CHECKPOINT_FORMAT})")
+    return state
+
+
+def _default_output_dir(model_name: str) -> Path:
+    from pinstorm.boards.meta import TIME_FORMAT
+
+    return Path("runs") / f"{model_name}-{datetime.now(timezone.utc).strftime(TIME_FORMAT)}"
+
+
+def _optimizer(name: str, parameters, learning_rate: float):
+    name = name.lower()
+    if name == "adam":
+        return torch.optim.Adam(parameters, lr=learning_rate)
+    if name == "sgd":  # the paper's choice: momentum 0.9
+        return torch.optim.SGD(parameters, lr=learning_rate, momentum=0.9)
+    raise TorchTrainingError(f"unknown optimizer {name!r}: use 'adam' or 'sgd'")
+
+
+def _shard_rows(info: dict, world: int) -> list[int]:
+    """Rows of each rank's shard (the loader's rule), so every rank can compute the same step count."""
+    from pinstorm.pipeline.epochs import shard_row_groups
+
+    if world == 1:
+        return [int(info["rows"])]
+    return [sum(info["row_group_rows"][g] for g in shard_row_groups(info, (r, world))) for r in range(world)]
+
+
+def _sum_across(values: list[float], distributed: bool) -> list[float]:
+    if not distributed:
+        return values
+    tensor = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(tensor)
+    return tensor.tolist()
+
+
+def _evaluate(model, loader, device, distributed: bool) -> dict[str, float]:
+    """Mean loss and accuracy over every row ``loader`` yields (summed over ranks when each read a shard)."""
+    model.eval()
+    loss_sum, correct, count = 0.0, 0.0, 0.0
+    with torch.no_grad():
+        for images, labels in loader:
+            images, labels = images.to(device), labels.to(device)
+            logits = model(images)
+            loss_sum += float(torch.nn.functional.cross_entropy(logits, labels, reduction="sum"))
+            correct += float((logits.argmax(1) == labels).sum())
+            count += len(labels)
+    loss_sum, correct, count = _sum_across([loss_sum, correct, count], distributed)
+    return {"loss": loss_sum / max(count, 1), "accuracy": correct / max(count, 1)}
+
+
+# --------------------------------------------------------------------------- the entry point
+
+def train_torch(
+    model_name: str = "alexnet",
+    data=None,
+    validation_data=None,
+    *,
+    epochs: int = 10,
+    batch_size: int = 32,
+    image_size: int = 224,
+    num_classes: int | None = None,
+    learning_rate: float = 1e-3,
+    optimizer: str = "adam",
+    model_kwargs: dict | None = None,
+    seed: int | None = None,
+    output_dir=None,
+    checkpoint_dir=None,
+    input_options: dict | None = None,
+    num_workers: int = 0,
+    steps_per_epoch: int | None = None,
+    backend: str = "auto",
+    probe_timeout: float = 60.0,
+    fallback: bool = True,
+    threads: int | None = None,
+    callbacks: list[Callable[[int, dict], None]] | None = None,
+) -> TorchTrainResult:
+    """Train ``model_name`` (``alexnet``, ``resnet_small``) with PyTorch on the Parquet dataset ``data``.
+
+    ``batch_size`` is per rank. Launched with the torch.distributed environment, the model runs
+    under DDP with ``backend`` (``init_distributed``: NCCL probed and fallen back from, gloo on
+    CPU) and each rank reads its own shard; otherwise one process trains alone. Every rank runs
+    the same steps per epoch: the smallest shard's full batches (or ``steps_per_epoch``).
+    ``validation_data``: a Parquet URL, every row evaluated once after each epoch.
+    ``input_options`` go to ``make_torch_loader`` (e.g. ``{"flip": False, "crop_area": (0.6, 1.0)}``
+    for digits; ``"shard": None`` when each rank was given its own dataset). ``num_workers``:
+    DataLoader processes per rank. ``checkpoint_dir``: resume from its checkpoint when one exists,
+    save one after every epoch, remove it after a finished run. ``callbacks``: functions called
+    on every rank as ``fn(epoch, logs)`` after each epoch (``logs``: the epoch's metrics).
+    ``threads``: torch's intra-op threads (default under DDP on CPU: the cores shared by the
+    ranks on this machine).
+    """
+    from pinstorm import pipeline
+
+    if data is None or not isinstance(data, (str, os.PathLike)):
+        raise TorchTrainingError("train_torch needs data as a Parquet dataset URL or folder (convert it first)")
+    if epochs < 1 or batch_size < 1:
+        raise TorchTrainingError(f"epochs and batch_size must be positive (got {epochs}, {batch_size})")
+    distributed = launched_distributed() or dist.is_initialized()
+    own_group = distributed and not dist.is_initialized()
+    choice = init_distributed(backend, probe_timeout=probe_timeout, fallback=fallback) if distributed else None
+    try:
+        return _train(model_name, os.fspath(data), validation_data, choice=choice, epochs=epochs,
+                      batch_size=batch_size, image_size=int(image_size), num_classes=num_classes,
+                      learning_rate=learning_rate, optimizer=optimizer, model_kwargs=dict(model_kwargs or {}),
+                      seed=seed, output_dir=output_dir, checkpoint_dir=checkpoint_dir,
+                      input_options=dict(input_options or {}), num_workers=num_workers,
+                      steps_per_epoch=steps_per_epoch, threads=threads, callbacks=list(callbacks or []),
+                      pipeline=pipeline)
+    finally:
+        if own_group and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _train(model_name, url, validation_data, *, choice, epochs, batch_size, image_size, num_classes,
+           learning_rate, optimizer, model_kwargs, seed, output_dir, checkpoint_dir, input_options, num_workers,
+           steps_per_epoch, threads, callbacks, pipeline) -> TorchTrainResult:
+    distributed = choice is not None
+    rank, world = (choice.rank, choice.world_size) if distributed else (0, 1)
+    device = _device_for(choice.backend) if distributed else torch.device("cuda" if torch.cuda.is_available()
+                                                                            else "cpu")
+    if threads is None and distributed and device.type == "cpu":
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE") or world)
+        threads = max(1, (os.cpu_count() or 1) // max(local_world, 1))
+    if threads:
+        torch.set_num_threads(int(threads))
+    output_dir = Path(output_dir) if output_dir else _default_output_dir(model_name)
+    write_dir = output_dir if rank == 0 else output_dir / "workers" / f"rank{rank}"
+    write_dir.mkdir(parents=True, exist_ok=True)
+    checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
+
+    info = pipeline.dataset_info(url)
+    num_classes = num_classes or int(info["num_classes"])
+    if num_classes != int(info["num_classes"]):
+        raise TorchTrainingError(f"num_classes={num_classes} but {url} has {info['num_classes']} classes")
+    options = {k: v for k, v in input_options.items() if k != "shard"}
+    unknown = sorted(set(options) - set(_LOADER_OPTIONS))
+    if unknown:
+        raise TorchTrainingError(f"unknown input_options {unknown}; make_torch_loader takes {list(_LOADER_OPTIONS)}")
+    shard = input_options["shard"] if "shard" in input_options else ((rank, world) if world > 1 else None)
+    rows = [int(info["rows"])] if shard is None else _shard_rows(info, world)
+    steps = steps_per_epoch or min(rows) // batch_size
+    if steps < 1:
+        raise TorchTrainingError(f"{url}: the smallest shard has {min(rows)} rows, fewer than one batch of "
+                                 f"{batch_size}; lower batch_size")
+
+    if seed is not None:
+        random.seed(seed)
+        torch.manual_seed(seed)
+    model = build_torch_model(model_name, num_classes, image_size, **model_kwargs).to(device)
+    optim = _optimizer(optimizer, model.parameters(), learning_rate)
+    state = load_checkpoint(checkpoint_dir) if checkpoint_dir else None
+    initial_epoch, history = 0, {}
+    if state is not None:
+        model.load_state_dict(state["model"])
+        optim.load_state_dict(state["optimizer"])
+        initial_epoch, history = int(state["epoch"]), {k: list(v) for k, v in state["history"].items()}
+        log.info("resuming from %s at epoch %d", checkpoint_dir / CHECKPOINT_FILE, initial_epoch)
+    trained = model
+    if distributed:   # DDP broadcasts rank 0's parameters: every rank starts from the same weights
+        trained = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None)
+
+    loader = pipeline.make_torch_loader(url, batch_size=batch_size, image_size=image_size, training=True,
+                                        shard=shard, num_epochs=None, seed=seed, num_workers=num_workers,
+                                        drop_remainder=True, **options)
+    loader.dataset.set_epoch(initial_epoch)
+    val_loader, val_sharded = None, False
+    if validation_data is not None:
+        val_info = pipeline.dataset_info(os.fspath(validation_data))
+        if val_info.get("classes") and info.get("classes") and list(val_info["classes"]) != list(info["classes"]):
+            raise TorchTrainingError("training and validation data label different classes; convert both with the "
+                                     "same `classes`")
+        val_shard = (rank, world) if world > 1 and int(val_info["row_groups"]) >= world else None
+        eval_options = {k: v for k, v in options.items() if k in ("eval_crop", "dct_scale", "verify", "retries",
+                                                                  "storage_options", "max_pixels")}
+        val_loader = pipeline.make_torch_loader(os.fspath(validation_data), batch_size=batch_size,
+                                                image_size=image_size, training=False, shard=val_shard,
+                                                num_epochs=1, shuffle=False, **eval_options)
+        val_sharded = val_shard is not None
+
+    metrics_csv = write_dir / "metrics.csv"
+    if history:
+        _write_csv(metrics_csv, history)
+    ran, epoch_seconds = [], []
+    started = time.perf_counter()
+    batches = iter(loader)
+    try:
+        for epoch in range(initial_epoch, epochs):
+            trained.train()
+            epoch_started = time.perf_counter()
+            loss_sum, correct, count = 0.0, 0.0, 0.0
+            for _ in range(steps):
+                images, labels = next(batches)
+                images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+                optim.zero_grad(set_to_none=True)
+                logits = trained(images)
+                loss = torch.nn.functional.cross_entropy(logits, labels)
+                loss.backward()
+                optim.step()
+                loss_sum += float(loss.detach()) * len(labels)
+                correct += float((logits.detach().argmax(1) == labels).sum())
+                count += len(labels)
+            epoch_seconds.append(time.perf_counter() - epoch_started)
+            loss_sum, correct, count = _sum_across([loss_sum, correct, count], distributed)
+            logs = {"loss": loss_sum / count, "accuracy": correct / count}
+            if val_loader is not None:
+                logs.update({f"val_{k}": v for k, v in
+                             _evaluate(model, val_loader, device, distributed and val_sharded).items()})
+            for name, value in logs.items():
+                history.setdefault(name, []).append(float(value))
+            _write_csv(metrics_csv, history)
+            if checkpoint_dir is not None and rank == 0:
+                checkpoint_dir.mkdir(parents=True, exist_ok=True)
+                _save({"format": CHECKPOINT_FORMAT, "epoch": epoch + 1, "model": model.state_dict(),
+                       "optimizer": optim.state_dict(), "history": history, "model_name": model_name},
+                      checkpoint_dir / CHECKPOINT_FILE)
+            if distributed:
+                dist.barrier()   # no rank starts the next epoch (or a relaunch) before the checkpoint is whole
+            ran.append(epoch)
+            log.info("epoch %d/%d: %s", epoch + 1, epochs, ", ".join(f"{k} {v:.4f}" for k, v in logs.items()))
+            for callback in callbacks:
+                callback(epoch, dict(logs))
+    finally:
+        del batches   # ends the loader's worker processes
+    fit_seconds = time.perf_counter() - started
+
+    val_metrics = {}
+    if val_loader is not None:
+        val_metrics = ({"loss": history["val_loss"][-1], "accuracy": history["val_accuracy"][-1]}
+                       if ran else _evaluate(model, val_loader, device, distributed and val_sharded))
+    weights_path = write_dir / WEIGHTS_FILE
+    _save(model.state_dict(), weights_path)
+    plot_png = None
+    if metrics_csv.exists():
+        plot_png = plot_curves(read_metrics_csv(metrics_csv), write_dir / "curves.png",
+                               title=f"{model_name} (torch): {world} process(es), global batch {batch_size * world}")
+    if distributed:
+        dist.barrier()   # every rank is past its last read of the checkpoint before rank 0 removes it
+    if checkpoint_dir is not None and rank == 0:
+        (checkpoint_dir / CHECKPOINT_FILE).unlink(missing_ok=True)
+    train_seconds = sum(epoch_seconds)
+    images = steps * batch_size * world * len(ran)
+    return TorchTrainResult(
+        history={k: v[len(v) - len(ran):] for k, v in history.items()}, val_metrics=val_metrics, model=model, epochs=ran,
+        initial_epoch=ran[0] if ran else epochs, global_batch_size=batch_size * world, replicas=world,
+        steps_per_epoch=steps, seconds=fit_seconds, images_per_second=images / train_seconds if train_seconds else 0.0,
+        strategy=choice.as_dict() if choice else {"kind": "single-process", "device": str(device)},
+        output_dir=str(write_dir), metrics_csv=str(metrics_csv), plot_png=str(plot_png) if plot_png else None,
+        checkpoint_dir=str(checkpoint_dir) if checkpoint_dir else None, weights_path=str(weights_path),
+        num_classes=num_classes, is_chief=rank == 0, input_shards=[list(shard) if shard else None],
+    )

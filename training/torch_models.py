@@ -1,0 +1,150 @@
+"""AlexNet and a small ResNet in plain ``torch.nn``, for ``train_torch`` (no torchvision needed).
+
+AlexNet mirrors ``training.models.alexnet`` layer for layer: the same ``width`` multiplier, the same
+gentler stem below 128 px (so the demo's 32 px digits fit), LRN after the first two convolutions,
+overlapping 3x3/2 pooling, two dropout-regularised dense layers. Weights start as Keras starts them
+(Glorot-uniform, zero biases), so the two frameworks train the same network from the same kind of
+start. Models return logits ([B, classes]); the loss applies the softmax. Inputs are [B, 3, H, W].
+
+``resnet_small`` is a CIFAR-style ResNet (He et al. 2016, section 4.2): a 3x3 stem, three stages of
+basic blocks at 16/32/64 x ``width`` filters, global average pooling; any input from 8 px up.
+Importing this module imports torch (``pinstorm.training`` loads it only when asked for).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from pinstorm.errors import PinstormError
+from pinstorm.extras import require
+
+torch = require("torch", "torch", "pinstorm.training.torch_models")
+nn = torch.nn
+
+
+class TorchModelError(PinstormError, ValueError):
+    """A model was asked for by a name or with a shape it cannot be built with."""
+
+
+def _stem(side: int) -> tuple[int, int]:
+    """(kernel, stride) of AlexNet's first convolution: models.alexnet's rule."""
+    if side >= 128:
+        return 11, 4
+    if side >= 64:
+        return 7, 2
+    if side >= 24:
+        return 5, 1
+    raise TorchModelError(f"AlexNet needs inputs of at least 24x24 pixels, got {side}x{side}")
+
+
+def _normalize(kind: str | None, channels: int) -> nn.Module:
+    if kind == "lrn":
+        # torch divides alpha by the window size, TensorFlow (and the paper) does not: 5 x 1e-4 here is theirs
+        return nn.LocalResponseNorm(size=5, alpha=5e-4, beta=0.75, k=2.0)
+    if kind == "batch":
+        return nn.BatchNorm2d(channels)
+    if kind is None or kind == "none":
+        return nn.Identity()
+    raise TorchModelError(f"unknown normalization {kind!r}: use 'lrn' (as published), 'batch' or None")
+
+
+def _keras_init(module: nn.Module) -> None:
+    """Glorot-uniform weights and zero biases, as Keras's Conv2D and Dense start."""
+    if isinstance(module, (nn.Conv2d, nn.Linear)):
+        nn.init.xavier_uniform_(module.weight)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+
+class AlexNet(nn.Module):
+    """AlexNet for ``image_size`` inputs; ``width`` < 1 shrinks every layer (e.g. 0.25 for CPUs)."""
+
+    def __init__(self, num_classes: int = 1000, image_size: int = 224, *, width: float = 1.0,
+                 dense_units: int | None = None, dropout: float = 0.5, normalization: str | None = "lrn"):
+        super().__init__()
+        if width <= 0:
+            raise TorchModelError(f"width must be positive, got {width}")
+        kernel, stride = _stem(int(image_size))
+        filters = [max(8, int(round(f * width))) for f in (96, 256, 384, 384, 256)]
+        units = dense_units or max(16, int(round(4096 * width)))
+        # stride 4: the paper's 2-pixel zero padding and a "valid" convolution; below, "same" padding
+        padding = 2 if stride == 4 else kernel // 2
+        self.features = nn.Sequential(
+            nn.Conv2d(3, filters[0], kernel, stride=stride, padding=padding), nn.ReLU(inplace=True),
+            _normalize(normalization, filters[0]), nn.MaxPool2d(3, stride=2),
+            nn.Conv2d(filters[0], filters[1], 5, padding=2), nn.ReLU(inplace=True),
+            _normalize(normalization, filters[1]), nn.MaxPool2d(3, stride=2),
+            nn.Conv2d(filters[1], filters[2], 3, padding=1), nn.ReLU(inplace=True),
+            nn.Conv2d(filters[2], filters[3], 3, padding=1), nn.ReLU(inplace=True),
+            nn.Conv2d(filters[3], filters[4], 3, padding=1), nn.ReLU(inplace=True),
+            nn.MaxPool2d(3, stride=2),
+        )
+        with torch.no_grad():   # the flattened size for this input size, without arithmetic to get wrong
+            flat = self.features(torch.zeros(1, 3, int(image_size), int(image_size))).numel()
+        self.classifier = nn.Sequential(
+            nn.Flatten(), nn.Dropout(dropout), nn.Linear(flat, units), nn.ReLU(inplace=True),
+            nn.Dropout(dropout), nn.Linear(units, units), nn.ReLU(inplace=True), nn.Linear(units, num_classes),
+        )
+        self.apply(_keras_init)
+
+    def forward(self, images):
+        return self.classifier(self.features(images))
+
+
+class BasicBlock(nn.Module):
+    """Two 3x3 convolutions with batch norm and an identity (or 1x1 projection) shortcut."""
+
+    def __init__(self, channels_in: int, channels_out: int, stride: int = 1):
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Conv2d(channels_in, channels_out, 3, stride=stride, padding=1, bias=False),
+            nn.BatchNorm2d(channels_out), nn.ReLU(inplace=True),
+            nn.Conv2d(channels_out, channels_out, 3, padding=1, bias=False), nn.BatchNorm2d(channels_out),
+        )
+        self.shortcut = nn.Identity()
+        if stride != 1 or channels_in != channels_out:
+            self.shortcut = nn.Sequential(nn.Conv2d(channels_in, channels_out, 1, stride=stride, bias=False),
+                                          nn.BatchNorm2d(channels_out))
+
+    def forward(self, x):
+        return torch.relu(self.body(x) + self.shortcut(x))
+
+
+class ResNetSmall(nn.Module):
+    """CIFAR-style ResNet-(6n+2): ``blocks`` = n per stage (3 gives ResNet-20), 16/32/64 x ``width`` filters."""
+
+    def __init__(self, num_classes: int = 10, image_size: int = 32, *, width: float = 1.0, blocks: int = 3):
+        super().__init__()
+        if int(image_size) < 8:
+            raise TorchModelError(f"resnet_small needs inputs of at least 8x8 pixels, got {image_size}")
+        if width <= 0 or blocks < 1:
+            raise TorchModelError(f"width and blocks must be positive, got {width}, {blocks}")
+        channels = [max(4, int(round(c * width))) for c in (16, 32, 64)]
+        layers: list[nn.Module] = [nn.Conv2d(3, channels[0], 3, padding=1, bias=False), nn.BatchNorm2d(channels[0]),
+                                   nn.ReLU(inplace=True)]
+        previous = channels[0]
+        for stage, out in enumerate(channels):
+            for block in range(blocks):
+                layers.append(BasicBlock(previous, out, stride=2 if stage and not block else 1))
+                previous = out
+        self.features = nn.Sequential(*layers)
+        self.classifier = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(previous, num_classes))
+        for module in self.modules():
+            if isinstance(module, nn.Conv2d):
+                nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
+
+    def forward(self, images):
+        return self.classifier(self.features(images))
+
+
+TORCH_MODELS: dict[str, Callable[..., nn.Module]] = {"alexnet": AlexNet, "resnet_small": ResNetSmall}
+
+
+def build_torch_model(name: str, num_classes: int, image_size: int = 224, **kwargs) -> nn.Module:
+    """Build a torch model by name (``alexnet``, ``resnet_small``); kwargs go to its constructor."""
+    key = name.lower().replace("-", "_")
+    if key not in TORCH_MODELS:
+        raise TorchModelError(f"unknown torch model {name!r}; choose one of {sorted(TORCH_MODELS)}")
+    if num_classes < 2:
+        raise TorchModelError(f"num_classes must be at least 2, got {num_classes}")
+    return TORCH_MODELS[key](num_classes, int(image_size), **kwargs)
