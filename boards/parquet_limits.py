@@ -47,6 +47,7 @@ MAX_PAGE_HEADER = 16 * MIB            # pyarrow's own limit
 LOAD_HINT = f"raise {LOAD_ENV} for data you trust, or read its path with pin_get(..., files=True)"
 _WIDTH = {"BOOLEAN": 1, "INT32": 4, "INT64": 8, "INT96": 12, "FLOAT": 4, "DOUBLE": 8}
 _DICTIONARY = {"PLAIN_DICTIONARY", "RLE_DICTIONARY"}
+DICTIONARY_ROW_BYTES = 13   # an expanded dictionary row besides its value: offsets + validity (9), index (4)
 _U32 = struct.Struct("<I")
 _CODECS = {"SNAPPY": "snappy", "GZIP": "gzip", "ZSTD": "zstd", "BROTLI": "brotli", "LZ4_RAW": "lz4_raw"}
 
@@ -323,11 +324,13 @@ class BoundedParquetFile:
             refine = None
             if dictionary:
                 # every row may reference the longest dictionary value: no longer than the dictionary
-                # page (else the chunk); `_refine` reads the page for the longest value when needed
+                # page (else the chunk); `_refine` reads the page for the longest value when needed. Per
+                # row as `_dictionary_columns` counts exactly: no bound falls below the exact count, so
+                # every way of counting refuses the same row groups
                 has_page = bool(pages) and pages[0][0] == 2
-                bound = values * width + values * (pages[0][2] if has_page else declared) + declared
+                bound = values * DICTIONARY_ROW_BYTES + values * (pages[0][2] if has_page else declared) + declared
                 if has_page and declared <= self.max_row_group_bytes:
-                    refine = (values * width + declared, values, meta, pages[0])
+                    refine = (values * DICTIONARY_ROW_BYTES + declared, values, meta, pages[0])
             chunks.append(_Chunk(path.split(".")[0], path, flat, bound, dictionary, refine))
         return chunks
 
