@@ -157,6 +157,14 @@ class EpochSource:
             raise IncompleteEpochError(f"{where}: epoch {epoch} delivered {delivered} rows, expected "
                                        f"{expected}; the dataset changed after conversion or the reader failed")
 
+    def row_groups(self, order):
+        """(global row-group index, (images, labels)) for each row group of `order`, in that order, verified
+        and checked as an epoch's are (pyarrow engine), not counted: for readers that plan their own rows
+        (`torch_loader` resumes mid-epoch and counts what it planned)."""
+        order = list(order)
+        check_parts(self.location, self.info, self.part_names(order))
+        yield from zip(order, self._arrow_batches(None, order))
+
     def _batches(self, seed, order=None):
         if self.engine == "pyarrow":
             yield from self._arrow_batches(seed, order)

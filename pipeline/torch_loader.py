@@ -21,17 +21,24 @@ until `make_torch_loader` is asked for. Without torch this module raises `Missin
 
 from __future__ import annotations
 
+import base64
+import collections
+import hashlib
 import io
+import itertools
+import json
 import math
 import random
 import warnings
+import zlib
 
 import numpy as np
 from PIL import Image
 
 from pinstorm.extras import require
 
-from .epochs import check_arguments, default_shuffle_buffer, epoch_seed, open_epochs
+from .epochs import (IncompleteEpochError, check_arguments, default_shuffle_buffer, epoch_order, epoch_seed,
+                     open_epochs, shard_row_groups)
 from .images import DEFAULT_MAX_PIXELS, UndecodableImage, _draft_factor
 
 torch = require("torch", "torch", "pinstorm.pipeline.make_torch_loader")
@@ -144,6 +151,61 @@ def _shuffled(rows, size: int, rng: random.Random):
     yield from buffer
 
 
+def row_starts(info: dict) -> np.ndarray:
+    """The sample ID of each row group's first row: a sample ID is the row's global number, counted
+    over the row groups in the dataset's order (parts by name, row groups in order)."""
+    return np.concatenate([[0], np.cumsum(info["row_group_rows"], dtype=np.int64)])
+
+
+def stream_ids(info: dict, groups, *, seed: int, shuffle: bool, shuffle_buffer: int | None, split=None,
+               consumed: np.ndarray | None = None):
+    """The sample IDs one stream (a shard's `groups`, the `split` = (i, n) of one DataLoader worker, or all)
+    delivers in the epoch of `seed` (`epoch_seed`), in order, from the row counts alone (no data read):
+    the epoch's row groups (`epoch_order`), their rows in order but those `consumed` (a bool per row),
+    through the seeded shuffle buffer. `ParquetImages` delivers exactly this sequence."""
+    starts, rows = row_starts(info), info["row_group_rows"]
+    order = epoch_order(groups, seed, shuffle, split)
+
+    def ids():
+        for g in order:
+            if consumed is None:
+                yield from range(int(starts[g]), int(starts[g] + rows[g]))
+            else:
+                yield from (np.flatnonzero(~consumed[starts[g]:starts[g + 1]]) + starts[g]).tolist()
+
+    if not shuffle:
+        return ids()
+    size = shuffle_buffer
+    if size is None:
+        count = split[1] if split else 1
+        expected = sum(rows[g] for g in groups)
+        size = default_shuffle_buffer(info, max(1, expected // count), max(1, len(groups) // count), share=count)
+    return _shuffled(ids(), size, random.Random(seed * 64 + (split[0] if split else 0)))
+
+
+def sample_rng(seed: int, sample_id: int) -> random.Random:
+    """The augmentation of one sample in the epoch of `seed`: its own, whichever stream delivers it and
+    wherever in the stream, so a resumed or re-sharded run crops and flips each sample as before."""
+    return random.Random((seed << 40) | sample_id)
+
+
+def info_digest(info: dict) -> str:
+    """What identifies a dataset's rows: counts per row group and parts with their sizes (not the url,
+    not the checksums, which `verify=False` drops)."""
+    identity = {"rows": info["rows"], "row_group_rows": info["row_group_rows"],
+                "files": {n: [e["row_groups"], e.get("bytes")] for n, e in sorted(info["files"].items())}}
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def _pack(bits: np.ndarray) -> str:
+    return base64.b64encode(zlib.compress(np.packbits(bits).tobytes(), 6)).decode("ascii")
+
+
+def _unpack(text: str, rows: int) -> np.ndarray:
+    packed = np.frombuffer(zlib.decompress(base64.b64decode(text)), dtype=np.uint8)
+    return np.unpackbits(packed, count=rows).astype(bool)
+
+
 def _empty(shape, dtype, shared: bool):
     """A tensor for a batch; in a worker process, in shared memory from the start (as torch's own
     collate does, with the same private call), so handing it to the main process copies nothing."""
@@ -157,34 +219,69 @@ def _empty(shape, dtype, shared: bool):
     return empty.set_(storage).view(shape)
 
 
-class ParquetImages(torch.utils.data.IterableDataset):
-    """Batches of (images float32 [B, 3, H, W], labels int64 [B]) from one shard, every epoch counted.
+class Position:
+    """Where the caller is in the data: per stream (DataLoader worker, or 0), the epoch and how many samples
+    of that epoch's `stream_ids` it has received; the next stream to hand over a batch; and the samples of
+    some epochs already consumed under another shard layout (a bool per row), which these streams skip."""
 
-    Made by `make_torch_loader`. Run by a DataLoader with workers, each worker process reads its own
-    slice of every epoch's row groups. `set_epoch(n)` makes the next pass start at epoch `n` (its own
-    row-group order, shuffle and augmentation), for loops that iterate the loader once per epoch.
+    def __init__(self, streams: dict, next_stream: int = 0, consumed: dict | None = None):
+        self.streams = {int(s): (int(e), int(n)) for s, (e, n) in streams.items()}
+        self.next_stream, self.consumed = int(next_stream), dict(consumed or {})
+
+    @classmethod
+    def fresh(cls, epoch: int, streams: int) -> "Position":
+        return cls({s: (epoch, 0) for s in range(streams)})
+
+    @property
+    def epoch(self) -> int:
+        return min(e for e, _ in self.streams.values())
+
+    def copy(self) -> "Position":
+        return Position(self.streams, self.next_stream, self.consumed)
+
+
+class ParquetImages(torch.utils.data.IterableDataset):
+    """Batches of (images float32 [B, 3, H, W], labels int64 [B], sample IDs int64 [B], position) from one
+    shard, every epoch counted; `TorchLoader` strips the last two unless asked for the IDs.
+
+    Made by `make_torch_loader`. Run by a DataLoader with workers, each worker process is one stream: it
+    reads its own slice of every epoch's row groups. `set_epoch(n)` makes the next pass start at epoch `n`
+    (its own row-group order, shuffle and augmentation), for loops that iterate the loader once per epoch.
     """
 
     def __init__(self, source, *, batch_size, image_size, training, num_epochs, shuffle, shuffle_buffer,
-                 crop_area, flip, eval_crop, dct_scale, drop_remainder, max_pixels):
+                 crop_area, flip, eval_crop, dct_scale, drop_remainder, max_pixels, streams=1):
         self.source, self.batch_size, self.size = source, batch_size, image_size
         self.training, self.num_epochs, self.shuffle = training, num_epochs, shuffle
         self.shuffle_buffer = shuffle_buffer
         self.crop_area, self.flip, self.eval_crop, self.dct_scale = crop_area, flip, eval_crop, dct_scale
         self.drop_remainder, self.max_pixels = drop_remainder, max_pixels
-        self.first_epoch = 0
+        self.streams, self.first_epoch = streams, 0
+        self.position = Position.fresh(0, streams)   # what the caller has received (kept by TorchLoader)
+        self.resume = None                           # a Position the next pass starts from (load_state_dict)
 
     def set_epoch(self, epoch: int) -> None:
+        """The next pass starts at epoch `epoch`; a position loaded for another epoch is dropped."""
         self.first_epoch = int(epoch)
+        if self.resume is not None and self.resume.epoch == self.first_epoch:
+            return
+        self.resume, self.position = None, Position.fresh(self.first_epoch, self.streams)
+
+    def start(self) -> Position:
+        """Where the next pass starts: the loaded position, else `first_epoch`'s beginning."""
+        return self.resume.copy() if self.resume is not None else Position.fresh(self.first_epoch, self.streams)
 
     def __iter__(self):
+        return self._iterate(getattr(self, "_pass", None) or self.start())
+
+    def _iterate(self, start: Position):
         worker = torch.utils.data.get_worker_info()
         if worker is not None:   # a DataLoader worker process: it runs one torch thread already
-            yield from self._batches((worker.id, worker.num_workers), shared=True)
+            yield from self._batches((worker.id, worker.num_workers), start, shared=True)
             return
         # In the calling process, decode on one torch thread (the per-image ops are small: a second
         # thread doubled their CPU here), and give the caller its own setting back between batches.
-        batches, threads = self._batches(None, shared=False), torch.get_num_threads()
+        batches, threads = self._batches(None, start, shared=False), torch.get_num_threads()
         while True:
             torch.set_num_threads(1)
             try:
@@ -195,36 +292,80 @@ class ParquetImages(torch.utils.data.IterableDataset):
                 return
             yield batch
 
-    def _batches(self, split, shared: bool):
-        images, labels, filled = None, None, 0
-        epoch = self.first_epoch
-        while self.num_epochs is None or epoch < self.first_epoch + self.num_epochs:
-            rng = random.Random(epoch_seed(self.source.base_seed, epoch) * 64 + (split[0] if split else 0))
-            for jpeg, label in self._rows(epoch, split, rng):
+    def ids(self, epoch: int, split=None, consumed=None):
+        """`stream_ids` of this shard for `epoch`."""
+        return stream_ids(self.source.info, self.source.groups, seed=epoch_seed(self.source.base_seed, epoch),
+                          shuffle=self.shuffle, shuffle_buffer=self.shuffle_buffer, split=split, consumed=consumed)
+
+    def _batches(self, split, start: Position, shared: bool):
+        """This stream's batches from `start` to the end of the pass, each tagged (stream, epoch, count
+        received of that epoch after it, 0), then an empty end-of-stream batch tagged (..., 1)."""
+        stream = split[0] if split else 0
+        epoch, count = start.streams.get(stream, (start.epoch, 0))
+        end = None if self.num_epochs is None else start.epoch + self.num_epochs
+        images, labels, ids, filled = None, None, None, 0
+        while end is None or epoch < end:
+            seed = epoch_seed(self.source.base_seed, epoch)
+            for sample, jpeg, label in self._planned_rows(epoch, split, count, start.consumed.get(epoch)):
                 if images is None:
                     images = _empty((self.batch_size, 3, *self.size), torch.float32, shared)
                     labels = _empty((self.batch_size,), torch.int64, shared)
-                self._decode_into(images[filled], jpeg, rng)
-                labels[filled] = label
+                    ids = _empty((self.batch_size,), torch.int64, shared)
+                self._decode_into(images[filled], jpeg, sample_rng(seed, sample))
+                labels[filled], ids[filled] = label, sample
                 filled += 1
+                count += 1
                 if filled == self.batch_size:
-                    yield images, labels
+                    yield images, labels, ids, (stream, epoch, count, 0)
                     images, filled = None, 0
-            epoch += 1
+            if end is not None and epoch + 1 == end:
+                break
+            epoch, count = epoch + 1, 0
         if filled and not self.drop_remainder:
-            yield images[:filled], labels[:filled]
+            yield images[:filled], labels[:filled], ids[:filled], (stream, epoch, count, 0)
+        nothing = torch.empty(0)
+        yield nothing, nothing, nothing, (stream, epoch, count, 1)
 
-    def _rows(self, epoch, split, rng):
-        batches = self.source(epoch, split=split)
-        rows = ((jpeg, label) for images, labels in batches for jpeg, label in zip(images, labels.tolist()))
-        if not self.shuffle:
-            return rows
-        size = self.shuffle_buffer
-        if size is None:
-            count = split[1] if split else 1
-            size = default_shuffle_buffer(self.source.info, max(1, self.source.expected // count),
-                                          max(1, len(self.source.groups) // count), share=count)
-        return _shuffled(rows, size, rng)
+    def _planned_rows(self, epoch, split, skip: int, consumed):
+        """(sample ID, jpeg, label) of `stream_ids` after its first `skip`, read in the epoch's row-group
+        order (only row groups with a row left), each row held from its row group's read to its turn."""
+        info = self.source.info
+        starts, rows = row_starts(info), info["row_group_rows"]
+        plan = self.ids(epoch, split, consumed)
+        left = np.zeros(info["rows"], dtype=bool)
+        order = epoch_order(self.source.groups, epoch_seed(self.source.base_seed, epoch), self.shuffle, split)
+        for g in order:
+            left[starts[g]:starts[g + 1]] = True
+        if consumed is not None:
+            left &= ~consumed
+        for sample in itertools.islice(plan, skip):
+            left[sample] = False
+        expected = int(left.sum())
+        groups = self.source.row_groups([g for g in order if left[starts[g]:starts[g + 1]].any()])
+        held, delivered = {}, 0
+        for sample in plan:
+            while sample not in held:
+                g, (jpegs, labels) = next(groups, (None, (None, None)))
+                if g is None:
+                    raise IncompleteEpochError(f"{self._where(split)}: epoch {epoch} delivered {delivered} rows, "
+                                               f"expected {expected}; the reader failed")
+                if len(labels) != rows[g]:
+                    raise IncompleteEpochError(f"{self.source.where}: delivered {len(labels)} rows, expected "
+                                               f"{rows[g]}; the dataset changed after conversion")
+                labels = labels.tolist()
+                for at in np.flatnonzero(left[starts[g]:starts[g + 1]]).tolist():
+                    held[int(starts[g]) + at] = (jpegs[at], labels[at])
+            jpeg, label = held.pop(sample)
+            delivered += 1
+            yield sample, jpeg, label
+        if delivered != expected:
+            raise IncompleteEpochError(f"{self._where(split)}: epoch {epoch} delivered {delivered} rows, expected "
+                                       f"{expected}; the reader failed")
+
+    def _where(self, split) -> str:
+        shard = self.source.shard
+        return (self.source.location.url + (f" shard {shard[0]}/{shard[1]}" if shard else "")
+                + (f" split {split[0]}/{split[1]}" if split else ""))
 
     def _decode_into(self, planes, jpeg, rng: random.Random) -> None:
         """Decode one row into `planes` (float32 [3, H, W] in [0, 1]), a slice of the batch tensor."""
@@ -242,14 +383,142 @@ class ParquetImages(torch.utils.data.IterableDataset):
         torch.mul(decoded, 1 / 255, out=planes)   # uint8 -> float32 in [0, 1], one pass
 
 
+class TorchLoader(torch.utils.data.DataLoader):
+    """The DataLoader `make_torch_loader` returns: batches from the streams in turn, (images, labels) (or
+    with the sample IDs), and the caller's position as a small JSON-able state, to resume mid-epoch.
+
+    ``state_dict()`` says what the caller has received; ``load_state_dict(state)`` (before iterating)
+    makes the next pass deliver exactly the rest. States of all ranks, ``load_state_dict([s0, s1])``,
+    resume on another shard layout or `num_workers`: then no sample of the epoch comes twice or never.
+    """
+
+    def __init__(self, dataset: ParquetImages, *, return_ids: bool = False, **kwargs):
+        super().__init__(dataset, batch_size=None, **kwargs)
+        self.return_ids = return_ids
+
+    def __iter__(self):
+        dataset = self.dataset
+        start = dataset.start()
+        dataset._pass = start   # what the workers (forked or pickled now) and the calling process start from
+        try:
+            batches = super().__iter__()
+        finally:
+            del dataset._pass
+        dataset.resume, dataset.position = None, start.copy()
+        return self._in_turn(batches, dataset.position)
+
+    def _in_turn(self, batches, position: Position):
+        """Batches from each stream in turn from `position.next_stream`, whatever order the DataLoader hands
+        them over in, so a resumed pass interleaves the streams as the uninterrupted one; `position` follows."""
+        streams = self.dataset.streams
+        turns = collections.deque((position.next_stream + i) % streams for i in range(streams))
+        waiting = {s: collections.deque() for s in range(streams)}
+        while turns:
+            stream = turns[0]
+            while not waiting[stream]:
+                images, labels, ids, tag = next(batches)
+                waiting[int(tag[0])].append((images, labels, ids, tag))
+            images, labels, ids, (_, epoch, count, done) = waiting[stream].popleft()
+            if done:
+                turns.popleft()
+                continue
+            turns.rotate(-1)
+            position.streams[stream] = (int(epoch), int(count))
+            position.next_stream = turns[0]
+            yield (images, labels, ids) if self.return_ids else (images, labels)
+
+    def state_dict(self) -> dict:
+        """The caller's position: dataset identity, seed, shard layout, per stream (epoch, samples received),
+        and the samples of those epochs consumed under an earlier layout (zlib + base64 bitmaps)."""
+        dataset, source = self.dataset, self.dataset.source
+        position = dataset.resume or dataset.position
+        epoch = position.epoch
+        return {
+            "format": STATE_FORMAT,
+            "dataset": {"url": source.location.url, "rows": int(source.info["rows"]),
+                        "row_groups": int(source.info["row_groups"]), "digest": info_digest(source.info)},
+            "seed": int(source.base_seed), "shuffle": bool(dataset.shuffle),
+            "shuffle_buffer": None if dataset.shuffle_buffer is None else int(dataset.shuffle_buffer),
+            "shard": None if source.shard is None else list(source.shard), "num_workers": int(self.num_workers),
+            "epoch": epoch, "streams": [list(position.streams[s]) for s in range(dataset.streams)],
+            "next_stream": position.next_stream,
+            "consumed": {str(e): _pack(bits) for e, bits in sorted(position.consumed.items()) if e >= epoch},
+        }
+
+    def load_state_dict(self, state) -> None:
+        """Make the next pass continue from `state` (a `state_dict()`, or a list of them, one per rank).
+
+        The same shard and `num_workers` (and shuffle settings): each stream skips what it had delivered,
+        and the pass is the rest of the uninterrupted one, sample for sample. Another layout: give every
+        rank's state; this epoch's streams then deliver only the samples none of them had received, and
+        later epochs are whole. The state's seed replaces the loader's.
+        """
+        states = [state] if isinstance(state, dict) else list(state)
+        if not states:
+            raise ValueError("load_state_dict needs a state (or a list of them, one per rank)")
+        dataset, source = self.dataset, self.dataset.source
+        digest = info_digest(source.info)
+        for s in states:
+            if not isinstance(s, dict) or s.get("format") != STATE_FORMAT:
+                raise ValueError(f"not a make_torch_loader state ({STATE_FORMAT}): {str(s)[:200]}")
+            if s["dataset"]["digest"] != digest:
+                raise ValueError(f"the state is of {s['dataset']['url']} (digest {s['dataset']['digest']}), not of "
+                                 f"{source.location.url} (digest {digest}): another dataset")
+        if len({s["seed"] for s in states}) != 1:
+            raise ValueError(f"the states have different seeds {sorted({s['seed'] for s in states})}: not one run")
+        source.base_seed = int(states[0]["seed"])
+        shard = None if source.shard is None else list(source.shard)
+        same = [s for s in states if s["shard"] == shard and s["num_workers"] == self.num_workers
+                and s["shuffle"] == dataset.shuffle and s["shuffle_buffer"] == dataset.shuffle_buffer]
+        if same:
+            s = same[0]
+            resume = Position(dict(enumerate(s["streams"])), s["next_stream"],
+                              {int(e): _unpack(b, source.info["rows"]) for e, b in s["consumed"].items()})
+        else:
+            resume = self._consumed_by(states)
+        dataset.first_epoch = resume.epoch
+        dataset.resume, dataset.position = resume, resume.copy()
+
+    def _consumed_by(self, states) -> Position:
+        """This loader's streams at the start of the states' earliest epoch, skipping every sample the
+        states' streams had received (recomputed from their `stream_ids`) in each epoch they are in."""
+        info, dataset = self.dataset.source.info, self.dataset
+        count = {1 if s["shard"] is None else s["shard"][1] for s in states}
+        indexes = sorted(0 if s["shard"] is None else s["shard"][0] for s in states)
+        if len(count) != 1 or indexes != list(range(count.pop())):
+            raise ValueError(f"states of shards {[s['shard'] for s in states]}: give one state of every shard of the "
+                             "run (each rank's), so that what each had received is known")
+        epochs = [e for s in states for e, _ in s["streams"]]
+        first, last = min(epochs), max(epochs)
+        consumed = {e: np.zeros(info["rows"], dtype=bool) for e in range(first, last + 1)}
+        for s in states:
+            groups = shard_row_groups(info, s["shard"])
+            earlier = {int(e): _unpack(b, info["rows"]) for e, b in s["consumed"].items()}
+            for e, bits in earlier.items():
+                if e in consumed:
+                    consumed[e] |= bits
+            workers = s["num_workers"]
+            for stream, (at, received) in enumerate(s["streams"]):
+                split = (stream, workers) if workers else None
+                for e in range(first, at + 1):
+                    ids = stream_ids(info, groups, seed=epoch_seed(s["seed"], e), shuffle=s["shuffle"],
+                                     shuffle_buffer=s["shuffle_buffer"], split=split, consumed=earlier.get(e))
+                    taken = list(itertools.islice(ids, received if e == at else None))
+                    consumed[e][np.asarray(taken, dtype=np.int64)] = True
+        return Position(Position.fresh(first, dataset.streams).streams, 0, consumed)
+
+
+STATE_FORMAT = "pinstorm.make_torch_loader/1"
+
+
 def make_torch_loader(url, *, batch_size: int, image_size=224, training: bool = True, shard=None,
                       num_epochs: int | None = 1, seed: int | None = None, num_workers: int = 0,
                       shuffle: bool = True, drop_remainder: bool = False, shuffle_buffer: int | None = None,
                       crop_area=(0.25, 1.0), flip: bool = True, eval_crop: float = 0.875, dct_scale: bool = True,
                       retries: int = 2, storage_options: dict | None = None, verify: bool = True,
                       max_pixels: int | None = DEFAULT_MAX_PIXELS, prefetch_factor: int | None = None,
-                      pin_memory: bool = False, multiprocessing_context=None):
-    """A ``torch.utils.data.DataLoader`` of ``(images, labels)`` batches from a converted dataset.
+                      pin_memory: bool = False, multiprocessing_context=None, return_ids: bool = False):
+    """A ``torch.utils.data.DataLoader`` (`TorchLoader`) of ``(images, labels)`` batches from a converted dataset.
 
     images: float32 ``[B, 3, H, W]`` in [0, 1]; labels: int64 ``[B]`` class indexes. The arguments
     mean what they mean for `make_dataset` (`training`, `crop_area`, `flip`, `eval_crop`, `shard`,
@@ -262,7 +531,8 @@ def make_torch_loader(url, *, batch_size: int, image_size=224, training: bool = 
       from the workers in turn. 0: everything in the calling process.
     * Batches run across epoch boundaries (as `make_dataset`'s); each worker's last one may be
       partial unless `drop_remainder`.
-    * `seed`: the same seed gives the same batches for the same `num_workers`.
+    * `seed`: the same seed gives the same batches for the same `num_workers`. A sample's crop and flip
+      depend only on the seed, the epoch and the sample.
     * `max_pixels`: pixels a JPEG may decode to (after DCT scaling), see `pipeline.images`.
     * `prefetch_factor`, `pin_memory`, `multiprocessing_context`: handed to the DataLoader. In a
       process where TensorFlow has run, pass ``multiprocessing_context="forkserver"``: workers forked
@@ -270,8 +540,11 @@ def make_torch_loader(url, *, batch_size: int, image_size=224, training: bool = 
       workers start in ~4 s instead of ~0.5 s.
     * In the calling process (``num_workers=0``) decoding runs on one torch thread; the caller's
       ``torch.get_num_threads()`` is set back between batches.
+    * `return_ids`: batches are ``(images, labels, ids)``, ids int64 ``[B]`` the samples' global row
+      numbers (row groups in the dataset's order).
 
     ``loader.dataset.set_epoch(n)`` before a pass starts it at epoch n (for ``num_epochs=1`` loops).
+    ``loader.state_dict()`` / ``loader.load_state_dict(state)``: resume mid-epoch (`TorchLoader`).
     """
     image_size, crop_area = check_arguments(batch_size, num_epochs, image_size, crop_area)
     if not isinstance(num_workers, (int, np.integer)) or num_workers < 0:
@@ -281,8 +554,7 @@ def make_torch_loader(url, *, batch_size: int, image_size=224, training: bool = 
     dataset = ParquetImages(source, batch_size=int(batch_size), image_size=image_size, training=training,
                             num_epochs=num_epochs, shuffle=shuffle, shuffle_buffer=shuffle_buffer,
                             crop_area=crop_area, flip=flip, eval_crop=eval_crop, dct_scale=dct_scale,
-                            drop_remainder=drop_remainder, max_pixels=max_pixels)
+                            drop_remainder=drop_remainder, max_pixels=max_pixels, streams=max(1, int(num_workers)))
     extra = {} if num_workers == 0 else {"prefetch_factor": prefetch_factor,
                                          "multiprocessing_context": multiprocessing_context}
-    return torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=int(num_workers),
-                                       pin_memory=pin_memory, **extra)
+    return TorchLoader(dataset, return_ids=return_ids, num_workers=int(num_workers), pin_memory=pin_memory, **extra)

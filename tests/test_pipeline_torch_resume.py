@@ -1,0 +1,166 @@
+"""make_torch_loader resumes mid-epoch: the rest of the uninterrupted run sample for sample, or, on another
+shard layout or number of workers, every sample of the epoch once (issue 20, part 3)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from pinstorm.pipeline import dataset_info
+from pipeline_support import read_rows
+
+pytest_plugins = ["conftest_pipeline"]
+torch = pytest.importorskip("torch")
+
+from pinstorm.pipeline import make_torch_loader  # noqa: E402 (only with torch installed)
+from pinstorm.pipeline.epochs import epoch_seed, shard_row_groups  # noqa: E402
+from pinstorm.pipeline.torch_loader import stream_ids  # noqa: E402
+
+BATCH = 32
+
+
+def _loader(url, **kw):
+    kw = {"batch_size": BATCH, "image_size": 16, "seed": 11, "return_ids": True, **kw}
+    return make_torch_loader(url, **kw)
+
+
+def _take(loader, steps=None):
+    """(ids, images) of the first `steps` batches (all when None), and the state after them."""
+    ids, images = [], []
+    batches = iter(loader)
+    for step, (x, _, i) in enumerate(batches if steps != 0 else ()):
+        ids.append(i.clone())
+        images.append(x.clone())
+        if steps is not None and step + 1 == steps:
+            break
+    del batches   # the workers stop: the kill
+    state = json.loads(json.dumps(loader.state_dict()))   # what a checkpoint keeps
+    return torch.cat(ids) if ids else torch.empty(0, dtype=torch.int64), images, state
+
+
+def _digest(ids) -> str:
+    return hashlib.sha256(np.asarray(ids, dtype=np.int64).tobytes()).hexdigest()
+
+
+def _pixels(ids, images) -> dict:
+    return {int(i): x for i, x in zip(ids, torch.cat(images))} if images else {}
+
+
+@pytest.mark.parametrize("workers,shuffle,training", [(0, True, True), (0, False, False), (2, True, True)])
+def test_resumed_at_any_step_the_run_is_the_uninterrupted_one(digits_dataset, workers, shuffle, training):
+    url, result = digits_dataset
+    kw = dict(num_workers=workers, shuffle=shuffle, training=training)
+    whole, whole_images, _ = _take(_loader(url, **kw))
+    assert sorted(whole.tolist()) == list(range(result.rows))
+    batches = len(whole_images)
+    steps = range(batches + 1) if workers == 0 else (0, 1, batches // 2, batches - 1)
+    pixels = _pixels(whole, whole_images)
+    for k in steps:
+        first, first_images, state = _take(_loader(url, **kw), k)
+        assert state["epoch"] == 0 and sum(n for _, n in state["streams"]) == len(first) == min(
+            result.rows, sum(len(x) for x in whole_images[:k]))
+        resumed_loader = _loader(url, **kw)
+        resumed_loader.load_state_dict(state)
+        rest, rest_images, _ = _take(resumed_loader)
+        assert _digest(torch.cat([first, rest])) == _digest(whole), k
+        if training:   # each sample cropped and flipped as in the uninterrupted run, wherever it came
+            assert all(torch.equal(x, pixels[i]) for i, x in _pixels(rest, rest_images).items()), k
+
+
+def test_sample_ids_are_planned_from_row_counts_and_name_real_rows(digits_dataset):
+    url, _ = digits_dataset
+    info = dataset_info(url)
+    ids, _, _ = _take(_loader(url, shard=(1, 2), training=False))
+    planned = list(stream_ids(info, shard_row_groups(info, (1, 2)), seed=epoch_seed(11, 0), shuffle=True,
+                              shuffle_buffer=None))
+    assert ids.tolist() == planned
+    stored = [r["label"] for r in read_rows(url)]
+    labels = torch.cat([y for _, y, _ in _loader(url, shard=(1, 2), training=False)])
+    assert labels.tolist() == [stored[i] for i in planned]
+
+
+def _once(*id_lists, rows: int, times: int = 1) -> bool:
+    counts = Counter(i for ids in id_lists for i in ids.tolist())
+    return counts == Counter({i: times for i in range(rows)})
+
+
+def test_two_shards_resume_as_one(digits_dataset):
+    url, result = digits_dataset
+    first0, _, state0 = _take(_loader(url, shard=(0, 2)), 2)
+    first1, _, state1 = _take(_loader(url, shard=(1, 2)), 1)
+    merged = _loader(url)
+    merged.load_state_dict([state0, state1])
+    rest, _, _ = _take(merged)
+    assert _once(first0, first1, rest, rows=result.rows)
+    # The next epoch is whole: the same, with two epochs in the resumed pass.
+    twice = _loader(url, num_epochs=2)
+    twice.load_state_dict([state1, state0])
+    rest2, _, after = _take(twice)
+    assert _once(first0, first1, rest2, rows=result.rows, times=2)
+    assert after["epoch"] == 1 and after["consumed"] == {}
+
+
+def test_one_shard_resumes_as_two_with_the_same_pixels(digits_dataset):
+    url, result = digits_dataset
+    whole, whole_images, _ = _take(_loader(url))
+    first, _, state = _take(_loader(url), 3)
+    parts = []
+    for index in range(2):
+        loader = _loader(url, shard=(index, 2), seed=None)   # the state's seed is the run's
+        loader.load_state_dict(state)
+        parts.append(_take(loader))
+    assert _once(first, *(ids for ids, _, _ in parts), rows=result.rows)
+    pixels = _pixels(whole, whole_images)
+    for ids, images, _ in parts:
+        assert all(torch.equal(x, pixels[i]) for i, x in _pixels(ids, images).items())
+    # A resumed, re-sharded run resumes too: its own state continues it.
+    resumed = _loader(url, shard=(0, 2))
+    resumed.load_state_dict(state)
+    ids, _, state2 = _take(resumed, 1)
+    again = _loader(url, shard=(0, 2))
+    again.load_state_dict(state2)
+    tail, _, _ = _take(again)
+    assert Counter(ids.tolist() + tail.tolist()) == Counter(parts[0][0].tolist())
+
+
+def test_two_workers_resume_in_the_calling_process(digits_dataset):
+    url, result = digits_dataset
+    first, _, state = _take(_loader(url, num_workers=2), 3)
+    assert len(state["streams"]) == 2 and state["num_workers"] == 2
+    alone = _loader(url, num_workers=0)
+    alone.load_state_dict(state)
+    rest, _, _ = _take(alone)
+    assert _once(first, rest, rows=result.rows)
+
+
+def test_a_state_is_small_json_and_names_its_dataset(digits_dataset, digits_val_dataset):
+    url, _ = digits_dataset
+    _, _, state = _take(_loader(url), 2)
+    assert set(state) >= {"dataset", "seed", "epoch", "shard", "num_workers", "streams", "consumed"}
+    assert state["dataset"]["rows"] == dataset_info(url)["rows"] and len(json.dumps(state)) < 2000
+    other = _loader(digits_val_dataset[0])
+    with pytest.raises(ValueError, match=r"the state is of .*train .*digest \w+\), not of .*val .*digest \w+\)"):
+        other.load_state_dict(state)
+    one_shard = _take(_loader(url, shard=(0, 2)), 1)[2]
+    with pytest.raises(ValueError, match=r"give one state of every shard"):
+        _loader(url).load_state_dict(one_shard)
+
+
+def test_set_epoch_keeps_a_loaded_position_of_that_epoch_only(digits_dataset):
+    url, result = digits_dataset
+    loader = _loader(url, training=False)
+    loader.dataset.set_epoch(3)
+    first, _, state = _take(loader, 2)
+    assert state["epoch"] == 3
+    resumed = _loader(url, training=False)
+    resumed.load_state_dict(state)
+    resumed.dataset.set_epoch(3)   # the loop's own call for the epoch it resumes: the position stays
+    rest, _, _ = _take(resumed)
+    assert _once(first, rest, rows=result.rows)
+    resumed.load_state_dict(state)
+    resumed.dataset.set_epoch(4)   # another epoch: a whole one
+    assert _once(_take(resumed)[0], rows=result.rows)
