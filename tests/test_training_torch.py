@@ -201,3 +201,70 @@ def test_importing_the_training_package_does_not_import_torch():
     code = "import sys, pinstorm.training; print('torch' in sys.modules, 'tensorflow' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
+
+
+# --------------------------------------------------------------------------- the command line and the demo
+
+def _cli(*args):
+    from click.testing import CliRunner
+
+    from pinstorm.cli import cli
+
+    return CliRunner().invoke(cli, list(args))
+
+
+def test_train_command_with_framework_torch(digits_parquet, tmp_path):
+    outcome = _cli("train", "alexnet", digits_parquet["train"], "--framework", "torch", "--val", digits_parquet["val"],
+                   "--epochs", "1", "--batch-size", "8", "--image-size", "32", "--width", "0.125", "--no-flip",
+                   "--crop-min", "0.6", "-o", str(tmp_path / "run"), "--json")
+    assert outcome.exit_code == 0, outcome.output
+    summary = json.loads(outcome.output)
+    assert summary["framework"] == "torch" and summary["epochs"] == [0]
+    assert set(summary["val_metrics"]) == {"loss", "accuracy"}
+    assert (tmp_path / "run" / "final.pt").exists()
+    again = _cli("train", "alexnet", digits_parquet["train"], "--framework", "torch", "-o", str(tmp_path / "run"))
+    assert again.exit_code == 2 and "--overwrite" in again.output
+
+
+@pytest.mark.parametrize("args, message", [
+    (["resnet50", "--framework", "torch"], "--framework torch trains alexnet, resnet_small"),
+    (["alexnet", "--framework", "torch", "--strategy", "mirrored"], "launch one process per device with torchrun"),
+    (["alexnet", "--framework", "torch", "--cross-device-ops", "ring"], "one of auto, nccl, gloo"),
+    (["alexnet", "--framework", "torch", "--image-size", "0:24,1:32"], "not a progressive schedule"),
+    (["alexnet", "--framework", "torch", "--pin", "local/run"], "--pin is not available"),
+    (["resnet_small"], "add --framework torch"),
+])
+def test_train_command_refuses_flags_the_framework_does_not_have(args, message, tmp_path):
+    outcome = _cli("train", args[0], str(tmp_path / "data"), *args[1:])
+    assert outcome.exit_code == 2 and message in outcome.output, outcome.output
+
+
+def test_train_command_under_torchrun_is_one_ddp_rank_each(digits_parquet, tmp_path, processes):
+    """torchrun's own rendezvous (its agent's store): two ranks, NCCL asked for, gloo used, rank 0 reports."""
+    pinstorm = os.path.join(os.path.dirname(sys.executable), "pinstorm")
+    run = processes.start(["-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+                           "--master-port", str(_free_port()), pinstorm, "train", "alexnet", digits_parquet["train"],
+                           "--framework", "torch", "--epochs", "1", "--batch-size", "8", "--image-size", "32",
+                           "--width", "0.125", "--cross-device-ops", "nccl", "-o", str(tmp_path / "run"), "--json"])
+    out, err = finish(run, timeout=240)
+    summary = json.loads(out.strip().splitlines()[-1])      # rank 0 only prints
+    assert len(out.strip().splitlines()) == 1
+    assert summary["replicas"] == 2 and summary["strategy"]["fallback_from"] == "nccl"
+    assert err.count("falling back to gloo") == 2
+    assert (tmp_path / "run" / "workers" / "rank1" / "final.pt").exists()
+
+
+@pytest.mark.slow
+def test_demo_with_torch_reaches_090(tmp_path):
+    from pinstorm.training.demo import run_demo
+
+    lines = []
+    summary = run_demo(tmp_path / "demo", framework="torch", echo=lines.append)
+    assert summary["val_accuracy"] >= 0.90, lines
+    assert summary["framework"] == "torch" and summary["experiment"] is None
+    assert summary["strategy"]["requested"] == "nccl" and summary["strategy"]["backend"] in ("nccl", "gloo")
+    assert [s["name"] for s in summary["stages"]][-2:] == ["process group + all-reduce probe",
+                                                          "train AlexNet (torch DDP)"]
+    report = (tmp_path / "demo" / "report.md").read_text()
+    assert "DDP on 1 process(es)" in report and "run/final.pt" in report
+    assert not torch.distributed.is_initialized() and "MASTER_PORT" not in os.environ

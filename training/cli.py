@@ -16,6 +16,10 @@ import click
 from .strategy import STRATEGY_KINDS   # a plain tuple: importing it does not load TensorFlow
 
 MODEL_NAMES = ("alexnet", "resnet50", "mobilenet_v2")
+FRAMEWORKS = ("tensorflow", "torch")
+TORCH_MODELS = ("alexnet", "resnet_small")        # training/torch_models.py
+TORCH_ONLY_MODELS = tuple(m for m in TORCH_MODELS if m not in MODEL_NAMES)
+TORCH_BACKENDS = ("auto", "nccl", "gloo")
 POSITIVE = click.IntRange(min=1)
 POSITIVE_FLOAT = click.FloatRange(min=0, min_open=True)
 
@@ -60,8 +64,10 @@ def _log_to_console(verbose: bool) -> None:
 
 
 @click.command()
-@click.argument("model", type=click.Choice(MODEL_NAMES, case_sensitive=False))
+@click.argument("model", type=click.Choice(MODEL_NAMES + TORCH_ONLY_MODELS, case_sensitive=False))
 @click.argument("data")
+@click.option("--framework", type=click.Choice(FRAMEWORKS), default="tensorflow", show_default=True,
+              help="torch: PyTorch (DDP when launched by torchrun; --cross-device-ops auto, nccl or gloo).")
 @click.option("--val", "validation", default=None, help="Validation dataset (Parquet URL or folder).")
 @click.option("--epochs", type=POSITIVE, default=10, show_default=True)
 @click.option("--batch-size", type=POSITIVE, default=32, show_default=True, help="Per replica; global = x replicas.")
@@ -90,12 +96,30 @@ def _log_to_console(verbose: bool) -> None:
               help="Pin the finished run (weights, metrics, curves, TensorBoard, lineage) as a new version.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result summary as JSON.")
 @click.option("--verbose", "-v", is_flag=True)
-def train(model, data, validation, epochs, batch_size, image_size, width, kind, devices, cross_device_ops,
+def train(model, data, framework, validation, epochs, batch_size, image_size, width, kind, devices, cross_device_ops,
           no_fallback, probe_timeout, checkpoint_dir, output_dir, overwrite, parallel, learning_rate, optimizer, seed,
           no_flip, crop_min, pin, as_json, verbose):
-    """Train MODEL on the Parquet dataset DATA (with TF_CONFIG set: one worker of a multi-worker run)."""
-    _refuse_finished(output_dir, "**/final.weights.h5", overwrite)
+    """Train MODEL on the Parquet dataset DATA (with TF_CONFIG set: one worker of a multi-worker run; with
+    --framework torch under torchrun: one rank of a DDP run)."""
+    model = model.lower()
+    if framework == "torch":
+        _check_torch_arguments(model, image_size, kind, devices, cross_device_ops, pin)
+    elif model not in MODEL_NAMES:
+        raise click.UsageError(f"{model} is a PyTorch model: add --framework torch")
+    _refuse_finished(output_dir, "**/final.pt" if framework == "torch" else "**/final.weights.h5", overwrite)
     _log_to_console(verbose)
+    input_options = {}
+    if no_flip:
+        input_options["flip"] = False
+    if crop_min is not None:
+        input_options["crop_area"] = (crop_min, 1.0)
+    if framework == "torch":
+        _train_torch(model, data, validation, epochs=epochs, batch_size=batch_size, image_size=image_size,
+                     width=width, backend=cross_device_ops.lower(), fallback=not no_fallback,
+                     probe_timeout=probe_timeout, checkpoint_dir=checkpoint_dir, output_dir=output_dir,
+                     num_workers=parallel or 0, learning_rate=learning_rate, optimizer=optimizer, seed=seed,
+                     input_options=input_options, as_json=as_json)
+        return
     from .strategy import make_strategy, strategy_choice
     from .fit import train as run_training
 
@@ -103,12 +127,7 @@ def train(model, data, validation, epochs, batch_size, image_size, width, kind, 
                              fallback=None if no_fallback else "one-device", probe_timeout=probe_timeout)
     if not as_json:
         click.echo(f"strategy: {strategy_choice(strategy).describe()}")
-    input_options = {}
-    if no_flip:
-        input_options["flip"] = False
-    if crop_min is not None:
-        input_options["crop_area"] = (crop_min, 1.0)
-    model_kwargs = {"width": width} if model.lower() == "alexnet" else {}
+    model_kwargs = {"width": width} if model == "alexnet" else {}
     result = run_training(model, data, validation, strategy=strategy, epochs=epochs, batch_size=batch_size,
                           image_size=image_size, parallel=parallel, checkpoint_dir=checkpoint_dir,
                           output_dir=output_dir, learning_rate=learning_rate, optimizer=optimizer, seed=seed,
@@ -124,6 +143,41 @@ def train(model, data, validation, epochs, batch_size, image_size, width, kind, 
         click.echo(f"pinned as {result.experiment['pin']} version {result.experiment['version']}")
 
 
+def _check_torch_arguments(model, image_size, kind, devices, cross_device_ops, pin) -> None:
+    """The TensorFlow-only flags, refused with --framework torch rather than ignored."""
+    if model not in TORCH_MODELS:
+        raise click.UsageError(f"--framework torch trains {', '.join(TORCH_MODELS)}, not {model}")
+    if not isinstance(image_size, int):
+        raise click.UsageError("--framework torch takes one --image-size, not a progressive schedule")
+    if kind != "auto" or devices is not None:
+        raise click.UsageError("--strategy and --devices are TensorFlow's: with --framework torch, launch one process "
+                               "per device with torchrun (each becomes a DDP rank)")
+    if cross_device_ops.lower() not in TORCH_BACKENDS:
+        raise click.UsageError(f"with --framework torch, --cross-device-ops is the backend: one of "
+                               f"{', '.join(TORCH_BACKENDS)}")
+    if pin is not None:
+        raise click.UsageError("--pin is not available with --framework torch yet")
+
+
+def _train_torch(model, data, validation, *, width, as_json, **options) -> None:
+    from .torch_fit import train_torch
+
+    result = train_torch(model, data, validation, model_kwargs={"width": width}, **options)
+    if not result.is_chief:   # one line per run, from rank 0
+        return
+    if as_json:
+        click.echo(json.dumps(result.summary()))
+        return
+    strategy = result.strategy or {}
+    if strategy.get("kind") == "ddp":
+        from .torch_fit import BackendChoice
+
+        click.echo("strategy: " + BackendChoice(**{k: v for k, v in strategy.items() if k != "kind"}).describe())
+    click.echo(f"validation: {json.dumps(result.val_metrics)}")
+    click.echo(f"{result.images_per_second:,.0f} images/s, global batch {result.global_batch_size}; "
+               f"outputs in {result.output_dir}")
+
+
 @click.command()
 @output_option("--workdir", help="Where boards, cache, Parquet, logs and the report go (default: a new temp "
                                  "folder). An earlier demo's folder is reused: its images, board and Parquet are "
@@ -134,9 +188,11 @@ def train(model, data, validation, epochs, batch_size, image_size, width, kind, 
               help="small: a quick end-to-end check on a few images.")
 @click.option("--epochs", type=POSITIVE, default=None, help="Override the size's epochs.")
 @click.option("--parallel", type=POSITIVE, default=4, show_default=True, help="Parallel fetches and decodes.")
+@click.option("--framework", type=click.Choice(FRAMEWORKS), default="tensorflow", show_default=True,
+              help="torch: train with PyTorch (DDP, NCCL probed and fallen back from) instead of TensorFlow.")
 @click.option("--verbose", "-v", is_flag=True)
-def demo(output_dir, overwrite, size, epochs, parallel, verbose):
-    """The whole flow offline: digits -> board -> HTTP -> Parquet -> AlexNet under MirroredStrategy."""
+def demo(output_dir, overwrite, size, epochs, parallel, framework, verbose):
+    """The whole flow offline: digits -> board -> HTTP -> Parquet -> AlexNet under MirroredStrategy (or DDP)."""
     _log_to_console(verbose)
     from .demo import clear_demo, run_demo
 
@@ -144,7 +200,7 @@ def demo(output_dir, overwrite, size, epochs, parallel, verbose):
         removed = clear_demo(output_dir)
         if removed:
             click.echo(f"--overwrite: removed {', '.join(removed)} from {output_dir}")
-    run_demo(output_dir, size=size, epochs=epochs, parallel=parallel, echo=click.echo)
+    run_demo(output_dir, size=size, epochs=epochs, parallel=parallel, echo=click.echo, framework=framework)
 
 
 

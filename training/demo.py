@@ -7,6 +7,9 @@ parallel through the board's cache and converted to Parquet; AlexNet trains unde
 MirroredStrategy on two logical CPU devices with NCCL requested, so the all-reduce probe fails
 and the fallback to ReductionToOneDevice is shown. Every stage's time and throughput, the
 strategy choice and the final validation accuracy go to the console and to ``report.md``.
+``framework="torch"`` trains the same AlexNet with PyTorch instead: a process group on 127.0.0.1
+with NCCL requested (the probe falls back to gloo on CPU), DDP, ``train_torch``; that run is not
+pinned as an experiment (experiments hold Keras models).
 
 Everything (boards, cache, Parquet, logs) lives under the work folder. The boards are built with
 the constructors (``board_folder``, ``board_datatxt``) and never registered, so the user's board
@@ -70,17 +73,23 @@ def _folder_bytes(paths) -> int:
     return sum(os.path.getsize(p) for p in paths if os.path.isfile(p))
 
 
+FRAMEWORKS = ("tensorflow", "torch")
+
+
 def run_demo(workdir=None, *, size: str = "full", epochs: int | None = None, parallel: int = 4,
-             echo: Callable[[str], None] | None = print) -> dict:
+             echo: Callable[[str], None] | None = print, framework: str = "tensorflow") -> dict:
     """Run the demo in ``workdir`` (default: a new temporary folder, kept for the report).
 
     ``size="small"`` is a quicker end-to-end check (20 images per class, 8 short epochs, >= 0.5);
     ``"full"`` reaches >= 0.90 validation accuracy. Returns the stage timings, the strategy
-    choice, the final validation metrics and the report's path.
+    choice, the final validation metrics and the report's path. ``framework="torch"`` trains with
+    PyTorch (stages 6 and 7; the run is not pinned).
     """
     if size not in SIZES:
         raise DemoError(f"size must be one of {sorted(SIZES)}, got {size!r}")
-    settings = dict(SIZES[size])
+    if framework not in FRAMEWORKS:
+        raise DemoError(f"framework must be one of {FRAMEWORKS}, got {framework!r}")
+    settings = dict(SIZES[size], framework=framework)
     if epochs is not None:
         settings["epochs"] = int(epochs)
     say = echo or (lambda text: None)
@@ -89,9 +98,10 @@ def run_demo(workdir=None, *, size: str = "full", epochs: int | None = None, par
 
     # Two logical CPU devices must exist before TensorFlow runs its first op (the pipeline's
     # conversions do not run TF ops, but a caller may have); fail now rather than after the fetch.
-    from .strategy import configure_cpu_devices
+    if framework == "tensorflow":
+        from .strategy import configure_cpu_devices
 
-    configure_cpu_devices(2)
+        configure_cpu_devices(2)
 
     from pinstorm import pipeline
 
@@ -102,7 +112,7 @@ def run_demo(workdir=None, *, size: str = "full", epochs: int | None = None, par
         stages.append(stage)
         say(stage.line(len(stages), total))
 
-    say(f"pinstorm demo ({size}) in {workdir}")
+    say(f"pinstorm demo ({size}{', PyTorch' if framework == 'torch' else ''}) in {workdir}")
     tree = workdir / "ilsvrc"
     started = time.perf_counter()
     if not (tree / "LOC_synset_mapping.txt").exists():
@@ -115,8 +125,9 @@ def run_demo(workdir=None, *, size: str = "full", epochs: int | None = None, par
     board_dir, cache_dir = workdir / "board", workdir / "cache"
     summary = _run_stages(workdir, settings, size, parallel, say, record, stages, layout, board_dir, cache_dir)
     say(f"final validation accuracy: {summary['val_accuracy']:.4f}")
-    say(f"experiment: pinned as {EXPERIMENT_PIN} version {summary['experiment']['version']} on the demo board "
-        f"({board_dir})")
+    if summary["experiment"]:
+        say(f"experiment: pinned as {EXPERIMENT_PIN} version {summary['experiment']['version']} on the demo board "
+            f"({board_dir})")
     say(f"report: {summary['report']}")
     return summary
 
@@ -152,11 +163,10 @@ def _local_board(board_dir: Path, cache_dir: Path):
 
 
 def _run_stages(workdir, settings, size, parallel, say, record, stages, layout, board_dir, cache_dir) -> dict:
-    """Stages 2-7 (the run is pinned to the demo's local board)."""
+    """Stages 2-7 (a TensorFlow run is pinned to the demo's local board)."""
     from pinstorm import boards
     from pinstorm import pipeline
     from .experiments import source_pins
-    from .strategy import make_strategy, strategy_choice
 
     n_train = len(layout.items("train"))
     local = _local_board(board_dir, cache_dir)
@@ -188,6 +198,35 @@ def _run_stages(workdir, settings, size, parallel, say, record, stages, layout, 
     record(Stage("convert to Parquet", time.perf_counter() - started, rows, "images",
                  f"{converted.rows} train rows in {converted.row_groups} row groups, {converted_val.rows} val"))
 
+    if settings["framework"] == "torch":
+        result, choice = _torch_stages(workdir, settings, parallel, say, record, train_url, val_url)
+    else:
+        result, choice = _tensorflow_stages(workdir, settings, size, parallel, say, record, train_url, val_url,
+                                            local, sources)
+    accuracy = result.val_metrics.get("accuracy", float("nan"))
+    summary = {
+        "workdir": str(workdir),
+        "size": size,
+        "framework": settings["framework"],
+        "stages": [dict(asdict(s), throughput=s.throughput) for s in stages],
+        "strategy": choice.as_dict(),
+        "strategy_description": choice.describe(),
+        "val_metrics": result.val_metrics,
+        "val_accuracy": accuracy,
+        "history": result.history,
+        "train": result.summary(),
+        "experiment": dict(result.experiment, board=local.name, board_path=str(board_dir))
+        if result.experiment else None,
+    }
+    summary["report"] = str(_write_report(workdir, summary, result))
+    (workdir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    return summary
+
+
+def _tensorflow_stages(workdir, settings, size, parallel, say, record, train_url, val_url, local, sources):
+    """Stages 6-7 with TensorFlow: MirroredStrategy on two CPU devices, NCCL requested; the run is pinned."""
+    from .strategy import make_strategy, strategy_choice
+
     started = time.perf_counter()
     strategy = make_strategy("mirrored", devices=2, cross_device_ops="nccl")
     choice = strategy_choice(strategy)
@@ -205,27 +244,58 @@ def _run_stages(workdir, settings, size, parallel, say, record, stages, layout, 
         callbacks=[_epoch_printer(say)], pin=(local, EXPERIMENT_PIN),
         lineage={"demo": size, "category_pins": sources},
     )
+    _record_training(record, "train AlexNet (mirrored x2)", started, result)
+    return result, choice
+
+
+def _record_training(record, name: str, started: float, result) -> None:
     accuracy = result.val_metrics.get("accuracy", float("nan"))
     trained = (result.steps_per_epoch or 0) * result.global_batch_size * len(result.epochs)
-    record(Stage("train AlexNet (mirrored x2)", time.perf_counter() - started, trained, "images",
+    record(Stage(name, time.perf_counter() - started, trained, "images",
                  f"{len(result.epochs)} epochs, global batch {result.global_batch_size}, "
                  f"{result.images_per_second:,.0f} images/s in fit, val accuracy {accuracy:.3f}"))
 
-    summary = {
-        "workdir": str(workdir),
-        "size": size,
-        "stages": [dict(asdict(s), throughput=s.throughput) for s in stages],
-        "strategy": choice.as_dict(),
-        "strategy_description": choice.describe(),
-        "val_metrics": result.val_metrics,
-        "val_accuracy": accuracy,
-        "history": result.history,
-        "train": result.summary(),
-        "experiment": dict(result.experiment, board=local.name, board_path=str(board_dir)),
-    }
-    summary["report"] = str(_write_report(workdir, summary, result))
-    (workdir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
-    return summary
+
+def _torch_stages(workdir, settings, parallel, say, record, train_url, val_url):
+    """Stages 6-7 with PyTorch: a one-rank process group on 127.0.0.1 with NCCL requested (on CPU its
+    probe fails and gloo takes over, as on a host with a broken NCCL), then DDP training."""
+    import socket
+
+    import torch.distributed as dist
+
+    from .torch_fit import init_distributed, train_torch
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    group_env = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    previous = {key: os.environ.get(key) for key in group_env}
+    os.environ.update(group_env)
+    try:
+        started = time.perf_counter()
+        choice = init_distributed("nccl")
+        record(Stage("process group + all-reduce probe", time.perf_counter() - started, 0, "", choice.describe()))
+        started = time.perf_counter()
+        # one DataLoader worker per spare core: decoding beside the training loop, never more processes than cores
+        workers = max(0, min(parallel, (os.cpu_count() or 1) - 1))
+        result = train_torch(
+            "alexnet", str(train_url), str(val_url), epochs=settings["epochs"], batch_size=settings["batch_size"],
+            image_size=settings["image_size"], learning_rate=settings["learning_rate"], seed=0,
+            model_kwargs=dict(width=settings["width"], normalization=settings["normalization"],
+                              dropout=settings["dropout"]),
+            output_dir=workdir / "run", checkpoint_dir=workdir / "backup", input_options=DIGIT_AUGMENTATION,
+            num_workers=workers, callbacks=[_torch_epoch_printer(say)])
+        _record_training(record, "train AlexNet (torch DDP)", started, result)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        for key, value in previous.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    return result, choice
 
 
 @contextmanager
@@ -262,15 +332,23 @@ def demo_data(workdir, *, size: str = "small", parallel: int = 4):
                "val": str(val_url), "categories": list(layout.classes)}
 
 
+def _epoch_line(epoch: int, logs: dict) -> str:
+    return (f"      epoch {epoch + 1}: loss {logs.get('loss', float('nan')):.3f}  "
+            f"accuracy {logs.get('accuracy', float('nan')):.3f}  "
+            f"val_accuracy {logs.get('val_accuracy', float('nan')):.3f}")
+
+
+def _torch_epoch_printer(say):
+    """The same line per epoch, as a train_torch callback."""
+    return lambda epoch, logs: say(_epoch_line(epoch, logs))
+
+
 def _epoch_printer(say):
     """One short line per epoch (a Keras callback; tf-keras is imported only when training starts)."""
     import tf_keras as keras
 
     def on_epoch_end(epoch, logs=None):
-        logs = logs or {}
-        say(f"      epoch {epoch + 1}: loss {logs.get('loss', float('nan')):.3f}  "
-            f"accuracy {logs.get('accuracy', float('nan')):.3f}  "
-            f"val_accuracy {logs.get('val_accuracy', float('nan')):.3f}")
+        say(_epoch_line(epoch, logs or {}))
 
     return keras.callbacks.LambdaCallback(on_epoch_end=on_epoch_end)
 
@@ -310,9 +388,13 @@ def _write_report(workdir: Path, summary: dict, result) -> Path:
     lines += ["", f"![time per stage]({stages_png.name})", ""]
     if result.plot_png:
         lines += [f"![training curves]({os.path.relpath(result.plot_png, workdir)})", ""]
-    lines += ["Per-epoch metrics: " + f"`{os.path.relpath(result.metrics_csv, workdir)}`; TensorBoard logs: "
-              f"`{os.path.relpath(result.tensorboard_dir, workdir)}`.", ""]
+    lines += ["Per-epoch metrics: " + f"`{os.path.relpath(result.metrics_csv, workdir)}`" + (
+        f"; TensorBoard logs: `{os.path.relpath(result.tensorboard_dir, workdir)}`." if result.tensorboard_dir
+        else "."), ""]
     experiment = summary["experiment"]
+    if experiment is None:   # a PyTorch run: its weights stay in the run folder
+        lines += [f"Final weights (a PyTorch state dict): `{os.path.relpath(result.weights_path, workdir)}`.", ""]
+        return _replace_report(workdir, lines)
     version_dir = Path(experiment["board_path"]) / experiment["name"] / experiment["version"]
     lines += [
         "## Pinned experiment",
@@ -331,6 +413,10 @@ def _write_report(workdir: Path, summary: dict, result) -> Path:
         "```",
         "",
     ]
+    return _replace_report(workdir, lines)
+
+
+def _replace_report(workdir: Path, lines: list[str]) -> Path:
     report = workdir / "report.md"
     temporary = workdir / ".report.md.tmp"
     temporary.write_text("\n".join(lines))
