@@ -14,6 +14,10 @@ all from `pipeline.epochs`), decoded with Pillow instead of TensorFlow: images f
   image is decoded, which is most of the CPU time (bench/bench_torch_loader.py).
 * Pixels are bounded before decoding (`images.DEFAULT_MAX_PIXELS`, the converter's rule): a larger
   JPEG is decoded at the DCT scale that fits, or refused if even 1/8 does not.
+* Resuming mid-epoch: a sample's ID is its global row number; one stream's epoch is a sequence of IDs
+  computed from the row counts alone (`stream_ids`), which the reader delivers; crops and flips are
+  seeded per sample (`sample_rng`). So `TorchLoader.state_dict()` (per stream: epoch, samples received)
+  is enough to deliver exactly the rest, or, on another shard layout, every sample not yet received once.
 
 Nothing else in pinstorm imports torch; ``import pinstorm.pipeline`` does not import this module
 until `make_torch_loader` is asked for. Without torch this module raises `MissingExtra`.
