@@ -268,3 +268,79 @@ def test_demo_with_torch_reaches_090(tmp_path):
     report = (tmp_path / "demo" / "report.md").read_text()
     assert "DDP on 1 process(es)" in report and "run/final.pt" in report
     assert not torch.distributed.is_initialized() and "MASTER_PORT" not in os.environ
+
+
+# --------------------------------------------------------------------------- spark_train(framework="torch")
+
+@pytest.fixture(scope="module")
+def spark():
+    pytest.importorskip("pyspark")
+    from pinstorm.training.spark import local_spark_session
+
+    session = local_spark_session(2)
+    yield session
+    session.stop()
+
+
+@pytest.mark.slow
+def test_spark_train_torch_runs_two_ddp_ranks(spark, digits_parquet, tmp_path):
+    from pinstorm.training.spark import spark_train
+
+    lines = []
+    result = spark_train(dict(model_name="alexnet", data=digits_parquet["train"], validation_data=digits_parquet["val"],
+                              epochs=2, batch_size=8, image_size=32, model_kwargs=TINY, seed=0,
+                              output_dir=str(tmp_path / "run"), input_options={"flip": False}, backend="nccl"),
+                         2, spark, framework="torch", progress=lines.append)
+    assert [w.rank for w in result] == [0, 1] and result.restarts == 0
+    summaries = [w.result for w in result]
+    assert [s["input_shards"] for s in summaries] == [[[0, 2]], [[1, 2]]]
+    assert all(s["strategy"]["backend"] == "gloo" and s["strategy"]["fallback_from"] == "nccl" for s in summaries)
+    assert result[0].address != result[1].address                         # two processes
+    assert [line.split(":")[0] for line in lines] == ["epoch 1/2", "epoch 2/2"]   # rank 0's progress, on the driver
+    first, second = (torch.load(s["weights_path"], weights_only=True) for s in summaries)
+    assert all(torch.equal(first[k], second[k]) for k in first)
+
+
+def _dies_once_then_trains(data: str, output: str, checkpoint: str, marker: str):
+    """A torch train function whose rank 1 process dies after the first epoch of the first attempt."""
+
+    def train(rank, num_workers):
+        import os
+
+        from pinstorm.training.torch_fit import train_torch
+
+        def die_once(epoch, logs):
+            if rank == 1 and not os.path.exists(marker):
+                open(marker, "w").close()
+                os._exit(1)                       # the process is gone, as when a node is lost
+
+        return train_torch("alexnet", data, epochs=3, batch_size=8, image_size=32, seed=0, output_dir=output,
+                           checkpoint_dir=checkpoint, model_kwargs={"width": 0.125, "normalization": None,
+                                                                    "dropout": 0.0},
+                           callbacks=[die_once]).summary()
+
+    return train
+
+
+@pytest.mark.slow
+def test_spark_train_torch_relaunches_and_resumes_from_the_checkpoint(spark, digits_parquet, tmp_path):
+    from pinstorm.training.spark import spark_train
+
+    train = _dies_once_then_trains(digits_parquet["train"], str(tmp_path / "run"), str(tmp_path / "ckpt"),
+                                   str(tmp_path / "died"))
+    result = spark_train(train, 2, spark, framework="torch", max_restarts=1)
+    assert (tmp_path / "died").exists() and result.restarts == 1 and result.attempts[0].error
+    assert result.resumed_from_epoch == 1 and result[0].result["epochs"] == [1, 2]
+    rows = (tmp_path / "run" / "metrics.csv").read_text().splitlines()
+    assert [row.split(",")[0] for row in rows[1:]] == ["0", "1", "2"]
+
+
+def test_spark_train_torch_refuses_what_it_cannot_do(digits_parquet):
+    from pinstorm.training.spark import SparkTrainError, _check_args, torch_launcher
+
+    with pytest.raises(SparkTrainError, match="partition_board is not available with framework='torch'"):
+        _check_args({"partition_board": "http://127.0.0.1:1/"}, 2, "torch")
+    with pytest.raises(SparkTrainError, match="framework must be one of"):
+        _check_args({"data": digits_parquet["train"]}, 2, "jax")
+    with pytest.raises(SparkTrainError, match="torch_launcher must be one of"):
+        torch_launcher("mpi")

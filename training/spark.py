@@ -14,7 +14,15 @@ TensorFlow or pinstorm is named at once. When a task dies, Spark fails the whole
 The seed's flow is built in: with ``partition_board``, task ``rank`` of ``n`` fetches
 ``imagenet_partition(rank, n)`` from that board, converts its slice to Parquet on its executor and
 trains on it alone; the workers agree on the steps per epoch (the smallest slice decides).
-Importing this module imports neither TensorFlow nor pyspark.
+``framework="torch"`` runs ``train_torch`` instead, on Spark's ``TorchDistributor`` (one torchrun
+process per barrier task, ``local_mode=False``): it sets the torch.distributed environment, each
+rank reads its own shard and ``init_distributed`` probes NCCL (gloo on CPU); ``max_restarts`` and
+``checkpoint_dir`` work as above. TorchDistributor's barrier stage is a ``mapInArrow``, which
+PySpark 4 allows only with pyarrow >= 18; where pyarrow is older (petastorm's environment pins 14),
+the same ranks run in pinstorm's own barrier stage instead: each task sets ``RANK``,
+``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` (rank 0's address and a port it found free)
+and trains in its task process. Importing this module imports neither TensorFlow nor pyspark
+(nor torch).
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .spark_session import (SparkTrainError, available_slots, local_spark_session, probe_executors,
+from .spark_session import (REQUIRED_MODULES, SparkTrainError, available_slots, local_spark_session, probe_executors,
                             session_settings, spark_error_message, spark_session, wait_for_slots)
 
 __all__ = ["Attempt", "SparkTrainError", "SparkTrainResult", "WorkerResult", "available_slots",
@@ -42,6 +50,8 @@ log = logging.getLogger("pinstorm.training")
 
 # spark_train(dict) keys that drive the partition flow rather than train()
 PARTITION_KEYS = ("partition_board", "partition_parallel", "partition_dir")
+FRAMEWORKS = ("tensorflow", "torch")
+TORCH_MODULES = ("pinstorm.training.multiworker", "torch", "pyspark.ml.torch.distributor")
 
 
 @dataclass
@@ -267,9 +277,14 @@ def _partition_board_spec(board) -> dict:
                           f"dict, not {type(board).__name__}")
 
 
-def _check_args(train_fn_or_args, num_workers) -> Callable | dict:
+def _check_args(train_fn_or_args, num_workers, framework: str = "tensorflow") -> Callable | dict:
     if not isinstance(num_workers, int) or num_workers < 1:
         raise SparkTrainError(f"num_workers must be a positive integer, got {num_workers!r}")
+    if framework not in FRAMEWORKS:
+        raise SparkTrainError(f"framework must be one of {FRAMEWORKS}, got {framework!r}")
+    if framework == "torch" and isinstance(train_fn_or_args, dict) and train_fn_or_args.get("partition_board"):
+        raise SparkTrainError("partition_board is not available with framework='torch' yet: give data (one "
+                              "dataset, sharded across the ranks)")
     if callable(train_fn_or_args):
         return train_fn_or_args
     if not isinstance(train_fn_or_args, dict):
@@ -293,7 +308,8 @@ def _check_args(train_fn_or_args, num_workers) -> Callable | dict:
 
 def spark_train(train_fn_or_args: Callable[[int, int], Any] | dict, num_workers: int, spark=None, *,
                 env: dict | None = None, max_restarts: int = 0, probe: bool = True,
-                slots_timeout: float = 120.0, progress: Callable[[str], None] | bool = True) -> SparkTrainResult:
+                slots_timeout: float = 120.0, progress: Callable[[str], None] | bool = True,
+                framework: str = "tensorflow", torch_launcher: str = "auto") -> SparkTrainResult:
     """Run ``num_workers`` training workers as one Spark barrier stage; return every rank's result.
 
     ``train_fn_or_args``: a function ``fn(rank, num_workers)`` run in each task with ``TF_CONFIG``
@@ -318,8 +334,17 @@ def spark_train(train_fn_or_args: Callable[[int, int], Any] | dict, num_workers:
     Returns a ``SparkTrainResult`` (indexable like the list of ``WorkerResult``, rank 0 first, plus
     ``restarts``, ``attempts``, ``seconds_lost``). Raises ``SparkTrainError`` listing every
     attempt's cause when all ``max_restarts + 1`` attempts failed.
+
+    ``framework="torch"``: the stage is ``TorchDistributor(num_processes=num_workers,
+    local_mode=False, use_gpu=False)``; a dict holds ``train_torch`` arguments (``model_name``,
+    ``data``, ..., ``backend``), a function ``fn(rank, num_workers)`` runs in each torch process
+    with the process group already made (``init_distributed``). Every rank's result comes home
+    through rank 0. ``partition_board`` is TensorFlow-only for now. ``torch_launcher``: ``"auto"``
+    (TorchDistributor where its pyarrow >= 18 is installed, else pinstorm's barrier stage),
+    ``"torch-distributor"`` or ``"barrier"``.
     """
-    train_fn_or_args = _check_args(train_fn_or_args, num_workers)
+    train_fn_or_args = _check_args(train_fn_or_args, num_workers, framework)
+    launcher = _chosen_launcher(torch_launcher) if framework == "torch" else None
     if not isinstance(max_restarts, int) or max_restarts < 0:
         raise SparkTrainError(f"max_restarts must be a non-negative integer, got {max_restarts!r}")
     if max_restarts and isinstance(train_fn_or_args, dict) and not train_fn_or_args.get("checkpoint_dir"):
@@ -331,7 +356,8 @@ def spark_train(train_fn_or_args: Callable[[int, int], Any] | dict, num_workers:
     stack = contextlib.ExitStack()
     try:
         wait_for_slots(spark, num_workers, slots_timeout)
-        executors = probe_executors(spark, num_workers) if probe else []
+        modules = TORCH_MODULES if framework == "torch" else REQUIRED_MODULES
+        executors = probe_executors(spark, num_workers, modules) if probe else []
         listener = _progress_listener(spark, progress) if isinstance(train_fn_or_args, dict) else None
         if listener is not None:
             stack.enter_context(listener)
@@ -343,7 +369,11 @@ def spark_train(train_fn_or_args: Callable[[int, int], Any] | dict, num_workers:
                 wait_for_slots(spark, num_workers, slots_timeout)
             started = time.monotonic()
             try:
-                results = _run_stage(spark, task, num_workers, number)
+                if framework == "torch":
+                    results = _run_torch_stage(spark, train_fn_or_args, num_workers, number, dict(env or {}),
+                                               task.progress, launcher)
+                else:
+                    results = _run_stage(spark, task, num_workers, number)
             except SparkTrainError:
                 raise
             except Exception as exc:  # noqa: BLE001 - py4j wraps the executors' errors; keep the useful lines
@@ -390,3 +420,116 @@ def _run_stage(spark, task: _BarrierTask, num_workers: int, number: int) -> list
         return rdd.barrier().mapPartitions(task).collect()
     finally:
         sc.setJobDescription(None)
+
+
+# --------------------------------------------------------------------------- framework="torch"
+
+TORCH_LAUNCHERS = ("auto", "torch-distributor", "barrier")
+
+
+def torch_launcher(requested: str = "auto") -> str:
+    """``"torch-distributor"`` when Spark's TorchDistributor can run here (its ``mapInArrow`` needs
+    pyarrow >= 18), else ``"barrier"``; an explicit choice is returned as it is."""
+    if requested not in TORCH_LAUNCHERS:
+        raise SparkTrainError(f"torch_launcher must be one of {TORCH_LAUNCHERS}, got {requested!r}")
+    if requested != "auto":
+        return requested
+    import pyarrow
+
+    return "torch-distributor" if int(pyarrow.__version__.split(".")[0]) >= 18 else "barrier"
+
+
+def _run_torch_stage(spark, train_fn_or_args, num_workers: int, number: int, env: dict,
+                     progress: tuple[str, str] | None, launcher: str) -> list[WorkerResult]:
+    """One launch of ``num_workers`` torch ranks, each running ``_torch_rank``; rank 0 returns them all."""
+    sc = spark.sparkContext
+    sc.setJobDescription(f"pinstorm: torch training ({launcher}), {num_workers} processes, attempt {number}")
+    try:
+        if launcher == "torch-distributor":
+            from pyspark.ml.torch.distributor import TorchDistributor
+
+            distributor = TorchDistributor(num_processes=num_workers, local_mode=False, use_gpu=False)
+            gathered = distributor.run(_torch_rank, train_fn_or_args, num_workers, env, progress)
+        else:
+            task = _TorchBarrierTask(train_fn_or_args, num_workers, env, progress)
+            gathered = next(out for out in sc.parallelize(range(num_workers), num_workers).barrier()
+                            .mapPartitions(task).collect() if out)
+    finally:
+        sc.setJobDescription(None)
+    return [WorkerResult(**entry) for entry in json.loads(gathered)]
+
+
+def _chosen_launcher(requested: str) -> str:
+    launcher = torch_launcher(requested)
+    if requested == "auto" and launcher == "barrier":
+        import pyarrow
+
+        log.warning("spark_train: TorchDistributor needs pyarrow >= 18 (this environment has %s); the torch ranks "
+                    "run in pinstorm's own barrier stage instead", pyarrow.__version__)
+    return launcher
+
+
+class _TorchBarrierTask:
+    """A barrier task as one torch rank: the environment torchrun would set, then ``_torch_rank``."""
+
+    def __init__(self, train_fn_or_args, num_workers: int, env: dict, progress):
+        self.train_fn_or_args, self.num_workers, self.env, self.progress = train_fn_or_args, num_workers, env, progress
+
+    def __call__(self, _partition):
+        from pyspark import BarrierTaskContext
+
+        context = BarrierTaskContext.get()
+        rank = context.partitionId()
+        hosts = [info.address.rsplit(":", 1)[0] for info in context.getTaskInfos()]
+        port = str(_bind_free_port(hosts[0])) if rank == 0 else ""
+        port = context.allGather(port)[0]
+        local = [r for r, host in enumerate(hosts) if host == hosts[rank]]
+        os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(self.num_workers), "MASTER_ADDR": hosts[0],
+                           "MASTER_PORT": port, "LOCAL_RANK": str(local.index(rank)),
+                           "LOCAL_WORLD_SIZE": str(len(local))})
+        yield _torch_rank(self.train_fn_or_args, self.num_workers, self.env, self.progress)
+
+
+def _torch_rank(train_fn_or_args, num_workers: int, env: dict, progress: tuple[str, str] | None) -> str:
+    """What each torch process runs (a module-level function: executors import it, nothing is shipped by
+    value). Makes the group, trains, and gathers every rank's ``WorkerResult`` fields as JSON on rank 0."""
+    import torch.distributed as dist
+
+    from .torch_fit import init_distributed, train_torch
+
+    os.environ.update(env)
+    rank = int(os.environ["RANK"])
+    started = time.perf_counter()
+    args = None if callable(train_fn_or_args) else dict(train_fn_or_args)
+    options = {key: args.pop(key) for key in ("backend", "probe_timeout", "fallback") if args and key in args}
+    init_distributed(options.get("backend", "auto"), probe_timeout=options.get("probe_timeout", 60.0),
+                     fallback=options.get("fallback", True))
+    try:
+        if args is None:
+            result = train_fn_or_args(rank, num_workers)
+        else:
+            if rank == 0 and progress:
+                args["callbacks"] = [*(args.get("callbacks") or []), _torch_epoch_reporter(*progress, args)]
+            model_name = args.pop("model_name", "alexnet")
+            result = train_torch(model_name, **options, **args).summary()
+        mine = {"rank": rank, "num_workers": num_workers, "address": f"{socket.gethostname()} pid {os.getpid()}",
+                "seconds": time.perf_counter() - started, "result": result}
+        everyone = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, json.dumps(mine, default=str))   # JSON text between our own ranks
+    finally:
+        dist.destroy_process_group()
+    return json.dumps([json.loads(entry) for entry in everyone]) if rank == 0 else ""
+
+
+def _torch_epoch_reporter(address: str, token: str, args: dict):
+    """A train_torch callback for rank 0: one line per epoch to the driver's ProgressListener."""
+    from .spark_progress import epoch_line, send_line
+
+    last = [time.perf_counter()]
+
+    def report(epoch, logs):
+        now = time.perf_counter()
+        send_line(address, token, epoch_line(epoch, args.get("epochs"), logs, now - last[0]))
+        last[0] = now
+
+    return report
