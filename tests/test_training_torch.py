@@ -344,3 +344,12 @@ def test_spark_train_torch_refuses_what_it_cannot_do(digits_parquet):
         _check_args({"data": digits_parquet["train"]}, 2, "jax")
     with pytest.raises(SparkTrainError, match="torch_launcher must be one of"):
         torch_launcher("mpi")
+
+
+@pytest.mark.slow
+def test_small_demo_with_torch_learns(tmp_path):
+    from pinstorm.training.demo import run_demo
+
+    summary = run_demo(tmp_path / "demo", size="small", framework="torch", echo=None)
+    assert summary["val_accuracy"] >= 0.5          # 40 validation digits, chance 0.1
+    assert summary["train"]["framework"] == "torch"

@@ -508,7 +508,8 @@ def _train(model_name, url, validation_data, *, choice, epochs, batch_size, imag
     train_seconds = sum(epoch_seconds)
     images = steps * batch_size * world * len(ran)
     return TorchTrainResult(
-        history={k: v[len(v) - len(ran):] for k, v in history.items()}, val_metrics=val_metrics, model=model, epochs=ran,
+        history={k: v[len(v) - len(ran):] for k, v in history.items()}, val_metrics=val_metrics, model=model,
+        epochs=ran,
         initial_epoch=ran[0] if ran else epochs, global_batch_size=batch_size * world, replicas=world,
         steps_per_epoch=steps, seconds=fit_seconds, images_per_second=images / train_seconds if train_seconds else 0.0,
         strategy=choice.as_dict() if choice else {"kind": "single-process", "device": str(device)},
