@@ -17,7 +17,7 @@ import pytest
 pytest_plugins = ["conftest_training"]
 torch = pytest.importorskip("torch")
 
-from pinstorm.training.torch_fit import (BackendProbeError, TorchTrainingError, init_distributed,  # noqa: E402
+from pinstorm.training.torch_fit import (BackendProbeError, TrainingError, init_distributed,  # noqa: E402
                                          load_checkpoint, train_torch)
 from pinstorm.training.torch_models import AlexNet, TorchModelError, build_torch_model  # noqa: E402
 from training_support import finish  # noqa: E402
@@ -115,12 +115,12 @@ def test_a_checkpoint_is_never_unpickled(tmp_path):
 
 
 def test_bad_arguments_are_refused(digits_parquet, tmp_path):
-    with pytest.raises(TorchTrainingError, match="Parquet dataset"):
+    with pytest.raises(TrainingError, match="Parquet dataset"):
         train_torch("alexnet", {"image": [], "category": []})
-    with pytest.raises(TorchTrainingError, match="unknown input_options"):
+    with pytest.raises(TrainingError, match="unknown input_options"):
         train_torch("alexnet", digits_parquet["train"], epochs=1, batch_size=8, image_size=32, model_kwargs=TINY,
                     output_dir=tmp_path, input_options={"flp": False})
-    with pytest.raises(TorchTrainingError, match="fewer than one batch"):
+    with pytest.raises(TrainingError, match="fewer than one batch"):
         train_torch("alexnet", digits_parquet["train"], epochs=1, batch_size=10_000, image_size=32,
                     output_dir=tmp_path)
 

@@ -68,7 +68,7 @@ def test_py_typed_ships_and_user_mistakes_are_type_errors(installed, tmp_path):
     assert 'Argument "board" to "pin" has incompatible type "int"' in out, out
     assert "py.typed" not in out and "missing library stubs" not in out, out
     assert "Revealed type is \"def (" in out and "-> pinstorm.boards.board.Board" in out, out
-    assert "-> pinstorm.training.fit.TrainResult" in out, out   # a lazy export, seen through TYPE_CHECKING
+    assert "-> pinstorm.training.results.TrainResult" in out, out   # a lazy export, seen through TYPE_CHECKING
 
 
 def test_the_boards_public_modules_pass_mypy_strict(installed, tmp_path):

@@ -20,7 +20,8 @@ _EXPORTS = {
     "strategy_choice": "strategy",
     "alexnet_train": "fit",
     "train": "fit",
-    "TrainResult": "fit",
+    "TrainResult": "results",
+    "TrainingError": "results",
     "build_model": "models",
     "spark_train": "spark",
     "run_demo": "demo",
@@ -39,9 +40,10 @@ __all__ = sorted(_EXPORTS)
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time `__getattr__` imports on first use
     from .demo import run_demo
     from .experiments import experiment_lineage, find_experiments, load_experiment
-    from .fit import TrainResult, alexnet_train, train
+    from .fit import alexnet_train, train
     from .models import build_model
     from .profiling import profile
+    from .results import TrainingError, TrainResult
     from .spark import spark_train
     from .strategy import make_strategy, strategy_choice
     from .torch_fit import init_distributed, train_torch

@@ -20,13 +20,10 @@ from typing import Any
 
 tf = tensorflow()   # imported without its start-up noise (see keras_env)
 
-from pinstorm.errors import PinstormError
+from .results import TrainingError  # noqa: F401  (raised here, defined where TF is not imported)
 
 log = logging.getLogger("pinstorm.training")
 
-
-class TrainingError(PinstormError, ValueError):
-    """Training cannot start with the arguments given (data, sizes, classes, ...)."""
 
 
 @dataclass

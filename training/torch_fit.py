@@ -24,27 +24,27 @@ imported here.
 from __future__ import annotations
 
 import csv
-import json
 import logging
 import os
 import random
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from pinstorm.errors import PinstormError
 from pinstorm.extras import require
 
 from .plots import plot_curves, read_metrics_csv
+from .results import TrainingError, TrainResult
 from .torch_models import build_torch_model
 
 torch = require("torch", "torch", "pinstorm.training.train_torch")
 dist = torch.distributed
 
-__all__ = ["BackendChoice", "TorchTrainResult", "TorchTrainingError", "init_distributed", "train_torch"]
+__all__ = ["BackendChoice", "BackendProbeError", "init_distributed", "train_torch"]
 
 log = logging.getLogger("pinstorm.training")
 
@@ -55,10 +55,6 @@ WEIGHTS_FILE = "final.pt"
 CHECKPOINT_FORMAT = 1
 _LOADER_OPTIONS = ("flip", "crop_area", "eval_crop", "shuffle_buffer", "dct_scale", "verify", "retries",
                    "storage_options", "max_pixels", "prefetch_factor", "multiprocessing_context")
-
-
-class TorchTrainingError(PinstormError, ValueError):
-    """Training cannot start with the arguments given (data, sizes, backend, ...)."""
 
 
 class BackendProbeError(PinstormError, RuntimeError):
@@ -157,14 +153,14 @@ def init_distributed(backend: str = "auto", *, probe_timeout: float = 60.0, fall
     as it is.
     """
     if backend not in BACKENDS:
-        raise TorchTrainingError(f"unknown backend {backend!r}; use one of {BACKENDS}")
+        raise TrainingError(f"unknown backend {backend!r}; use one of {BACKENDS}")
     if dist.is_initialized():   # made by init_distributed (its record, fallback included) or by the caller
         made = _GROUP.get("choice")
         if made is not None and made.world_size == dist.get_world_size() and made.backend == dist.get_backend():
             return made
         return BackendChoice(dist.get_backend(), backend, dist.get_world_size(), dist.get_rank())
     if not launched_distributed():
-        raise TorchTrainingError("init_distributed needs RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT (torchrun "
+        raise TrainingError("init_distributed needs RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT (torchrun "
                                  "and TorchDistributor set them)")
     store, rank, world = next(dist.rendezvous("env://", timeout=timedelta(seconds=max(probe_timeout, 30.0))))
     chosen = backend if backend != "auto" else ("nccl" if torch.cuda.is_available() else "gloo")
@@ -204,39 +200,6 @@ def _made(choice: BackendChoice) -> BackendChoice:
 
 # --------------------------------------------------------------------------- results and files
 
-@dataclass
-class TorchTrainResult:
-    """What ``train_torch`` produced; the fields of ``fit.TrainResult`` that apply to a torch run."""
-
-    history: dict[str, list[float]]
-    val_metrics: dict[str, float]
-    model: Any = field(repr=False)
-    epochs: list[int] = field(default_factory=list)
-    initial_epoch: int = 0
-    global_batch_size: int = 0
-    replicas: int = 1
-    steps_per_epoch: int | None = None
-    seconds: float = 0.0
-    images_per_second: float = 0.0
-    strategy: dict | None = None
-    output_dir: str | None = None
-    metrics_csv: str | None = None
-    plot_png: str | None = None
-    tensorboard_dir: str | None = None
-    checkpoint_dir: str | None = None
-    weights_path: str | None = None
-    num_classes: int = 0
-    is_chief: bool = True
-    input_shards: list = field(default_factory=list)
-    experiment: dict | None = None
-    framework: str = "torch"
-
-    def summary(self) -> dict:
-        """Everything but the model, JSON-serialisable (for reports and for Spark to send home)."""
-        out = {k: v for k, v in self.__dict__.items() if k != "model"}
-        return json.loads(json.dumps(out, default=float))
-
-
 def _write_csv(path: Path, history: dict[str, list[float]]) -> None:
     """The whole run's metrics as Keras's CSVLogger writes them (epoch, then sorted names), atomically."""
     names = sorted(history)
@@ -264,7 +227,7 @@ def load_checkpoint(checkpoint_dir) -> dict | None:
         return None
     state = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
-        raise TorchTrainingError(f"{path} is not a pinstorm torch checkpoint (format {CHECKPOINT_FORMAT})")
+        raise TrainingError(f"{path} is not a pinstorm torch checkpoint (format {CHECKPOINT_FORMAT})")
     return state
 
 
@@ -280,7 +243,7 @@ def _optimizer(name: str, parameters, learning_rate: float):
         return torch.optim.Adam(parameters, lr=learning_rate)
     if name == "sgd":  # the paper's choice: momentum 0.9
         return torch.optim.SGD(parameters, lr=learning_rate, momentum=0.9)
-    raise TorchTrainingError(f"unknown optimizer {name!r}: use 'adam' or 'sgd'")
+    raise TrainingError(f"unknown optimizer {name!r}: use 'adam' or 'sgd'")
 
 
 def _shard_rows(info: dict, world: int) -> list[int]:
@@ -340,7 +303,7 @@ def train_torch(
     fallback: bool = True,
     threads: int | None = None,
     callbacks: list[Callable[[int, dict], None]] | None = None,
-) -> TorchTrainResult:
+) -> TrainResult:
     """Train ``model_name`` (``alexnet``, ``resnet_small``) with PyTorch on the Parquet dataset ``data``.
 
     ``batch_size`` is per rank. Launched with the torch.distributed environment, the model runs
@@ -359,9 +322,9 @@ def train_torch(
     from pinstorm import pipeline
 
     if data is None or not isinstance(data, (str, os.PathLike)):
-        raise TorchTrainingError("train_torch needs data as a Parquet dataset URL or folder (convert it first)")
+        raise TrainingError("train_torch needs data as a Parquet dataset URL or folder (convert it first)")
     if epochs < 1 or batch_size < 1:
-        raise TorchTrainingError(f"epochs and batch_size must be positive (got {epochs}, {batch_size})")
+        raise TrainingError(f"epochs and batch_size must be positive (got {epochs}, {batch_size})")
     distributed = launched_distributed() or dist.is_initialized()
     own_group = distributed and not dist.is_initialized()
     choice = init_distributed(backend, probe_timeout=probe_timeout, fallback=fallback) if distributed else None
@@ -380,7 +343,7 @@ def train_torch(
 
 def _train(model_name, url, validation_data, *, choice, epochs, batch_size, image_size, num_classes,
            learning_rate, optimizer, model_kwargs, seed, output_dir, checkpoint_dir, input_options, num_workers,
-           steps_per_epoch, threads, callbacks, pipeline) -> TorchTrainResult:
+           steps_per_epoch, threads, callbacks, pipeline) -> TrainResult:
     distributed = choice is not None
     rank, world = (choice.rank, choice.world_size) if distributed else (0, 1)
     device = _device_for(choice.backend) if distributed else torch.device("cuda" if torch.cuda.is_available()
@@ -398,16 +361,16 @@ def _train(model_name, url, validation_data, *, choice, epochs, batch_size, imag
     info = pipeline.dataset_info(url)
     num_classes = num_classes or int(info["num_classes"])
     if num_classes != int(info["num_classes"]):
-        raise TorchTrainingError(f"num_classes={num_classes} but {url} has {info['num_classes']} classes")
+        raise TrainingError(f"num_classes={num_classes} but {url} has {info['num_classes']} classes")
     options = {k: v for k, v in input_options.items() if k != "shard"}
     unknown = sorted(set(options) - set(_LOADER_OPTIONS))
     if unknown:
-        raise TorchTrainingError(f"unknown input_options {unknown}; make_torch_loader takes {list(_LOADER_OPTIONS)}")
+        raise TrainingError(f"unknown input_options {unknown}; make_torch_loader takes {list(_LOADER_OPTIONS)}")
     shard = input_options["shard"] if "shard" in input_options else ((rank, world) if world > 1 else None)
     rows = [int(info["rows"])] if shard is None else _shard_rows(info, world)
     steps = steps_per_epoch or min(rows) // batch_size
     if steps < 1:
-        raise TorchTrainingError(f"{url}: the smallest shard has {min(rows)} rows, fewer than one batch of "
+        raise TrainingError(f"{url}: the smallest shard has {min(rows)} rows, fewer than one batch of "
                                  f"{batch_size}; lower batch_size")
 
     if seed is not None:
@@ -435,7 +398,7 @@ def _train(model_name, url, validation_data, *, choice, epochs, batch_size, imag
     if validation_data is not None:
         val_info = pipeline.dataset_info(os.fspath(validation_data))
         if val_info.get("classes") and info.get("classes") and list(val_info["classes"]) != list(info["classes"]):
-            raise TorchTrainingError("training and validation data label different classes; convert both with the "
+            raise TrainingError("training and validation data label different classes; convert both with the "
                                      "same `classes`")
         val_shard = (rank, world) if world > 1 and int(val_info["row_groups"]) >= world else None
         eval_options = {k: v for k, v in options.items() if k in ("eval_crop", "dct_scale", "verify", "retries",
@@ -507,7 +470,7 @@ def _train(model_name, url, validation_data, *, choice, epochs, batch_size, imag
         (checkpoint_dir / CHECKPOINT_FILE).unlink(missing_ok=True)
     train_seconds = sum(epoch_seconds)
     images = steps * batch_size * world * len(ran)
-    return TorchTrainResult(
+    return TrainResult(
         history={k: v[len(v) - len(ran):] for k, v in history.items()}, val_metrics=val_metrics, model=model,
         epochs=ran,
         initial_epoch=ran[0] if ran else epochs, global_batch_size=batch_size * world, replicas=world,
@@ -516,4 +479,5 @@ def _train(model_name, url, validation_data, *, choice, epochs, batch_size, imag
         output_dir=str(write_dir), metrics_csv=str(metrics_csv), plot_png=str(plot_png) if plot_png else None,
         checkpoint_dir=str(checkpoint_dir) if checkpoint_dir else None, weights_path=str(weights_path),
         num_classes=num_classes, is_chief=rank == 0, input_shards=[list(shard) if shard else None],
+        framework="torch",
     )
