@@ -62,6 +62,7 @@ USAGE_MISTAKES = {
     "verify": ["verify"],
     "train": ["train", "alexnet", "x", "--crop-min", "2"],
     "train --image-size": ["train", "alexnet", "x", "--image-size", "0:0"],
+    "train --framework": ["train", "alexnet", "x", "--framework", "torch", "--strategy", "mirrored"],
     "spark-train": ["spark-train", "alexnet"],                                     # neither DATA nor --partition-board
     "demo": ["demo", "--epochs", "0"],
     "profile": ["profile"],                                                        # nothing to profile
