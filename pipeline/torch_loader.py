@@ -15,7 +15,7 @@ all from `pipeline.epochs`), decoded with Pillow instead of TensorFlow: images f
 * Pixels are bounded before decoding (`images.DEFAULT_MAX_PIXELS`, the converter's rule): a larger
   JPEG is decoded at the DCT scale that fits, or refused if even 1/8 does not.
 * Resuming mid-epoch: a sample's ID is its global row number; one stream's epoch is a sequence of IDs
-  computed from the row counts alone (`stream_ids`), which the reader delivers; crops and flips are
+  computed from the row counts alone (`positions.stream_ids`), which the reader delivers; crops and flips are
   seeded per sample (`sample_rng`). So `TorchLoader.state_dict()` (per stream: epoch, samples received)
   is enough to deliver exactly the rest, or, on another shard layout, every sample not yet received once.
 
@@ -25,25 +25,21 @@ until `make_torch_loader` is asked for. Without torch this module raises `Missin
 
 from __future__ import annotations
 
-import base64
 import collections
-import hashlib
 import io
-import itertools
-import json
 import math
 import random
 import warnings
-import zlib
 
 import numpy as np
 from PIL import Image
 
 from pinstorm.extras import require
 
-from .epochs import (IncompleteEpochError, check_arguments, default_shuffle_buffer, epoch_order, epoch_seed,
-                     open_epochs, shard_row_groups)
+from .epochs import check_arguments, epoch_order, epoch_seed, open_epochs
 from .images import DEFAULT_MAX_PIXELS, UndecodableImage, _draft_factor
+from .positions import (STATE_FORMAT, Position, planned_rows, resume_position, row_starts,  # noqa: F401
+                        state_dict, stream_ids)
 
 torch = require("torch", "torch", "pinstorm.pipeline.make_torch_loader")
 
@@ -141,73 +137,10 @@ def decode_window(image: Image.Image, window, size, *, dct_scale: bool = True,
     return out[0], ratio
 
 
-def _shuffled(rows, size: int, rng: random.Random):
-    """Rows through a shuffle buffer of `size` (tf.data's: each row out is a random one of the buffer)."""
-    buffer = []
-    for row in rows:
-        if len(buffer) < size:
-            buffer.append(row)
-            continue
-        at = rng.randrange(size)
-        yield buffer[at]
-        buffer[at] = row
-    rng.shuffle(buffer)
-    yield from buffer
-
-
-def row_starts(info: dict) -> np.ndarray:
-    """The sample ID of each row group's first row: a sample ID is the row's global number, counted
-    over the row groups in the dataset's order (parts by name, row groups in order)."""
-    return np.concatenate([[0], np.cumsum(info["row_group_rows"], dtype=np.int64)])
-
-
-def stream_ids(info: dict, groups, *, seed: int, shuffle: bool, shuffle_buffer: int | None, split=None,
-               consumed: np.ndarray | None = None):
-    """The sample IDs one stream (a shard's `groups`, the `split` = (i, n) of one DataLoader worker, or all)
-    delivers in the epoch of `seed` (`epoch_seed`), in order, from the row counts alone (no data read):
-    the epoch's row groups (`epoch_order`), their rows in order but those `consumed` (a bool per row),
-    through the seeded shuffle buffer. `ParquetImages` delivers exactly this sequence."""
-    starts, rows = row_starts(info), info["row_group_rows"]
-    order = epoch_order(groups, seed, shuffle, split)
-
-    def ids():
-        for g in order:
-            if consumed is None:
-                yield from range(int(starts[g]), int(starts[g] + rows[g]))
-            else:
-                yield from (np.flatnonzero(~consumed[starts[g]:starts[g + 1]]) + starts[g]).tolist()
-
-    if not shuffle:
-        return ids()
-    size = shuffle_buffer
-    if size is None:
-        count = split[1] if split else 1
-        expected = sum(rows[g] for g in groups)
-        size = default_shuffle_buffer(info, max(1, expected // count), max(1, len(groups) // count), share=count)
-    return _shuffled(ids(), size, random.Random(seed * 64 + (split[0] if split else 0)))
-
-
 def sample_rng(seed: int, sample_id: int) -> random.Random:
     """The augmentation of one sample in the epoch of `seed`: its own, whichever stream delivers it and
     wherever in the stream, so a resumed or re-sharded run crops and flips each sample as before."""
     return random.Random((seed << 40) | sample_id)
-
-
-def info_digest(info: dict) -> str:
-    """What identifies a dataset's rows: counts per row group and parts with their sizes (not the url,
-    not the checksums, which `verify=False` drops)."""
-    identity = {"rows": info["rows"], "row_group_rows": info["row_group_rows"],
-                "files": {n: [e["row_groups"], e.get("bytes")] for n, e in sorted(info["files"].items())}}
-    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:32]
-
-
-def _pack(bits: np.ndarray) -> str:
-    return base64.b64encode(zlib.compress(np.packbits(bits).tobytes(), 6)).decode("ascii")
-
-
-def _unpack(text: str, rows: int) -> np.ndarray:
-    packed = np.frombuffer(zlib.decompress(base64.b64decode(text)), dtype=np.uint8)
-    return np.unpackbits(packed, count=rows).astype(bool)
 
 
 def _empty(shape, dtype, shared: bool):
@@ -221,27 +154,6 @@ def _empty(shape, dtype, shared: bool):
     except AttributeError:   # a torch without it: shared at hand-over instead (one copy)
         return torch.empty(shape, dtype=dtype)
     return empty.set_(storage).view(shape)
-
-
-class Position:
-    """Where the caller is in the data: per stream (DataLoader worker, or 0), the epoch and how many samples
-    of that epoch's `stream_ids` it has received; the next stream to hand over a batch; and the samples of
-    some epochs already consumed under another shard layout (a bool per row), which these streams skip."""
-
-    def __init__(self, streams: dict, next_stream: int = 0, consumed: dict | None = None):
-        self.streams = {int(s): (int(e), int(n)) for s, (e, n) in streams.items()}
-        self.next_stream, self.consumed = int(next_stream), dict(consumed or {})
-
-    @classmethod
-    def fresh(cls, epoch: int, streams: int) -> "Position":
-        return cls({s: (epoch, 0) for s in range(streams)})
-
-    @property
-    def epoch(self) -> int:
-        return min(e for e, _ in self.streams.values())
-
-    def copy(self) -> "Position":
-        return Position(self.streams, self.next_stream, self.consumed)
 
 
 class ParquetImages(torch.utils.data.IterableDataset):
@@ -331,40 +243,10 @@ class ParquetImages(torch.utils.data.IterableDataset):
         yield nothing, nothing, nothing, (stream, epoch, count, 1)
 
     def _planned_rows(self, epoch, split, skip: int, consumed):
-        """(sample ID, jpeg, label) of `stream_ids` after its first `skip`, read in the epoch's row-group
-        order (only row groups with a row left), each row held from its row group's read to its turn."""
-        info = self.source.info
-        starts, rows = row_starts(info), info["row_group_rows"]
-        plan = self.ids(epoch, split, consumed)
-        left = np.zeros(info["rows"], dtype=bool)
+        """(sample ID, jpeg, label) of `stream_ids` after its first `skip` (`positions.planned_rows`)."""
         order = epoch_order(self.source.groups, epoch_seed(self.source.base_seed, epoch), self.shuffle, split)
-        for g in order:
-            left[starts[g]:starts[g + 1]] = True
-        if consumed is not None:
-            left &= ~consumed
-        for sample in itertools.islice(plan, skip):
-            left[sample] = False
-        expected = int(left.sum())
-        groups = self.source.row_groups([g for g in order if left[starts[g]:starts[g + 1]].any()])
-        held, delivered = {}, 0
-        for sample in plan:
-            while sample not in held:
-                g, (jpegs, labels) = next(groups, (None, (None, None)))
-                if g is None:
-                    raise IncompleteEpochError(f"{self._where(split)}: epoch {epoch} delivered {delivered} rows, "
-                                               f"expected {expected}; the reader failed")
-                if len(labels) != rows[g]:
-                    raise IncompleteEpochError(f"{self.source.where}: delivered {len(labels)} rows, expected "
-                                               f"{rows[g]}; the dataset changed after conversion")
-                labels = labels.tolist()
-                for at in np.flatnonzero(left[starts[g]:starts[g + 1]]).tolist():
-                    held[int(starts[g]) + at] = (jpegs[at], labels[at])
-            jpeg, label = held.pop(sample)
-            delivered += 1
-            yield sample, jpeg, label
-        if delivered != expected:
-            raise IncompleteEpochError(f"{self._where(split)}: epoch {epoch} delivered {delivered} rows, expected "
-                                       f"{expected}; the reader failed")
+        return planned_rows(self.source, self.ids(epoch, split, consumed), order, skip=skip, consumed=consumed,
+                            where=self._where(split), epoch=epoch)
 
     def _where(self, split) -> str:
         shard = self.source.shard
@@ -433,21 +315,11 @@ class TorchLoader(torch.utils.data.DataLoader):
 
     def state_dict(self) -> dict:
         """The caller's position: dataset identity, seed, shard layout, per stream (epoch, samples received),
-        and the samples of those epochs consumed under an earlier layout (zlib + base64 bitmaps)."""
-        dataset, source = self.dataset, self.dataset.source
-        position = dataset.resume or dataset.position
-        epoch = position.epoch
-        return {
-            "format": STATE_FORMAT,
-            "dataset": {"url": source.location.url, "rows": int(source.info["rows"]),
-                        "row_groups": int(source.info["row_groups"]), "digest": info_digest(source.info)},
-            "seed": int(source.base_seed), "shuffle": bool(dataset.shuffle),
-            "shuffle_buffer": None if dataset.shuffle_buffer is None else int(dataset.shuffle_buffer),
-            "shard": None if source.shard is None else list(source.shard), "num_workers": int(self.num_workers),
-            "epoch": epoch, "streams": [list(position.streams[s]) for s in range(dataset.streams)],
-            "next_stream": position.next_stream,
-            "consumed": {str(e): _pack(bits) for e, bits in sorted(position.consumed.items()) if e >= epoch},
-        }
+        and the samples of those epochs consumed under an earlier layout (`positions.state_dict`)."""
+        dataset = self.dataset
+        return state_dict(dataset.source, dataset.resume or dataset.position, shuffle=dataset.shuffle,
+                          shuffle_buffer=dataset.shuffle_buffer, num_workers=self.num_workers,
+                          streams=dataset.streams)
 
     def load_state_dict(self, state) -> None:
         """Make the next pass continue from `state` (a `state_dict()`, or a list of them, one per rank).
@@ -457,62 +329,13 @@ class TorchLoader(torch.utils.data.DataLoader):
         rank's state; this epoch's streams then deliver only the samples none of them had received, and
         later epochs are whole. The state's seed replaces the loader's.
         """
-        states = [state] if isinstance(state, dict) else list(state)
-        if not states:
-            raise ValueError("load_state_dict needs a state (or a list of them, one per rank)")
-        dataset, source = self.dataset, self.dataset.source
-        digest = info_digest(source.info)
-        for s in states:
-            if not isinstance(s, dict) or s.get("format") != STATE_FORMAT:
-                raise ValueError(f"not a make_torch_loader state ({STATE_FORMAT}): {str(s)[:200]}")
-            if s["dataset"]["digest"] != digest:
-                raise ValueError(f"the state is of {s['dataset']['url']} (digest {s['dataset']['digest']}), not of "
-                                 f"{source.location.url} (digest {digest}): another dataset")
-        if len({s["seed"] for s in states}) != 1:
-            raise ValueError(f"the states have different seeds {sorted({s['seed'] for s in states})}: not one run")
-        source.base_seed = int(states[0]["seed"])
-        shard = None if source.shard is None else list(source.shard)
-        same = [s for s in states if s["shard"] == shard and s["num_workers"] == self.num_workers
-                and s["shuffle"] == dataset.shuffle and s["shuffle_buffer"] == dataset.shuffle_buffer]
-        if same:
-            s = same[0]
-            resume = Position(dict(enumerate(s["streams"])), s["next_stream"],
-                              {int(e): _unpack(b, source.info["rows"]) for e, b in s["consumed"].items()})
-        else:
-            resume = self._consumed_by(states)
+        dataset = self.dataset
+        resume = resume_position(state, dataset.source, shuffle=dataset.shuffle, shuffle_buffer=dataset.shuffle_buffer,
+                                 num_workers=self.num_workers, streams=dataset.streams)
         dataset.first_epoch = resume.epoch
         dataset.resume, dataset.position = resume, resume.copy()
 
-    def _consumed_by(self, states) -> Position:
-        """This loader's streams at the start of the states' earliest epoch, skipping every sample the
-        states' streams had received (recomputed from their `stream_ids`) in each epoch they are in."""
-        info, dataset = self.dataset.source.info, self.dataset
-        count = {1 if s["shard"] is None else s["shard"][1] for s in states}
-        indexes = sorted(0 if s["shard"] is None else s["shard"][0] for s in states)
-        if len(count) != 1 or indexes != list(range(count.pop())):
-            raise ValueError(f"states of shards {[s['shard'] for s in states]}: give one state of every shard of the "
-                             "run (each rank's), so that what each had received is known")
-        epochs = [e for s in states for e, _ in s["streams"]]
-        first, last = min(epochs), max(epochs)
-        consumed = {e: np.zeros(info["rows"], dtype=bool) for e in range(first, last + 1)}
-        for s in states:
-            groups = shard_row_groups(info, s["shard"])
-            earlier = {int(e): _unpack(b, info["rows"]) for e, b in s["consumed"].items()}
-            for e, bits in earlier.items():
-                if e in consumed:
-                    consumed[e] |= bits
-            workers = s["num_workers"]
-            for stream, (at, received) in enumerate(s["streams"]):
-                split = (stream, workers) if workers else None
-                for e in range(first, at + 1):
-                    ids = stream_ids(info, groups, seed=epoch_seed(s["seed"], e), shuffle=s["shuffle"],
-                                     shuffle_buffer=s["shuffle_buffer"], split=split, consumed=earlier.get(e))
-                    taken = list(itertools.islice(ids, received if e == at else None))
-                    consumed[e][np.asarray(taken, dtype=np.int64)] = True
-        return Position(Position.fresh(first, dataset.streams).streams, 0, consumed)
 
-
-STATE_FORMAT = "pinstorm.make_torch_loader/1"
 
 
 def make_torch_loader(url, *, batch_size: int, image_size=224, training: bool = True, shard=None,
