@@ -40,15 +40,22 @@ The TF-free parts (shards, epoch order, the counted and verified `EpochSource`, 
 
 from __future__ import annotations
 
+import itertools
+
+import numpy as np
+
 from .epochs import EpochSource as _EpochSource  # noqa: F401 (kept importable from here)
 from .epochs import IncompleteEpochError, shard_row_groups  # noqa: F401 (public names of this module)
 from .epochs import check_arguments, default_shuffle_buffer, open_epochs
 from .epochs import check_jpegs as _check_jpegs  # noqa: F401 (kept importable from here)
+from .epochs import epoch_order, epoch_seed
 from .epochs import epoch_seed as _epoch_seed  # noqa: F401
 from .epochs import jpeg_problem as _jpeg_problem  # noqa: F401
+from .positions import Position, planned_rows, resume_position, state_dict, stream_ids, stream_length
 
 ENGINES = ("petastorm", "pyarrow")
 _AHEAD = 512   # encoded rows queued ahead of the decoders (~55 MB of ImageNet JPEGs)
+_CHUNK = 256   # rows the planned-order generator hands to tf.data at once
 
 
 DCT_RATIOS = (1, 2, 4, 8)
@@ -123,12 +130,124 @@ def preprocess_fn(image_size=(224, 224), *, training=True, crop_area=(0.25, 1.0)
     return _preprocess_fns(tf, tuple(image_size), training, tuple(crop_area), flip, eval_crop, dct_scale)
 
 
+def _petastorm_epochs(tf, source, shuffle, shuffle_buffer):
+    """The petastorm engine's epochs: its row groups as it reads them, through tf.data's shuffle buffer."""
+    signature = (tf.TensorSpec([None], tf.string), tf.TensorSpec([None], tf.int32))
+    base_seed = source.base_seed
+    shuffle_seed = (base_seed * 1_000_003 + 17) % (2**31 - 1)
+    if shuffle_buffer is None:
+        shuffle_buffer = default_shuffle_buffer(source.info, source.expected, len(source.groups))
+
+    def epoch_dataset(epoch):
+        rows = tf.data.Dataset.from_generator(source, args=(epoch,), output_signature=signature)
+        rows = rows.prefetch(2).unbatch()   # read the next row group while this one is decoded
+        epoch_seed = (tf.cast(base_seed, tf.int64) * 1_000_003 + epoch * 7919 + 17) % (2**31 - 1)
+        if shuffle:
+            # A Python int seed: a tensor seed breaks under a global `tf.random.set_seed`. Epochs still
+            # differ, because the source reads each epoch's row groups in its own seeded order.
+            rows = rows.shuffle(shuffle_buffer, seed=shuffle_seed, reshuffle_each_iteration=False)
+        return rows.enumerate().map(
+            lambda i, row: (row[0], row[1], tf.stack([epoch_seed, i])))
+
+    return epoch_dataset
+
+
+class DatasetPosition:
+    """`make_dataset`'s plan (pyarrow engine) and where a caller is in it: one stream, whose epochs are the
+    sample IDs of `positions.stream_ids`, started at `start` (a `positions.Position`).
+
+    ``state(k)``: the JSON-able state (`positions.state_dict`, the torch loader's format) after the caller
+    consumed `k` batches of the dataset. Batches run across epoch boundaries, so `k` batches are
+    ``k * batch_size`` samples from `start` (fewer at the very end).
+    """
+
+    def __init__(self, source, *, batch_size, shuffle, shuffle_buffer, num_epochs, drop_remainder, state=None):
+        self.source, self.batch_size, self.shuffle, self.shuffle_buffer = source, batch_size, shuffle, shuffle_buffer
+        self.num_epochs, self.drop_remainder = num_epochs, drop_remainder
+        self.start = Position.fresh(0, 1) if state is None else resume_position(
+            state, source, shuffle=shuffle, shuffle_buffer=shuffle_buffer, num_workers=0, streams=1)
+
+    def ids(self, epoch: int):
+        """The sample IDs of `epoch`, whole (but the samples an earlier layout consumed)."""
+        return stream_ids(self.source.info, self.source.groups, seed=epoch_seed(self.source.base_seed, epoch),
+                          shuffle=self.shuffle, shuffle_buffer=self.shuffle_buffer,
+                          consumed=self.start.consumed.get(epoch))
+
+    def epoch_length(self, epoch: int) -> int:
+        return stream_length(self.source.info, self.source.groups, seed=epoch_seed(self.source.base_seed, epoch),
+                             shuffle=self.shuffle, consumed=self.start.consumed.get(epoch))
+
+    def rows(self, epoch):
+        """(jpegs, labels, seeds [n, 2], ids) chunks of `epoch` from the start position on, in plan order."""
+        epoch = int(epoch)
+        first, skip = self.start.streams[0]
+        skip = skip if epoch == first else 0
+        seed = epoch_seed(self.source.base_seed, epoch)
+        order = epoch_order(self.source.groups, seed, self.shuffle)
+        where = self.source.location.url + (f" shard {self.source.shard[0]}/{self.source.shard[1]}"
+                                            if self.source.shard else "")
+        rows = planned_rows(self.source, self.ids(epoch), order, skip=skip, consumed=self.start.consumed.get(epoch),
+                            where=where, epoch=epoch)
+        while True:
+            chunk = list(itertools.islice(rows, _CHUNK))
+            if not chunk:
+                return
+            ids = np.array([c[0] for c in chunk], dtype=np.int64)
+            jpegs = np.array([c[1] for c in chunk], dtype=object)
+            labels = np.array([c[2] for c in chunk], dtype=np.int32)
+            seeds = np.stack([np.full(len(ids), seed, dtype=np.int64), ids], axis=1)
+            yield jpegs, labels, seeds, ids
+
+    def epoch_dataset(self, tf, return_ids: bool):
+        signature = (tf.TensorSpec([None], tf.string), tf.TensorSpec([None], tf.int32),
+                     tf.TensorSpec([None, 2], tf.int64), tf.TensorSpec([None], tf.int64))
+
+        def epoch_dataset(epoch):
+            rows = tf.data.Dataset.from_generator(self.rows, args=(epoch,), output_signature=signature)
+            rows = rows.prefetch(2).unbatch()   # plan and read the next rows while these are decoded
+            return rows if return_ids else rows.map(lambda jpeg, label, seed, sample: (jpeg, label, seed))
+
+        return epoch_dataset
+
+    def state(self, batches_consumed: int) -> dict:
+        """The state after `batches_consumed` batches of this dataset (counted from its first)."""
+        if batches_consumed < 0:
+            raise ValueError(f"batches_consumed must be >= 0, got {batches_consumed!r}")
+        epoch, count = self.start.streams[0]
+        samples = int(batches_consumed) * self.batch_size
+        end = None if self.num_epochs is None else self.start.epoch + self.num_epochs
+        while True:
+            left = self.epoch_length(epoch) - count
+            if samples <= left or (end is not None and epoch + 1 >= end):
+                count += min(samples, left)
+                break
+            samples -= left
+            epoch, count = epoch + 1, 0
+        position = Position({0: (epoch, count)}, 0, self.start.consumed)
+        return state_dict(self.source, position, shuffle=self.shuffle, shuffle_buffer=self.shuffle_buffer,
+                          num_workers=0, streams=1)
+
+
+def dataset_position(url, *, batch_size: int, shard=None, shuffle: bool = True, seed: int | None = None,
+                     shuffle_buffer: int | None = None, num_epochs: int | None = 1, drop_remainder: bool = False,
+                     state=None, storage_options: dict | None = None) -> DatasetPosition:
+    """The `DatasetPosition` of the `make_dataset` (pyarrow engine) these arguments build, without building it:
+    for code that does not hold the dataset (a training loop behind ``distribute_datasets_from_function``).
+    Needs the `seed` (or a `state`, which carries one): without, every reader draws its own."""
+    if seed is None and state is None:
+        raise ValueError("dataset_position needs the seed (or a state): an unseeded reader's order is its own")
+    source = open_epochs(url, shard, shuffle=shuffle, seed=seed, storage_options=storage_options)
+    return DatasetPosition(source, batch_size=int(batch_size), shuffle=shuffle, shuffle_buffer=shuffle_buffer,
+                           num_epochs=num_epochs, drop_remainder=drop_remainder, state=state)
+
+
 def make_dataset(url, *, batch_size: int, image_size=(224, 224), training: bool = True, shard=None,
                  num_epochs: int | None = 1, shuffle: bool = True, seed: int | None = None,
                  parallel: int | None = None, drop_remainder: bool = False, shuffle_buffer: int | None = None,
                  crop_area=(0.25, 1.0), flip: bool = True, eval_crop: float = 0.875, engine: str = "pyarrow",
                  reader_workers: int = 0, prefetch_rows: int | None = None, retries: int = 2,
-                 storage_options: dict | None = None, verify: bool = True, dct_scale: bool = True):
+                 storage_options: dict | None = None, verify: bool = True, dct_scale: bool = True,
+                 state=None, return_ids: bool = False):
     """A ``tf.data.Dataset`` of ``(images, labels)`` batches from a converted dataset.
 
     images: float32 ``[B, H, W, 3]`` with values in [0, 1]; labels: int32 ``[B]`` class indexes
@@ -155,6 +274,15 @@ def make_dataset(url, *, batch_size: int, image_size=(224, 224), training: bool 
       pixels. False: always decode at full scale.
     * `verify`: check footer and row-group checksums (default; see `pipeline.verify`). Parts are
       checked for presence and size before every epoch either way.
+    * pyarrow engine: rows come in the sample-ID order of `positions.stream_ids` (the torch loader's,
+      ``num_workers=0``), each sample cropped and flipped by its own seed (epoch seed, sample ID).
+      `state`: a position to start from (`DatasetPosition.state`, or a `TorchLoader.state_dict()`, or a
+      list of them, one per rank): the same shard layout continues the interrupted pass sample for
+      sample; another one delivers the samples of that epoch none of the states had received.
+      `num_epochs` then counts from the state's epoch. ``dataset.pinstorm_position.state(k)``: the state
+      after the caller consumed `k` batches of this dataset (tf.data prefetches, so count batches).
+      `return_ids`: batches are ``(images, labels, ids)``, ids int64 ``[B]`` the samples' global row numbers.
+      The petastorm engine takes neither (ValueError), and its ``pinstorm_position`` is None.
 
     `url`: a local folder, an fsspec URL (with `storage_options`), or ``board://<board>/<pin>``.
     Ready for ``model.fit`` and ``strategy.experimental_distribute_dataset`` (batch by the
@@ -169,26 +297,18 @@ def make_dataset(url, *, batch_size: int, image_size=(224, 224), training: bool 
     image_size, crop_area = check_arguments(batch_size, num_epochs, image_size, crop_area)
     source = open_epochs(url, shard, shuffle=shuffle, seed=seed, engine=engine, retries=retries,
                          workers=reader_workers, storage_options=storage_options, verify=verify)
-    base_seed, shard = source.base_seed, source.shard
-    if shuffle_buffer is None:
-        shuffle_buffer = default_shuffle_buffer(source.info, source.expected, len(source.groups))
-
-    signature = (tf.TensorSpec([None], tf.string), tf.TensorSpec([None], tf.int32))
-
-    shuffle_seed = (base_seed * 1_000_003 + 17) % (2**31 - 1)
-
-    def epoch_dataset(epoch):
-        rows = tf.data.Dataset.from_generator(source, args=(epoch,), output_signature=signature)
-        rows = rows.prefetch(2).unbatch()   # read the next row group while this one is decoded
-        epoch_seed = (tf.cast(base_seed, tf.int64) * 1_000_003 + epoch * 7919 + 17) % (2**31 - 1)
-        if shuffle:
-            # A Python int seed: a tensor seed breaks under a global `tf.random.set_seed`. Epochs still
-            # differ, because the source reads each epoch's row groups in its own seeded order.
-            rows = rows.shuffle(shuffle_buffer, seed=shuffle_seed, reshuffle_each_iteration=False)
-        return rows.enumerate().map(
-            lambda i, row: (row[0], row[1], tf.stack([epoch_seed, i])))
-
-    epochs = tf.data.Dataset.range(num_epochs) if num_epochs is not None else tf.data.Dataset.range(2**62)
+    shard = source.shard
+    if engine == "petastorm":
+        if state is not None or return_ids:
+            raise ValueError("state= and return_ids= need engine='pyarrow': petastorm reads row groups in its own "
+                             "order, so no position can be kept")
+        epoch_dataset, first, position = _petastorm_epochs(tf, source, shuffle, shuffle_buffer), 0, None
+    else:
+        position = DatasetPosition(source, batch_size=int(batch_size), shuffle=shuffle, shuffle_buffer=shuffle_buffer,
+                                   num_epochs=num_epochs, drop_remainder=drop_remainder, state=state)
+        epoch_dataset, first = position.epoch_dataset(tf, return_ids), position.start.epoch
+    end = first + num_epochs if num_epochs is not None else 2**62
+    epochs = tf.data.Dataset.range(first, end)
     dataset = epochs.flat_map(epoch_dataset)
     # Keep encoded rows queued across epoch boundaries: a new epoch starts a new reader and refills its
     # shuffle buffer, and the decoders should not wait for that.
@@ -196,7 +316,10 @@ def make_dataset(url, *, batch_size: int, image_size=(224, 224), training: bool 
     if ahead > 0:
         dataset = dataset.prefetch(ahead)
     fn = _preprocess_fns(tf, image_size, training, crop_area, flip, eval_crop, dct_scale)
-    deterministic = seed is not None or not shuffle
+    if return_ids:
+        fn = (lambda decode: lambda jpeg, label, seed, sample: (*decode(jpeg, label, seed), sample))(fn)
+    # Deterministic whenever a position is kept: batch k must hold the k-th samples of the plan.
+    deterministic = seed is not None or not shuffle or position is not None
     dataset = dataset.map(fn, num_parallel_calls=parallel or tf.data.AUTOTUNE, deterministic=deterministic)
     dataset = dataset.batch(batch_size, drop_remainder=drop_remainder)
     dataset = dataset.prefetch(tf.data.AUTOTUNE)
@@ -204,4 +327,5 @@ def make_dataset(url, *, batch_size: int, image_size=(224, 224), training: bool 
         options = tf.data.Options()
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
         dataset = dataset.with_options(options)
+    dataset.pinstorm_position = position
     return dataset

@@ -5,28 +5,28 @@ one shard per worker), as a data map ``{image, category, categories}`` (converte
 first) or as a ``tf.data.Dataset``. ``batch_size`` is per replica: the global batch grows with
 the number of replicas, so adding devices adds throughput, not smaller steps. A
 ``checkpoint_dir`` turns on ``BackupAndRestore``: a run that is killed and started again with
-the same arguments resumes at the last finished epoch. Every run writes TensorBoard logs, a CSV
-of per-epoch metrics and a PNG of the curves; in a multi-worker run only the chief writes into
-``output_dir`` and the others write into ``output_dir/workers/rank<N>``.
+the same arguments resumes at the last backup (each epoch, or every ``backup_every`` steps; a
+Parquet input then continues mid-epoch where the backup left it, see ``training.resume``). Every
+run writes TensorBoard logs, a CSV of per-epoch metrics and a PNG of the curves; in a
+multi-worker run only the chief writes into ``output_dir`` and the others write into ``output_dir/workers/rank<N>``.
 """
 
 from __future__ import annotations
 
 from .keras_env import tensorflow  # must precede TensorFlow
 
-import json
 import logging
 import os
+import random
 import time
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
 tf = tensorflow()   # imported without its start-up noise (see keras_env)
 import tf_keras as keras
 
-from . import multiworker
+from . import multiworker, resume
+from .results import TrainResult
 from .inputs import TrainingError, is_data_map, map_classes, resolve_input
 from .models import build_model
 from .plots import plot_curves, read_metrics_csv
@@ -36,38 +36,6 @@ from .strategy import make_strategy, strategy_choice, uses_gpus
 __all__ = ["TrainResult", "TrainingError", "alexnet_train", "train"]
 
 log = logging.getLogger("pinstorm.training")
-
-
-@dataclass
-class TrainResult:
-    """What a fit produced. ``history`` covers this call's epochs; ``metrics_csv`` the whole run."""
-
-    history: dict[str, list[float]]
-    val_metrics: dict[str, float]
-    model: Any = field(repr=False)
-    epochs: list[int] = field(default_factory=list)
-    initial_epoch: int = 0
-    global_batch_size: int = 0
-    replicas: int = 1
-    steps_per_epoch: int | None = None
-    seconds: float = 0.0
-    images_per_second: float = 0.0
-    strategy: dict | None = None
-    output_dir: str | None = None
-    metrics_csv: str | None = None
-    plot_png: str | None = None
-    tensorboard_dir: str | None = None
-    checkpoint_dir: str | None = None
-    weights_path: str | None = None
-    num_classes: int = 0
-    is_chief: bool = True
-    input_shards: list = field(default_factory=list)
-    experiment: dict | None = None      # where ``pin=`` stored the run (an ExperimentRecord: board, name, version)
-
-    def summary(self) -> dict:
-        """Everything but the model, JSON-serialisable (for reports and for Spark to send home)."""
-        out = {k: v for k, v in self.__dict__.items() if k != "model"}
-        return json.loads(json.dumps(out, default=float))
 
 
 # --------------------------------------------------------------------------- callbacks
@@ -93,6 +61,23 @@ class _Throughput(keras.callbacks.Callback):
 
 def _has_backup(checkpoint_dir: Path | None) -> bool:
     return bool(checkpoint_dir) and tf.train.latest_checkpoint(str(checkpoint_dir / "chief")) is not None
+
+
+def _backup_callback(checkpoint_dir: Path, backup_every, strategy, train_input, global_batch, options, saved, rank):
+    """``BackupAndRestore`` every `backup_every` steps (or epoch); with `options` (a Parquet input's), one that
+    also saves the input's position (`resume.ResumeState`), which this worker's pipeline started at `saved`."""
+    if options is None or len(train_input.shards) != 1:
+        return keras.callbacks.BackupAndRestore(backup_dir=str(checkpoint_dir), save_freq=backup_every)
+    from pinstorm.pipeline.reader import dataset_position
+
+    replicas = strategy.num_replicas_in_sync
+    local = len(getattr(strategy.extended, "worker_devices", ())) or replicas   # the replicas this pipeline feeds
+    position = dataset_position(train_input.url, batch_size=global_batch // replicas, shard=train_input.shards[0],
+                                shuffle=options.get("shuffle", True), seed=options.get("seed"),
+                                shuffle_buffer=options.get("shuffle_buffer"), num_epochs=None, drop_remainder=True,
+                                state=options.get("state"))
+    return resume.ResumeState(checkpoint_dir, positions=[position], batches_per_step=local, save_freq=backup_every,
+                              origin=saved["steps"] if saved else 0, rank=rank)
 
 
 def _default_output_dir(model_name: str) -> Path:
@@ -129,12 +114,14 @@ def train(
     verbose: int | str = 2,
     pin: str | tuple | None = None,
     lineage: dict | None = None,
+    backup_every: int | str = "epoch",
 ) -> TrainResult:
     """Fit ``model_name`` on ``data``; return the history and the final validation metrics.
 
     ``batch_size`` is per replica (global batch = batch_size x replicas). ``strategy``: a
     ``tf.distribute.Strategy`` or None for ``make_strategy("auto")``. ``checkpoint_dir``: back up
-    every epoch there and resume from it when a backup exists (deleted after a finished run).
+    every epoch (or ``backup_every`` steps) there and resume from it when a backup exists (deleted
+    after a finished run).
     ``output_dir`` (default ``runs/<model>-<UTC time>``) receives ``metrics.csv``,
     ``curves.png``, ``tensorboard/`` and ``final.weights.h5``. ``mixed_precision="auto"`` uses
     mixed_float16 when every replica is a GPU. ``seed`` makes shuffling and initial weights
@@ -150,6 +137,11 @@ def train(
     version of that pin: weights, metrics.csv, curves.png, the TensorBoard logs zipped and a
     lineage record, to which ``lineage`` (a JSON-able dict, e.g. the pins the data came from) is
     added; ``result.experiment`` says where it went (see ``training.experiments``).
+
+    ``backup_every``: back up every that many steps instead of every epoch (``BackupAndRestore``'s
+    ``save_freq``). With a Parquet input (or a data map) the position of the input is saved with each
+    backup (`training.resume`), and a restarted run continues mid-epoch with exactly the samples the
+    interrupted one had not trained on (not with progressive resizing, nor the petastorm engine).
     """
     wall_started, started_at = time.perf_counter(), datetime.now(timezone.utc)
     if data is None:
@@ -175,7 +167,23 @@ def train(
     global_batch = batch_size * replicas
     common = dict(strategy=strategy, global_batch=global_batch, image_size=image_size, parallel=parallel,
                   seed=seed, cache_dir=cache_dir, input_options=dict(input_options or {}))
-    train_input = resolve_input(data, role="train", num_classes=num_classes, classes=None, **common)
+    rank = multiworker.task_rank(config)
+    keeps_position = (checkpoint_dir is not None and not sizes.progressive and not isinstance(data, tf.data.Dataset)
+                      and common["input_options"].get("engine", "pyarrow") == "pyarrow")
+    saved_input = None
+    if keeps_position:   # the data seed must be known to compute positions; a saved state carries its own
+        saved_input = resume.load_state(checkpoint_dir, rank)
+        if saved_input is None and _has_backup(checkpoint_dir):
+            log.warning("%s: no input position saved with this backup; the data restarts at its beginning",
+                        checkpoint_dir)
+        train_options = dict(common["input_options"])
+        train_options.setdefault("seed", seed if seed is not None else random.SystemRandom().randrange(2**31))
+        if saved_input is not None:
+            train_options["state"] = saved_input["input"][0]
+        train_input = resolve_input(data, role="train", num_classes=num_classes, classes=None,
+                                    **{**common, "input_options": train_options})
+    else:
+        train_input = resolve_input(data, role="train", num_classes=num_classes, classes=None, **common)
     num_classes = num_classes or train_input.num_classes
     if not num_classes:
         raise TrainingError("num_classes is required when training on a tf.data.Dataset")
@@ -216,7 +224,8 @@ def train(
     fit_callbacks = [throughput, keras.callbacks.CSVLogger(str(metrics_csv), append=resumed),
                      keras.callbacks.TensorBoard(log_dir=str(write_dir / "tensorboard"), profile_batch=0)]
     if checkpoint_dir is not None:
-        fit_callbacks.insert(0, keras.callbacks.BackupAndRestore(backup_dir=str(checkpoint_dir)))
+        fit_callbacks.insert(0, _backup_callback(checkpoint_dir, backup_every, strategy, train_input, global_batch,
+                                                 train_options if keeps_position else None, saved_input, rank))
     fit_callbacks += list(callbacks or [])
 
     started = time.perf_counter()
