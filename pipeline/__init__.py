@@ -13,13 +13,14 @@ from .images import UndecodableImage, check_image
 from .info import dataset_info
 from .layout import EmptyClassesWarning, Layout, LayoutError, scan
 from .metadata import IncompleteDatasetError, MalformedDatasetError, UntrustedSchemaError
-from .reader import IncompleteEpochError, make_dataset
+from .reader import DatasetPosition, IncompleteEpochError, dataset_position, make_dataset
 from .repartition import imagenet_partition, repartition
 from .samples import digits_quirks, imagenet_size_jpegs, make_digits_tree, make_imagenet_size_tree
 from .verify import CorruptPartError, MissingPartError, verify_dataset
 
 __all__ = [
-    "scan", "repartition", "imagenet_partition", "convert", "make_dataset", "dataset_info", "make_digits_tree",
+    "scan", "repartition", "imagenet_partition", "convert", "make_dataset", "dataset_position", "DatasetPosition",
+    "dataset_info", "make_digits_tree",
     "Layout", "LayoutError", "ConvertResult", "DatasetExistsError", "IncompleteDatasetError",
     "IncompleteEpochError", "UndecodableImage", "check_image", "digits_quirks", "imagenet_size_jpegs",
     "make_imagenet_size_tree", "EmptyClassesWarning", "CorruptPartError", "MissingPartError", "verify_dataset",

@@ -82,6 +82,9 @@ def _log_to_console(verbose: bool) -> None:
 @click.option("--no-fallback", is_flag=True, help="Fail instead of falling back when the all-reduce probe fails.")
 @click.option("--probe-timeout", type=POSITIVE_FLOAT, default=60.0, show_default=True)
 @click.option("--checkpoint-dir", default=None, help="BackupAndRestore folder: a restarted run resumes from it.")
+@click.option("--backup-every", type=POSITIVE, default=None, metavar="STEPS",
+              help="Back up every STEPS steps instead of every epoch; a restarted run continues mid-epoch with "
+                   "exactly the samples it had not trained on (TensorFlow, Parquet input).")
 @output_option("--output-dir", help="Metrics CSV, curves PNG, TensorBoard logs, final weights "
                                     "(default: runs/<model>-<time>).")
 @overwrite_option
@@ -97,13 +100,15 @@ def _log_to_console(verbose: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the result summary as JSON.")
 @click.option("--verbose", "-v", is_flag=True)
 def train(model, data, framework, validation, epochs, batch_size, image_size, width, kind, devices, cross_device_ops,
-          no_fallback, probe_timeout, checkpoint_dir, output_dir, overwrite, parallel, learning_rate, optimizer, seed,
+          no_fallback, probe_timeout, checkpoint_dir, backup_every, output_dir, overwrite, parallel, learning_rate, optimizer, seed,
           no_flip, crop_min, pin, as_json, verbose):
     """Train MODEL on the Parquet dataset DATA (with TF_CONFIG set: one worker of a multi-worker run; with
     --framework torch under torchrun: one rank of a DDP run)."""
     model = model.lower()
     if framework == "torch":
         _check_torch_arguments(model, image_size, kind, devices, cross_device_ops, pin)
+        if backup_every is not None:
+            raise click.UsageError("--backup-every is TensorFlow's: with --framework torch the checkpoint is per epoch")
     elif model not in MODEL_NAMES:
         raise click.UsageError(f"{model} is a PyTorch model: add --framework torch")
     _refuse_finished(output_dir, "**/final.pt" if framework == "torch" else "**/final.weights.h5", overwrite)
@@ -132,6 +137,7 @@ def train(model, data, framework, validation, epochs, batch_size, image_size, wi
                           image_size=image_size, parallel=parallel, checkpoint_dir=checkpoint_dir,
                           output_dir=output_dir, learning_rate=learning_rate, optimizer=optimizer, seed=seed,
                           model_kwargs=model_kwargs, input_options=input_options, pin=pin,
+                          backup_every=backup_every or "epoch",
                           verbose=0 if as_json else 2)   # --json: stdout carries only the summary
     if as_json:
         click.echo(json.dumps(result.summary()))
