@@ -18,6 +18,8 @@ tf = tensorflow()   # imported without its start-up noise (see keras_env)
 import tf_keras as keras
 from pinstorm.errors import PinstormError
 
+from .shapes import alexnet_stem
+
 
 class ModelError(PinstormError, ValueError):
     """A model was asked for by a name or with a shape it cannot be built with."""
@@ -46,17 +48,11 @@ class LocalResponseNormalization(keras.layers.Layer):
 
 
 def _stem(side: int) -> tuple[int, int]:
-    """(kernel, stride) of the first convolution: the paper's 11/4 at ImageNet sizes, gentler below.
-
-    Three 3x3/2 poolings follow, so the stem keeps at least ~3 pixels for the last one.
-    """
-    if side >= 128:
-        return 11, 4
-    if side >= 64:
-        return 7, 2
-    if side >= 24:
-        return 5, 1
-    raise ModelError(f"AlexNet needs inputs of at least 24x24 pixels, got {side}x{side}")
+    """(kernel, stride) of AlexNet's first convolution (`shapes.alexnet_stem`, shared by both frameworks)."""
+    stem = alexnet_stem(side)
+    if stem is None:
+        raise ModelError(f"AlexNet needs inputs of at least 24x24 pixels, got {side}x{side}")
+    return stem
 
 
 def _normalize(kind: str | None, name: str):

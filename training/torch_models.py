@@ -18,6 +18,8 @@ from typing import Callable
 from pinstorm.errors import PinstormError
 from pinstorm.extras import require
 
+from .shapes import alexnet_stem
+
 torch = require("torch", "torch", "pinstorm.training.torch_models")
 nn = torch.nn
 
@@ -27,14 +29,11 @@ class TorchModelError(PinstormError, ValueError):
 
 
 def _stem(side: int) -> tuple[int, int]:
-    """(kernel, stride) of AlexNet's first convolution: models.alexnet's rule."""
-    if side >= 128:
-        return 11, 4
-    if side >= 64:
-        return 7, 2
-    if side >= 24:
-        return 5, 1
-    raise TorchModelError(f"AlexNet needs inputs of at least 24x24 pixels, got {side}x{side}")
+    """(kernel, stride) of AlexNet's first convolution (`shapes.alexnet_stem`, shared by both frameworks)."""
+    stem = alexnet_stem(side)
+    if stem is None:
+        raise TorchModelError(f"AlexNet needs inputs of at least 24x24 pixels, got {side}x{side}")
+    return stem
 
 
 def _normalize(kind: str | None, channels: int) -> nn.Module:
