@@ -133,8 +133,18 @@ def pack_bits(bits: np.ndarray) -> str:
 
 
 def unpack_bits(text: str, rows: int) -> np.ndarray:
-    packed = np.frombuffer(zlib.decompress(base64.b64decode(text)), dtype=np.uint8)
-    return np.unpackbits(packed, count=rows).astype(bool)
+    """`pack_bits` undone; a state comes from a file, so the bitmap must inflate to exactly `rows` bits
+    (never past them: a zlib bomb stops at the expected size)."""
+    expected = (rows + 7) // 8
+    inflate = zlib.decompressobj()
+    try:
+        raw = inflate.decompress(base64.b64decode(text, validate=True), expected)
+        extra = inflate.unconsumed_tail or inflate.flush(1)
+    except (ValueError, zlib.error) as error:
+        raise ValueError(f"a resume state's bitmap is not packed bits: {error}") from None
+    if len(raw) != expected or extra or not inflate.eof:
+        raise ValueError(f"a resume state's bitmap does not hold {rows} rows ({expected} bytes)")
+    return np.unpackbits(np.frombuffer(raw, dtype=np.uint8), count=rows).astype(bool)
 
 
 class Position:

@@ -164,3 +164,18 @@ def test_set_epoch_keeps_a_loaded_position_of_that_epoch_only(digits_dataset):
     resumed.load_state_dict(state)
     resumed.dataset.set_epoch(4)   # another epoch: a whole one
     assert _once(_take(resumed)[0], rows=result.rows)
+
+
+def test_a_state_bitmap_inflates_to_exactly_its_rows_never_more():
+    """A state comes from a file: a zlib bomb or a bitmap of another size is refused, not inflated."""
+    import base64
+    import zlib
+
+    from pinstorm.pipeline.positions import pack_bits, unpack_bits
+
+    bits = np.arange(1001) % 3 == 0
+    assert (unpack_bits(pack_bits(bits), 1001) == bits).all()
+    bomb = base64.b64encode(zlib.compress(b"\0" * (64 << 20))).decode()
+    for bad in (bomb, pack_bits(bits[:500]), "not base64!"):
+        with pytest.raises(ValueError, match="bitmap"):
+            unpack_bits(bad, 1001)
