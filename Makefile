@@ -30,7 +30,7 @@ TORCH ?= torch==2.13.0
 $(STAMP): pyproject.toml
 	$(call make_venv,$(VENV),all$(comma)test,$(PY))
 	$(BIN)/python -m pip install -q --no-deps '$(TORCH)'
-	$(BIN)/python -m pip install -q filelock fsspec jinja2 networkx sympy typing-extensions
+	$(BIN)/python -m pip install -q filelock fsspec jinja2 networkx sympy typing-extensions 'simplejpeg>=1.7'
 	touch $(STAMP)
 
 $(MODERN_STAMP): pyproject.toml

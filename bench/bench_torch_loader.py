@@ -1,4 +1,4 @@
-"""Benchmark `make_torch_loader` (PyTorch DataLoader, Pillow decode) against `make_dataset` (tf.data) on 2 CPUs.
+"""Benchmark `make_torch_loader` (PyTorch DataLoader, simplejpeg decode) against `make_dataset` (tf.data) on 2 CPUs.
 
 Both read the same converted dataset of ImageNet-size JPEGs (~450x340, ~110 KB, cut from
 scikit-learn's photos) into 224 px random-resized crops with flips, batch 64, in one run, each
@@ -10,13 +10,14 @@ reader run after the other round by round (so a busy moment on this shared machi
   without TensorFlow: workers forked from this process, where TensorFlow is loaded and has run, need
   ~1 ms more CPU per image (measured, and run too as `make_torch_loader_forked_from_tf`).
 
-Reported: images/s (best and median of the rounds, timed after 2 warm-up batches), CPU ms per image
+Reported: images/s (best and median of the rounds, timed after 2 warm-up batches, 2 per worker for the
+torch loader: a worker's start, importing torch, is once per pass, not the steady state), CPU ms per image
 over the same span (the process and, for torch, its worker processes, read from /proc while they
 run), the ratio torch / tf (target >= 0.9), and where the torch path's CPU goes per image: each stage
-timed alone on the same JPEGs in a fresh process on one thread (header and crop window, Pillow
-decode, the array out of Pillow, crop and resize, scaling into the float32 batch, the fresh shared
-batch memory), and the rest of the measured CPU (reading and checking row groups, shuffling,
-batching, handing batches over).
+timed alone on the same JPEGs in a fresh process on one thread (header and crop window, JPEG
+decode, crop and resize, the copy into the uint8 batch, the fresh shared uint8 batch in a worker,
+the scaling to float32 in the calling process, in reused memory), and the rest of the measured CPU
+(reading and checking row groups, planning the order, batching, handing batches over).
 
 Writes bench/results/torch_loader.json and bench/results/torch_loader.png.
 
@@ -87,7 +88,7 @@ def interleaved(readers: dict, rounds: int, expected: int) -> dict:
     runs = {name: [] for name in readers}
     for round_ in range(rounds):
         for name, make in readers.items():
-            run = timed(lambda: make(round_), expected)
+            run = timed(lambda: make(round_), expected, 2 * WORKERS if "torch" in name else 2)
             runs[name].append(run)
             print(f"  {name}: {run['img_s']:.0f} img/s, {run['cpu_ms_per_img']:.2f} CPU ms/img"
                   + ("" if run["complete"] else f"  SHORT: {run['images']} of {expected}"), flush=True)
@@ -111,20 +112,17 @@ def profile_torch_path(jpegs: list[bytes]) -> dict:
     import numpy as np
     import torch
 
-    from pinstorm.pipeline.torch_loader import _empty, decode_window, open_jpeg, train_window
+    from pinstorm.pipeline.torch_loader import BatchMemory, _decode, _empty, decode_window, open_jpeg, train_window
 
     torch.set_num_threads(1)
     size = (IMAGE_SIZE, IMAGE_SIZE)
     rng = random.Random(0)
     windows = [train_window(*open_jpeg(data).size, rng, (0.25, 1.0)) for data in jpegs]
-    decoded = []
-    for data in jpegs:
-        image = open_jpeg(data)
-        image.load()
-        decoded.append(image)
-    arrays = [np.asarray(image) for image in decoded]
+    arrays = [_decode(open_jpeg(data), 1).copy() for data in jpegs]
     resized = [decode_window(open_jpeg(data), window, size)[0] for data, window in zip(jpegs, windows)]
-    planes = torch.empty((3, *size))
+    planes = torch.empty((3, *size), dtype=torch.uint8)
+    batch = torch.zeros((BATCH, 3, *size), dtype=torch.uint8)
+    memory = BatchMemory()
 
     def per_image(fn, items, reps=5) -> float:
         best = float("inf")
@@ -137,23 +135,24 @@ def profile_torch_path(jpegs: list[bytes]) -> dict:
 
     def crop_resize(item):
         pixels, (x, y, w, h) = item
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            crop = torch.from_numpy(pixels)[y:y + h, x:x + w].permute(2, 0, 1)
+        crop = torch.from_numpy(pixels)[y:y + h, x:x + w].permute(2, 0, 1)
         torch.nn.functional.interpolate(crop[None], size=size, mode="bilinear", align_corners=False)
 
     def fresh_batch(_):
-        batch = _empty((BATCH, 3, *size), torch.float32, True)
-        batch.fill_(0.5)   # first touch: the page faults every fresh batch pays once
+        fresh = _empty((BATCH, 3, *size), torch.uint8, True)
+        fresh.fill_(1)   # first touch: the page faults every fresh batch pays once
+
+    def scale(_):
+        memory.empty(batch.shape, torch.float32).copy_(batch).mul_(1 / 255)
 
     header = per_image(lambda data: train_window(*open_jpeg(data).size, rng, (0.25, 1.0)), jpegs)
     stages = {
         "header_and_window": header,
-        "pillow_decode": max(0.0, per_image(lambda data: open_jpeg(data).load(), jpegs) - header),
-        "array_out_of_pillow": per_image(np.asarray, decoded),
+        "jpeg_decode": max(0.0, per_image(lambda data: _decode(open_jpeg(data), 1), jpegs) - header),
         "crop_and_resize": per_image(crop_resize, list(zip(arrays, windows))),
-        "scale_into_float_batch": per_image(lambda t: torch.mul(t, 1 / 255, out=planes), resized),
-        "fresh_shared_batch_memory": per_image(fresh_batch, range(8)) / BATCH,
+        "copy_into_uint8_batch": per_image(planes.copy_, resized),
+        "fresh_shared_uint8_batch_memory": per_image(fresh_batch, range(8)) / BATCH,
+        "scale_to_float32_in_caller": per_image(scale, range(8)) / BATCH,
     }
     whole = per_image(lambda item: decode_window(open_jpeg(item[0]), item[1], size), list(zip(jpegs, windows)))
     return {"breakdown_ms_per_img": {k: round(v, 3) for k, v in stages.items()},
@@ -182,6 +181,7 @@ def main(argv=None) -> int:
 
     import tensorflow as tf
     import torch
+    import simplejpeg
     from PIL import Image
 
     from pinstorm.pipeline import convert, dataset_info, make_dataset, make_torch_loader, scan
@@ -189,7 +189,7 @@ def main(argv=None) -> int:
 
     results: dict = {
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "tensorflow": tf.__version__,
-                    "torch": torch.__version__, "pillow": Image.__version__,
+                    "torch": torch.__version__, "pillow": Image.__version__, "simplejpeg": simplejpeg.__version__,
                     "load_average_at_start": round(os.getloadavg()[0], 2)},
         "images": classes * per_class, "image_size": IMAGE_SIZE, "batch_size": BATCH, "epochs_per_run": epochs,
         "rounds": rounds, "torch_workers": WORKERS,

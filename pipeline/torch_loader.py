@@ -1,17 +1,19 @@
 """`make_torch_loader`: a converted dataset as a PyTorch ``DataLoader`` of (images, labels), sharded, exact epochs.
 
 The same rows as `make_dataset` (the same shard rule, counted epochs, verified parts and JPEG checks,
-all from `pipeline.epochs`), decoded with Pillow instead of TensorFlow: images float32
-``[B, 3, H, W]`` in [0, 1], labels int64 ``[B]``.
+all from `pipeline.epochs`), decoded with libjpeg-turbo through simplejpeg instead of TensorFlow:
+images float32 ``[B, 3, H, W]`` in [0, 1] (or uint8), labels int64 ``[B]``.
 
 * DataLoader workers (`num_workers` > 0) are processes; each reads a disjoint slice of every
   epoch's row groups (every n-th of the epoch's seeded order), counts its slice, decodes and batches
-  it into shared memory. Together they deliver each row of the shard once per epoch.
-* Decoding: Pillow's ``draft`` makes libjpeg decode at 1/2, 1/4 or 1/8 DCT scale when the crop
-  window stays at least the target size there (`make_dataset`'s rule); the window is then cut out
+  it into shared memory as uint8. Together they deliver each row of the shard once per epoch. The
+  calling process scales the uint8 batch to float32 in reused memory (`BatchMemory`).
+* Decoding: libjpeg-turbo decodes at 1/2, 1/4 or 1/8 DCT scale when the crop window stays at least
+  the target size there (`make_dataset`'s rule), into a reused buffer; the window is then cut out
   and resized as ``tf.image.resize`` does (bilinear, half-pixel centres, no antialiasing) by torch's
-  uint8 kernel. Pillow cannot decode only a window as ``decode_and_crop_jpeg`` does: the whole
-  image is decoded, which is most of the CPU time (bench/bench_torch_loader.py).
+  uint8 kernel. No Python library exposes libjpeg-turbo's window decode (``decode_and_crop_jpeg``'s):
+  the whole image is decoded, which is most of the CPU time (bench/bench_torch_loader.py). simplejpeg
+  decodes the same pixels as Pillow, ~25% faster here; what it refuses goes to Pillow.
 * Pixels are bounded before decoding (`images.DEFAULT_MAX_PIXELS`, the converter's rule): a larger
   JPEG is decoded at the DCT scale that fits, or refused if even 1/8 does not.
 * Resuming mid-epoch: a sample's ID is its global row number; one stream's epoch is a sequence of IDs
@@ -29,6 +31,7 @@ import collections
 import io
 import math
 import random
+import sys
 import warnings
 
 import numpy as np
@@ -42,6 +45,7 @@ from .positions import (STATE_FORMAT, Position, planned_rows, resume_position, r
                         state_dict, stream_ids)
 
 torch = require("torch", "torch", "pinstorm.pipeline.make_torch_loader")
+simplejpeg = require("simplejpeg", "torch", "pinstorm.pipeline.make_torch_loader")
 
 DCT_RATIOS = (1, 2, 4, 8)
 _ASPECTS = (3 / 4, 4 / 3)
@@ -79,18 +83,70 @@ def dct_ratio(window, size, dct_scale: bool = True) -> int:
     return max(r for r in DCT_RATIOS if r <= max(fit, 1))
 
 
-def open_jpeg(data, where: str = "image") -> Image.Image:
-    """A lazily decoded Pillow image (header read, no pixel), or `UndecodableImage`."""
+class JpegImage:
+    """A JPEG's bytes and its size from the header, nothing decoded yet (`open_jpeg`)."""
+
+    __slots__ = ("data", "size", "where")
+
+    def __init__(self, data, size: tuple[int, int], where: str):
+        self.data, self.size, self.where = data, size, where
+
+
+def open_jpeg(data, where: str = "image") -> JpegImage:
+    """The header of a JPEG (width, height: what the crop window is drawn from), or `UndecodableImage`.
+    libjpeg-turbo's header reader first; what it refuses, Pillow's (which names the problem better)."""
     try:
+        height, width, _, _ = simplejpeg.decode_jpeg_header(data)
+    except ValueError:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+                width, height = Image.open(io.BytesIO(data)).size
+        except Exception as error:   # Pillow raises several types for broken headers and bombs
+            raise UndecodableImage(f"{where}: {error or type(error).__name__}") from None
+    return JpegImage(data, (int(width), int(height)), where)
+
+
+class _DecodeBuffer:
+    """One decode buffer per process, grown as needed: a fresh ~0.5 MB array per image costs page faults
+    that, in this VM, were a fifth of the decode (bench/results/torch_loader.json)."""
+
+    memory = np.empty(0, dtype=np.uint8)
+
+    @classmethod
+    def at_least(cls, size: int) -> np.ndarray:
+        if cls.memory.size < size:
+            cls.memory = np.empty(max(size, 2 * cls.memory.size), dtype=np.uint8)
+        return cls.memory
+
+
+def _decode(image: JpegImage, ratio: int) -> np.ndarray:
+    """RGB pixels [h, w, 3] of `image` decoded at 1/`ratio` DCT scale by libjpeg-turbo (simplejpeg), into
+    the process's decode buffer (valid until the next decode). A JPEG simplejpeg refuses in a way Pillow
+    may not (an odd colour space) goes to Pillow; a broken one is `UndecodableImage` either way."""
+    width, height = image.size
+    scaled = (math.ceil(height / ratio), math.ceil(width / ratio))
+    try:
+        return simplejpeg.decode_jpeg(image.data, "RGB", min_height=scaled[0], min_width=scaled[1], min_factor=ratio,
+                                      buffer=_DecodeBuffer.at_least(scaled[0] * scaled[1] * 3))
+    except ValueError as error:
+        problem = error
+    try:   # Pillow: its own colour conversions, the same libjpeg-turbo underneath
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            return Image.open(io.BytesIO(data))
-    except Exception as error:   # Pillow raises several types for broken headers and bombs
-        raise UndecodableImage(f"{where}: {error or type(error).__name__}") from None
+            pillow = Image.open(io.BytesIO(image.data))
+            if ratio > 1:
+                pillow.draft("RGB", (width // ratio, height // ratio))
+            pixels = np.asarray(pillow.convert("RGB"))
+    except Exception:
+        raise UndecodableImage(f"{image.where}: {problem}") from None
+    if pixels.shape[:2] != scaled:
+        raise UndecodableImage(f"{image.where}: {problem}")
+    return pixels
 
 
-def decode_window(image: Image.Image, window, size, *, dct_scale: bool = True,
-                  max_pixels: int | None = DEFAULT_MAX_PIXELS, where: str = "image"):
+def decode_window(image: JpegImage, window, size, *, dct_scale: bool = True,
+                  max_pixels: int | None = DEFAULT_MAX_PIXELS, where: str | None = None):
     """(`window` (x, y, w, h) of `image` resized to `size` (height, width): a uint8 tensor [3, H, W], the
     DCT reduction used).
 
@@ -101,37 +157,23 @@ def decode_window(image: Image.Image, window, size, *, dct_scale: bool = True,
     uint8 kernel: ~3x faster here than Pillow's antialiased resize.
     """
     width, height = image.size
+    where = where or image.where
     ratio = dct_ratio(window, size, dct_scale)
     if max_pixels and math.ceil(width / ratio) * math.ceil(height / ratio) > max_pixels:
         ratio = max(ratio, _draft_factor(width, height, max_pixels))
         if math.ceil(width / ratio) * math.ceil(height / ratio) > max_pixels:
             raise UndecodableImage(f"{where}: too large to decode: {width}x{height} = {width * height / 1e6:.1f} MP, "
                                    f"over max_pixels {max_pixels / 1e6:.1f} MP even at 1/8 scale")
-    if ratio > 1:
-        drafted = image.draft("RGB", (width // ratio, height // ratio))
-        if drafted is None:
-            ratio = 1
-            if max_pixels and width * height > max_pixels:
-                raise UndecodableImage(f"{where}: too large to decode at full scale ({width}x{height}) and not a "
-                                       "JPEG Pillow can decode at a reduced scale")
-        else:
-            ratio = round(width / drafted[1][2])
-    try:
-        if image.mode != "RGB":   # grayscale or CMYK: not what convert stores, but a dataset may hold them
-            image = image.convert("RGB")
-        pixels = np.asarray(image)
-    except Exception as error:   # a file cut short, bad entropy data, ...
-        raise UndecodableImage(f"{where}: {error or type(error).__name__}") from None
+    pixels = _decode(image, ratio)
+    ratio = round(width / pixels.shape[1])   # what was decoded (the test of the DCT rule)
     x, y, w, h = window
     if ratio > 1:   # as make_dataset's _decode_crop: scaled down, clipped to the scaled image
         x, y = x // ratio, y // ratio
         w = min(max(1, w // ratio), pixels.shape[1] - x)
         h = min(max(1, h // ratio), pixels.shape[0] - y)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)   # "not writable": the array is only read
-        crop = torch.from_numpy(pixels)[y:y + h, x:x + w].permute(2, 0, 1)
+    crop = torch.from_numpy(pixels)[y:y + h, x:x + w].permute(2, 0, 1)
     if (h, w) == tuple(size):
-        return crop, ratio
+        return crop.clone(), ratio   # its own memory: the decode buffer is reused by the next image
     out = torch.nn.functional.interpolate(crop[None], size=tuple(size), mode="bilinear", align_corners=False,
                                           antialias=False)
     return out[0], ratio
@@ -156,6 +198,54 @@ def _empty(shape, dtype, shared: bool):
     return empty.set_(storage).view(shape)
 
 
+def _use_count(tensor) -> int | None:
+    """How many tensors share `tensor`'s memory (torch's private count; None where it is missing)."""
+    count = getattr(torch._C, "_storage_Use_Count", None)
+    return None if count is None else count(tensor.untyped_storage()._cdata)
+
+
+class BatchMemory:
+    """Batch tensors handed out again once the caller holds no part of them (no view, no reference).
+
+    A fresh float32 batch of 64 x 3 x 224 x 224 is 38 MB, which the allocator maps anew each time, and
+    its first touch page-faults: ~0.3 ms per image here, as much as the resize (bench/bench_torch_loader.py).
+    Reused memory costs nothing of that. A batch still held (kept in a list, a view alive) is never
+    written over: a new one is made, and at most `keep` are remembered.
+    """
+
+    def __init__(self, keep: int = 4, pin: bool = False):
+        self.keep, self.pin, self.held = keep, pin, []
+        self.baseline = None
+
+    def empty(self, shape, dtype):
+        for tensor in self.held:
+            if tensor.shape == shape and tensor.dtype == dtype and self._holders(tensor) == self.baseline:
+                return tensor
+        tensor = self._new(shape, dtype)
+        self.held.append(tensor)
+        if self.baseline is None and _use_count(tensor) is not None:
+            self.baseline = self._holders(tensor)   # here, held by nobody but `self.held`
+        del self.held[:-self.keep]
+        return tensor
+
+    @staticmethod
+    def _holders(tensor) -> tuple:
+        """(references to the tensor object, tensors sharing its memory): the same call from `empty`
+        counts the same frames, so equal to the baseline means the caller let go of it."""
+        return sys.getrefcount(tensor), _use_count(tensor)
+
+    def __getstate__(self):   # sent to worker processes: the memory stays here
+        return {**self.__dict__, "held": [], "baseline": None}
+
+    def _new(self, shape, dtype):
+        if self.pin:
+            try:
+                return torch.empty(shape, dtype=dtype, pin_memory=True)
+            except RuntimeError:   # no accelerator to pin for
+                self.pin = False
+        return torch.empty(shape, dtype=dtype)
+
+
 class ParquetImages(torch.utils.data.IterableDataset):
     """Batches of (images float32 [B, 3, H, W], labels int64 [B], sample IDs int64 [B], position) from one
     shard, every epoch counted; `TorchLoader` strips the last two unless asked for the IDs.
@@ -175,6 +265,7 @@ class ParquetImages(torch.utils.data.IterableDataset):
         self.streams, self.first_epoch = streams, 0
         self.position = Position.fresh(0, streams)   # what the caller has received (kept by TorchLoader)
         self.resume = None                           # a Position the next pass starts from (load_state_dict)
+        self.memory = BatchMemory()                  # uint8 batches made in this process (no workers)
 
     def set_epoch(self, epoch: int) -> None:
         """The next pass starts at epoch `epoch`; a position loaded for another epoch is dropped."""
@@ -223,8 +314,9 @@ class ParquetImages(torch.utils.data.IterableDataset):
         while end is None or epoch < end:
             seed = epoch_seed(self.source.base_seed, epoch)
             for sample, jpeg, label in self._planned_rows(epoch, split, count, start.consumed.get(epoch)):
-                if images is None:
-                    images = _empty((self.batch_size, 3, *self.size), torch.float32, shared)
+                if images is None:   # uint8: a quarter of float32's memory to fill and hand over
+                    images = (_empty((self.batch_size, 3, *self.size), torch.uint8, shared) if shared
+                              else self.memory.empty((self.batch_size, 3, *self.size), torch.uint8))
                     labels = _empty((self.batch_size,), torch.int64, shared)
                     ids = _empty((self.batch_size,), torch.int64, shared)
                 self._decode_into(images[filled], jpeg, sample_rng(seed, sample))
@@ -254,7 +346,7 @@ class ParquetImages(torch.utils.data.IterableDataset):
                 + (f" split {split[0]}/{split[1]}" if split else ""))
 
     def _decode_into(self, planes, jpeg, rng: random.Random) -> None:
-        """Decode one row into `planes` (float32 [3, H, W] in [0, 1]), a slice of the batch tensor."""
+        """Decode one row into `planes` (uint8 [3, H, W]), a slice of the batch tensor."""
         where = f"{self.source.where}: an image"
         image = open_jpeg(jpeg, where)
         width, height = image.size
@@ -266,7 +358,7 @@ class ParquetImages(torch.utils.data.IterableDataset):
                                    where=where)
         if self.training and self.flip and rng.random() < 0.5:
             decoded = decoded.flip(-1)
-        torch.mul(decoded, 1 / 255, out=planes)   # uint8 -> float32 in [0, 1], one pass
+        planes.copy_(decoded)
 
 
 class TorchLoader(torch.utils.data.DataLoader):
@@ -278,9 +370,12 @@ class TorchLoader(torch.utils.data.DataLoader):
     resume on another shard layout or `num_workers`: then no sample of the epoch comes twice or never.
     """
 
-    def __init__(self, dataset: ParquetImages, *, return_ids: bool = False, **kwargs):
+    def __init__(self, dataset: ParquetImages, *, return_ids: bool = False, dtype=None, **kwargs):
         super().__init__(dataset, batch_size=None, **kwargs)
-        self.return_ids = return_ids
+        self.return_ids, self.dtype = return_ids, torch.float32 if dtype is None else dtype
+        if self.dtype not in (torch.float32, torch.uint8):
+            raise ValueError(f"dtype must be torch.float32 (pixels in [0, 1]) or torch.uint8 (0..255), got {dtype!r}")
+        self.memory = BatchMemory(pin=bool(kwargs.get("pin_memory")))
 
     def __iter__(self):
         dataset = self.dataset
@@ -311,7 +406,21 @@ class TorchLoader(torch.utils.data.DataLoader):
             turns.rotate(-1)
             position.streams[stream] = (int(epoch), int(count))
             position.next_stream = turns[0]
+            images = self._scaled(images)
             yield (images, labels, ids) if self.return_ids else (images, labels)
+
+    def _scaled(self, images):
+        """The readers' uint8 batch as the caller asked: float32 in [0, 1] (into reused memory), or as is."""
+        if self.dtype == torch.uint8:
+            return images
+        # copy, then scale in place: ~8x less CPU than torch.mul(uint8, 1 / 255, out=float32) here; on one
+        # thread, as a second one spins for the workers' CPUs (0.25 ms per image here, against 0.04)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return self.memory.empty(images.shape, torch.float32).copy_(images).mul_(1 / 255)
+        finally:
+            torch.set_num_threads(threads)
 
     def state_dict(self) -> dict:
         """The caller's position: dataset identity, seed, shard layout, per stream (epoch, samples received),
@@ -344,7 +453,7 @@ def make_torch_loader(url, *, batch_size: int, image_size=224, training: bool = 
                       crop_area=(0.25, 1.0), flip: bool = True, eval_crop: float = 0.875, dct_scale: bool = True,
                       retries: int = 2, storage_options: dict | None = None, verify: bool = True,
                       max_pixels: int | None = DEFAULT_MAX_PIXELS, prefetch_factor: int | None = None,
-                      pin_memory: bool = False, multiprocessing_context=None, return_ids: bool = False):
+                      pin_memory: bool = False, multiprocessing_context=None, return_ids: bool = False, dtype=None):
     """A ``torch.utils.data.DataLoader`` (`TorchLoader`) of ``(images, labels)`` batches from a converted dataset.
 
     images: float32 ``[B, 3, H, W]`` in [0, 1]; labels: int64 ``[B]`` class indexes. The arguments
@@ -369,6 +478,10 @@ def make_torch_loader(url, *, batch_size: int, image_size=224, training: bool = 
       ``torch.get_num_threads()`` is set back between batches.
     * `return_ids`: batches are ``(images, labels, ids)``, ids int64 ``[B]`` the samples' global row
       numbers (row groups in the dataset's order).
+    * `dtype`: ``torch.float32`` (the default: pixels in [0, 1]) or ``torch.uint8`` (0..255, a quarter of
+      the memory, for normalising on the GPU). Workers hand over uint8 either way; the float32 batch
+      is made in the calling process, in memory reused once the caller holds no part of an earlier
+      batch (`BatchMemory`).
 
     ``loader.dataset.set_epoch(n)`` before a pass starts it at epoch n (for ``num_epochs=1`` loops).
     ``loader.state_dict()`` / ``loader.load_state_dict(state)``: resume mid-epoch (`TorchLoader`).
@@ -384,4 +497,5 @@ def make_torch_loader(url, *, batch_size: int, image_size=224, training: bool = 
                             drop_remainder=drop_remainder, max_pixels=max_pixels, streams=max(1, int(num_workers)))
     extra = {} if num_workers == 0 else {"prefetch_factor": prefetch_factor,
                                          "multiprocessing_context": multiprocessing_context}
-    return TorchLoader(dataset, return_ids=return_ids, num_workers=int(num_workers), pin_memory=pin_memory, **extra)
+    return TorchLoader(dataset, return_ids=return_ids, dtype=dtype, num_workers=int(num_workers), pin_memory=pin_memory,
+                       **extra)
