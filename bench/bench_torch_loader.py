@@ -1,23 +1,24 @@
 """Benchmark `make_torch_loader` (PyTorch DataLoader, simplejpeg decode) against `make_dataset` (tf.data) on 2 CPUs.
 
-Both read the same converted dataset of ImageNet-size JPEGs (~450x340, ~110 KB, cut from
+All read the same converted dataset of ImageNet-size JPEGs (~450x340, ~110 KB, cut from
 scikit-learn's photos) into 224 px random-resized crops with flips, batch 64, in one run, each
-reader run after the other round by round (so a busy moment on this shared machine hits both):
+run in a fresh process of its own, reader after reader, round after round (so a busy moment on this
+shared machine hits all of them):
 
 * `make_dataset`: tf.data, decoding with ``num_parallel_calls=AUTOTUNE`` (as many threads as CPUs);
-* `make_torch_loader(num_workers=2)`: two DataLoader worker processes, each decoding its slice of
-  the row groups, batches handed over in shared memory. Started by a fork server, as in a process
-  without TensorFlow: workers forked from this process, where TensorFlow is loaded and has run, need
-  ~1 ms more CPU per image (measured, and run too as `make_torch_loader_forked_from_tf`).
+* `make_torch_loader()`: the default, in the calling process: batches made ahead in a thread,
+  decoded by 2 threads (libjpeg-turbo and torch's resize let go of the GIL), no memory handed over;
+* `make_torch_loader(num_workers=2)`: two DataLoader worker processes, each decoding its slice of the
+  row groups on one thread, uint8 batches handed over in shared memory.
 
-Reported: images/s (best and median of the rounds, timed after 2 warm-up batches, 2 per worker for the
-torch loader: a worker's start, importing torch, is once per pass, not the steady state), CPU ms per image
+Reported: images/s (best and median of the rounds, timed after 4 warm-up batches, 2 per worker process
+or decoding thread: a start, importing torch or TensorFlow's tuning, is once per pass), CPU ms per image
 over the same span (the process and, for torch, its worker processes, read from /proc while they
-run), the ratio torch / tf (target >= 0.9), and where the torch path's CPU goes per image: each stage
-timed alone on the same JPEGs in a fresh process on one thread (header and crop window, JPEG
-decode, crop and resize, the copy into the uint8 batch, the fresh shared uint8 batch in a worker,
-the scaling to float32 in the calling process, in reused memory), and the rest of the measured CPU
-(reading and checking row groups, planning the order, batching, handing batches over).
+run), the ratio torch (the default) / tf (target >= 0.9), and where the torch path's CPU goes per
+image: each stage timed alone on the same JPEGs in a fresh process on one thread (header and crop
+window, JPEG decode, crop and resize, the copy into the uint8 batch, the fresh shared uint8 batch in
+a worker, the scaling to float32 in the calling process, in reused memory), and the rest of the
+measured CPU (reading and checking row groups, planning the order, batching, handing batches over).
 
 Writes bench/results/torch_loader.json and bench/results/torch_loader.png.
 
@@ -84,11 +85,33 @@ def timed(make, expected: int, warmup_batches: int = 2) -> dict:
             "complete": count + warm == expected, "images": count + warm}
 
 
-def interleaved(readers: dict, rounds: int, expected: int) -> dict:
-    runs = {name: [] for name in readers}
+def make_reader(name: str, url, epochs: int, seed: int):
+    """The reader `name` over `url`: what one measured run iterates."""
+    from pinstorm.pipeline import make_dataset, make_torch_loader
+
+    if name == "make_dataset":
+        return make_dataset(url, batch_size=BATCH, image_size=IMAGE_SIZE, num_epochs=epochs, seed=seed)
+    if name == "make_torch_loader":
+        return make_torch_loader(url, batch_size=BATCH, image_size=IMAGE_SIZE, num_epochs=epochs, seed=seed)
+    if name == "make_torch_loader_2_workers":
+        return make_torch_loader(url, batch_size=BATCH, image_size=IMAGE_SIZE, num_epochs=epochs, seed=seed,
+                                 num_workers=WORKERS)
+    raise ValueError(name)
+
+
+READERS = ("make_dataset", "make_torch_loader", "make_torch_loader_2_workers")
+
+
+def interleaved(url, rounds: int, epochs: int, expected: int) -> dict:
+    """Each reader's run in a fresh process of its own (as a user runs one framework, not both in one
+    process: torch's threads next to TensorFlow's that have run measured up to 40% slower), reader after
+    reader, round after round."""
+    runs = {name: [] for name in READERS}
     for round_ in range(rounds):
-        for name, make in readers.items():
-            run = timed(lambda: make(round_), expected, 2 * WORKERS if "torch" in name else 2)
+        for name in READERS:
+            done = subprocess.run([sys.executable, __file__, "--run-one", name, str(url), str(epochs), str(round_),
+                                   str(expected)], capture_output=True, text=True, check=True)
+            run = json.loads(done.stdout.rsplit("RUN", 1)[1])
             runs[name].append(run)
             print(f"  {name}: {run['img_s']:.0f} img/s, {run['cpu_ms_per_img']:.2f} CPU ms/img"
                   + ("" if run["complete"] else f"  SHORT: {run['images']} of {expected}"), flush=True)
@@ -107,9 +130,6 @@ def interleaved(readers: dict, rounds: int, expected: int) -> dict:
 def profile_torch_path(jpegs: list[bytes]) -> dict:
     """CPU ms per image of each stage of the torch path, each timed alone on inputs prepared for it
     (best of 5 passes), in one process on one thread, as a DataLoader worker runs."""
-    import warnings
-
-    import numpy as np
     import torch
 
     from pinstorm.pipeline.torch_loader import BatchMemory, _decode, _empty, decode_window, open_jpeg, train_window
@@ -168,7 +188,14 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 4, quick 1)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--profile-only", type=Path, help=argparse.SUPPRESS)   # the profile's own process
+    parser.add_argument("--run-one", nargs=5, help=argparse.SUPPRESS)          # one measured run's process
     args = parser.parse_args(argv)
+    if args.run_one:
+        name, url, epochs, seed, expected = args.run_one
+        warmup = 2 * WORKERS   # every reader alike: 2 batches per worker process or decoding thread
+        run = timed(lambda: make_reader(name, url, int(epochs), int(seed)), int(expected), warmup)
+        print("RUN" + json.dumps(run))
+        return 0
     if args.profile_only:
         paths = sorted(args.profile_only.rglob("*.JPEG"))[:160]
         print("PROFILE" + json.dumps(profile_torch_path([p.read_bytes() for p in paths])))
@@ -184,7 +211,7 @@ def main(argv=None) -> int:
     import simplejpeg
     from PIL import Image
 
-    from pinstorm.pipeline import convert, dataset_info, make_dataset, make_torch_loader, scan
+    from pinstorm.pipeline import convert, dataset_info, scan
     from pinstorm.pipeline.samples import make_imagenet_size_tree
 
     results: dict = {
@@ -209,17 +236,8 @@ def main(argv=None) -> int:
               flush=True)
         expected = info["rows"] * epochs
 
-        readers = {
-            "make_dataset": lambda r: make_dataset(url, batch_size=BATCH, image_size=IMAGE_SIZE, num_epochs=epochs,
-                                                   seed=r),
-            "make_torch_loader": lambda r: make_torch_loader(url, batch_size=BATCH, image_size=IMAGE_SIZE,
-                                                             num_epochs=epochs, seed=r, num_workers=WORKERS,
-                                                             multiprocessing_context="forkserver"),
-            "make_torch_loader_forked_from_tf": lambda r: make_torch_loader(
-                url, batch_size=BATCH, image_size=IMAGE_SIZE, num_epochs=epochs, seed=r, num_workers=WORKERS),
-        }
         print("read:", flush=True)
-        read = interleaved(readers, rounds, expected)
+        read = interleaved(url, rounds, epochs, expected)
         results["read"] = read
         tf_run, torch_run = read["make_dataset"], read["make_torch_loader"]
         results["ratio_torch_to_tf"] = {
@@ -234,8 +252,13 @@ def main(argv=None) -> int:
         done = subprocess.run([sys.executable, __file__, "--profile-only", str(tmp / "tree")], capture_output=True,
                               text=True, check=True)
         profile = json.loads(done.stdout.rsplit("PROFILE", 1)[1])
-        profile["rest_of_measured_cpu_ms_per_img"] = round(read["make_torch_loader"]["cpu_ms_per_img"]
-                                                           - profile["sum_of_stages"], 3)
+        in_process = profile["sum_of_stages"] - profile["breakdown_ms_per_img"]["fresh_shared_uint8_batch_memory"]
+        profile["rest_of_measured_cpu_ms_per_img"] = round(read["make_torch_loader"]["cpu_ms_per_img"] - in_process, 3)
+        profile["rest_of_measured_cpu_ms_per_img_2_workers"] = round(
+            read["make_torch_loader_2_workers"]["cpu_ms_per_img"] - profile["sum_of_stages"], 3)
+        results["ratio_2_workers_to_tf"] = {
+            "best": round(read["make_torch_loader_2_workers"]["img_s"] / tf_run["img_s"], 3),
+            "median": round(read["make_torch_loader_2_workers"]["median_img_s"] / tf_run["median_img_s"], 3)}
         results["profile_torch_path"] = profile
     results["machine"]["load_average_at_end"] = round(os.getloadavg()[0], 2)
 
@@ -276,7 +299,9 @@ def plot(results: dict, path: Path) -> None:
 
     profile = results["profile_torch_path"]
     parts = dict(profile["breakdown_ms_per_img"])
-    parts["rest: reading, checksums, batching, hand-over"] = max(0.0, profile["rest_of_measured_cpu_ms_per_img"])
+    parts.pop("fresh_shared_uint8_batch_memory")   # workers' only: the bar is the default, in-process reader
+    parts["rest: reading, checksums, planning, batching, threads"] = max(
+        0.0, profile["rest_of_measured_cpu_ms_per_img"])
     bottom = 0.0
     colors = ["#999", "#48c", "#8ac", "#2a7", "#c84", "#a5a", "#ddd"]
     label = "make_torch_loader\n(measured; stages\ntimed alone)"

@@ -30,9 +30,13 @@ from __future__ import annotations
 import collections
 import io
 import math
+import os
+import queue
 import random
 import sys
+import threading
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from PIL import Image
@@ -107,17 +111,19 @@ def open_jpeg(data, where: str = "image") -> JpegImage:
     return JpegImage(data, (int(width), int(height)), where)
 
 
-class _DecodeBuffer:
-    """One decode buffer per process, grown as needed: a fresh ~0.5 MB array per image costs page faults
-    that, in this VM, were a fifth of the decode (bench/results/torch_loader.json)."""
+class _DecodeBuffer(threading.local):
+    """One decode buffer per thread, grown as needed: a fresh ~0.5 MB array per image costs page faults
+    that, in this VM, were a fifth of the decode, and serialised two decoding threads."""
 
     memory = np.empty(0, dtype=np.uint8)
 
-    @classmethod
-    def at_least(cls, size: int) -> np.ndarray:
-        if cls.memory.size < size:
-            cls.memory = np.empty(max(size, 2 * cls.memory.size), dtype=np.uint8)
-        return cls.memory
+    def at_least(self, size: int) -> np.ndarray:
+        if self.memory.size < size:
+            self.memory = np.empty(max(size, 2 * self.memory.size), dtype=np.uint8)
+        return self.memory
+
+
+_decode_buffer = _DecodeBuffer()
 
 
 def _decode(image: JpegImage, ratio: int) -> np.ndarray:
@@ -128,7 +134,7 @@ def _decode(image: JpegImage, ratio: int) -> np.ndarray:
     scaled = (math.ceil(height / ratio), math.ceil(width / ratio))
     try:
         return simplejpeg.decode_jpeg(image.data, "RGB", min_height=scaled[0], min_width=scaled[1], min_factor=ratio,
-                                      buffer=_DecodeBuffer.at_least(scaled[0] * scaled[1] * 3))
+                                      buffer=_decode_buffer.at_least(scaled[0] * scaled[1] * 3))
     except ValueError as error:
         problem = error
     try:   # Pillow: its own colour conversions, the same libjpeg-turbo underneath
@@ -246,6 +252,96 @@ class BatchMemory:
         return torch.empty(shape, dtype=dtype)
 
 
+PREFETCH_BATCHES = 2   # batches made ahead in the calling process (num_workers=0)
+
+
+def _one_torch_thread() -> None:
+    """For a thread that runs per-image ops: one torch thread (a second doubled their CPU here). OpenMP's
+    setting is per thread, so the caller's own setting is untouched once torch has read it (see `_ahead`)."""
+    torch.set_num_threads(1)
+
+
+def default_decode_threads(num_workers: int) -> int:
+    """Decoding threads per stream: in the calling process (no workers), this process's share of the CPUs
+    (torchrun's LOCAL_WORLD_SIZE ranks share a machine); in each worker process, one."""
+    if num_workers:
+        return 1
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cpus // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)))
+
+
+class _Decoder:
+    """Decodes rows into their batch slots on `threads` threads, while the next rows are read: libjpeg-turbo
+    (simplejpeg) and torch's resize let go of the GIL, so two threads decoded 1.9x as fast as one here.
+    With one thread, `submit` decodes at once."""
+
+    def __init__(self, decode_into, threads: int):
+        self.decode_into = decode_into
+        self.pool = (ThreadPoolExecutor(threads, thread_name_prefix="pinstorm-decode", initializer=_one_torch_thread)
+                     if threads > 1 else None)
+
+    def submit(self, *args):
+        if self.pool is None:
+            self.decode_into(*args)
+            return None
+        return self.pool.submit(self.decode_into, *args)
+
+    @staticmethod
+    def wait(handles) -> None:
+        for handle in handles:   # the first error is raised
+            if handle is not None:
+                handle.result()
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _ahead(make, depth: int):
+    """The items of the generator `make()`, made in a thread of their own up to `depth` ahead. An error
+    there is raised here; when the caller stops early, the thread stops and closes the generator."""
+    torch.get_num_threads()   # torch reads its thread setting here first, before the thread sets its own
+    items, stop = queue.Queue(depth), threading.Event()
+
+    def put(item) -> bool:
+        while not stop.is_set():
+            try:
+                items.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        _one_torch_thread()
+        made = None
+        try:
+            made = make()
+            for item in made:
+                if not put((item, None)):
+                    return
+            put((None, None))
+        except BaseException as error:   # handed to the caller, raised there
+            put((None, error))
+        finally:
+            if made is not None:
+                made.close()
+
+    thread = threading.Thread(target=produce, name="pinstorm-batches", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item, error = items.get()
+            if error is not None:
+                raise error
+            if item is None:
+                return
+            yield item
+    finally:
+        stop.set()
+        thread.join()
+
+
 class ParquetImages(torch.utils.data.IterableDataset):
     """Batches of (images float32 [B, 3, H, W], labels int64 [B], sample IDs int64 [B], position) from one
     shard, every epoch counted; `TorchLoader` strips the last two unless asked for the IDs.
@@ -256,16 +352,16 @@ class ParquetImages(torch.utils.data.IterableDataset):
     """
 
     def __init__(self, source, *, batch_size, image_size, training, num_epochs, shuffle, shuffle_buffer,
-                 crop_area, flip, eval_crop, dct_scale, drop_remainder, max_pixels, streams=1):
+                 crop_area, flip, eval_crop, dct_scale, drop_remainder, max_pixels, streams=1, decode_threads=1):
         self.source, self.batch_size, self.size = source, batch_size, image_size
         self.training, self.num_epochs, self.shuffle = training, num_epochs, shuffle
         self.shuffle_buffer = shuffle_buffer
         self.crop_area, self.flip, self.eval_crop, self.dct_scale = crop_area, flip, eval_crop, dct_scale
         self.drop_remainder, self.max_pixels = drop_remainder, max_pixels
-        self.streams, self.first_epoch = streams, 0
+        self.streams, self.first_epoch, self.decode_threads = streams, 0, max(1, int(decode_threads))
         self.position = Position.fresh(0, streams)   # what the caller has received (kept by TorchLoader)
         self.resume = None                           # a Position the next pass starts from (load_state_dict)
-        self.memory = BatchMemory()                  # uint8 batches made in this process (no workers)
+        self.memory = BatchMemory(keep=PREFETCH_BATCHES + 4)   # uint8 batches made here (no workers)
 
     def set_epoch(self, epoch: int) -> None:
         """The next pass starts at epoch `epoch`; a position loaded for another epoch is dropped."""
@@ -286,18 +382,9 @@ class ParquetImages(torch.utils.data.IterableDataset):
         if worker is not None:   # a DataLoader worker process: it runs one torch thread already
             yield from self._batches((worker.id, worker.num_workers), start, shared=True)
             return
-        # In the calling process, decode on one torch thread (the per-image ops are small: a second
-        # thread doubled their CPU here), and give the caller its own setting back between batches.
-        batches, threads = self._batches(None, start, shared=False), torch.get_num_threads()
-        while True:
-            torch.set_num_threads(1)
-            try:
-                batch = next(batches, None)
-            finally:
-                torch.set_num_threads(threads)
-            if batch is None:
-                return
-            yield batch
+        # In the calling process: batches are made ahead in a thread of their own (as tf.data prefetches),
+        # so decoding overlaps the caller's step.
+        yield from _ahead(lambda: self._batches(None, start, shared=False), PREFETCH_BATCHES)
 
     def ids(self, epoch: int, split=None, consumed=None):
         """`stream_ids` of this shard for `epoch`."""
@@ -310,27 +397,40 @@ class ParquetImages(torch.utils.data.IterableDataset):
         stream = split[0] if split else 0
         epoch, count = start.streams.get(stream, (start.epoch, 0))
         end = None if self.num_epochs is None else start.epoch + self.num_epochs
-        images, labels, ids, filled = None, None, None, 0
-        while end is None or epoch < end:
-            seed = epoch_seed(self.source.base_seed, epoch)
-            for sample, jpeg, label in self._planned_rows(epoch, split, count, start.consumed.get(epoch)):
-                if images is None:   # uint8: a quarter of float32's memory to fill and hand over
-                    images = (_empty((self.batch_size, 3, *self.size), torch.uint8, shared) if shared
-                              else self.memory.empty((self.batch_size, 3, *self.size), torch.uint8))
-                    labels = _empty((self.batch_size,), torch.int64, shared)
-                    ids = _empty((self.batch_size,), torch.int64, shared)
-                self._decode_into(images[filled], jpeg, sample_rng(seed, sample))
-                labels[filled], ids[filled] = label, sample
-                filled += 1
-                count += 1
-                if filled == self.batch_size:
-                    yield images, labels, ids, (stream, epoch, count, 0)
-                    images, filled = None, 0
-            if end is not None and epoch + 1 == end:
-                break
-            epoch, count = epoch + 1, 0
-        if filled and not self.drop_remainder:
-            yield images[:filled], labels[:filled], ids[:filled], (stream, epoch, count, 0)
+        images, labels, ids, filled, pending = None, None, None, 0, []
+        decoder = _Decoder(self._decode_into, self.decode_threads)
+        decoding = collections.deque()   # (decodes under way, batch): one decodes while the next is read
+        try:
+            while end is None or epoch < end:
+                seed = epoch_seed(self.source.base_seed, epoch)
+                for sample, jpeg, label in self._planned_rows(epoch, split, count, start.consumed.get(epoch)):
+                    if images is None:   # uint8: a quarter of float32's memory to fill and hand over
+                        images = (_empty((self.batch_size, 3, *self.size), torch.uint8, shared) if shared
+                                  else self.memory.empty((self.batch_size, 3, *self.size), torch.uint8))
+                        labels = _empty((self.batch_size,), torch.int64, shared)
+                        ids = _empty((self.batch_size,), torch.int64, shared)
+                    pending.append(decoder.submit(images[filled], jpeg, sample_rng(seed, sample)))
+                    labels[filled], ids[filled] = label, sample
+                    filled += 1
+                    count += 1
+                    if filled == self.batch_size:
+                        decoding.append((pending, (images, labels, ids, (stream, epoch, count, 0))))
+                        images, filled, pending = None, 0, []
+                        if len(decoding) > 1:
+                            handles, batch = decoding.popleft()
+                            decoder.wait(handles)
+                            yield batch
+                if end is not None and epoch + 1 == end:
+                    break
+                epoch, count = epoch + 1, 0
+            if filled and not self.drop_remainder:
+                decoding.append((pending, (images[:filled], labels[:filled], ids[:filled], (stream, epoch, count, 0))))
+            while decoding:
+                handles, batch = decoding.popleft()
+                decoder.wait(handles)
+                yield batch
+        finally:
+            decoder.close()
         nothing = torch.empty(0)
         yield nothing, nothing, nothing, (stream, epoch, count, 1)
 
@@ -453,7 +553,8 @@ def make_torch_loader(url, *, batch_size: int, image_size=224, training: bool = 
                       crop_area=(0.25, 1.0), flip: bool = True, eval_crop: float = 0.875, dct_scale: bool = True,
                       retries: int = 2, storage_options: dict | None = None, verify: bool = True,
                       max_pixels: int | None = DEFAULT_MAX_PIXELS, prefetch_factor: int | None = None,
-                      pin_memory: bool = False, multiprocessing_context=None, return_ids: bool = False, dtype=None):
+                      pin_memory: bool = False, multiprocessing_context=None, return_ids: bool = False, dtype=None,
+                      decode_threads: int | None = None):
     """A ``torch.utils.data.DataLoader`` (`TorchLoader`) of ``(images, labels)`` batches from a converted dataset.
 
     images: float32 ``[B, 3, H, W]`` in [0, 1]; labels: int64 ``[B]`` class indexes. The arguments
@@ -464,18 +565,19 @@ def make_torch_loader(url, *, batch_size: int, image_size=224, training: bool = 
 
     * `num_workers`: DataLoader worker processes; each reads a disjoint slice of every epoch's row
       groups (so no more workers than the shard has row groups are useful), and batches are taken
-      from the workers in turn. 0: everything in the calling process.
+      from the workers in turn. 0 (the fastest here): everything in the calling process, batches made
+      `PREFETCH_BATCHES` ahead in a thread, decoded by `decode_threads` threads, no memory handed
+      between processes.
+    * `decode_threads`: threads decoding each stream's images (None: this process's share of the CPUs
+      without workers, torchrun's ``LOCAL_WORLD_SIZE`` ranks sharing them; 1 per worker process).
     * Batches run across epoch boundaries (as `make_dataset`'s); each worker's last one may be
       partial unless `drop_remainder`.
     * `seed`: the same seed gives the same batches for the same `num_workers`. A sample's crop and flip
       depend only on the seed, the epoch and the sample.
     * `max_pixels`: pixels a JPEG may decode to (after DCT scaling), see `pipeline.images`.
-    * `prefetch_factor`, `pin_memory`, `multiprocessing_context`: handed to the DataLoader. In a
-      process where TensorFlow has run, pass ``multiprocessing_context="forkserver"``: workers forked
-      from it needed ~1 ms more CPU per image (bench/results/torch_loader.json); a fork server's
-      workers start in ~4 s instead of ~0.5 s.
-    * In the calling process (``num_workers=0``) decoding runs on one torch thread; the caller's
-      ``torch.get_num_threads()`` is set back between batches.
+    * `prefetch_factor`, `pin_memory`, `multiprocessing_context`: handed to the DataLoader (a fork
+      server's workers start in ~4 s instead of ~0.5 s).
+    * Decoding threads run one torch thread each; the caller's ``torch.get_num_threads()`` is untouched.
     * `return_ids`: batches are ``(images, labels, ids)``, ids int64 ``[B]`` the samples' global row
       numbers (row groups in the dataset's order).
     * `dtype`: ``torch.float32`` (the default: pixels in [0, 1]) or ``torch.uint8`` (0..255, a quarter of
@@ -489,12 +591,16 @@ def make_torch_loader(url, *, batch_size: int, image_size=224, training: bool = 
     image_size, crop_area = check_arguments(batch_size, num_epochs, image_size, crop_area)
     if not isinstance(num_workers, (int, np.integer)) or num_workers < 0:
         raise ValueError(f"num_workers must be a non-negative integer, got {num_workers!r}")
+    if decode_threads is not None and (not isinstance(decode_threads, (int, np.integer)) or decode_threads < 1):
+        raise ValueError(f"decode_threads must be a positive integer or None, got {decode_threads!r}")
     source = open_epochs(url, shard, shuffle=shuffle, seed=seed, retries=retries, storage_options=storage_options,
                          verify=verify)
     dataset = ParquetImages(source, batch_size=int(batch_size), image_size=image_size, training=training,
                             num_epochs=num_epochs, shuffle=shuffle, shuffle_buffer=shuffle_buffer,
                             crop_area=crop_area, flip=flip, eval_crop=eval_crop, dct_scale=dct_scale,
-                            drop_remainder=drop_remainder, max_pixels=max_pixels, streams=max(1, int(num_workers)))
+                            drop_remainder=drop_remainder, max_pixels=max_pixels, streams=max(1, int(num_workers)),
+                            decode_threads=default_decode_threads(num_workers) if decode_threads is None
+                            else decode_threads)
     extra = {} if num_workers == 0 else {"prefetch_factor": prefetch_factor,
                                          "multiprocessing_context": multiprocessing_context}
     return TorchLoader(dataset, return_ids=return_ids, dtype=dtype, num_workers=int(num_workers), pin_memory=pin_memory,
