@@ -295,7 +295,7 @@ def plot(results: dict, path: Path) -> None:
                    f"{results['batch_size']}, {results['machine']['cpus']} CPUs (load "
                    f"{results['machine']['load_average_at_start']:.1f}); torch/tf = {ratio['best']:.2f} (best), "
                    f"{ratio['median']:.2f} (median)", fontsize=9)
-    left.legend(loc="lower right", fontsize=8)
+    left.legend(loc="upper right", fontsize=8)
 
     profile = results["profile_torch_path"]
     parts = dict(profile["breakdown_ms_per_img"])

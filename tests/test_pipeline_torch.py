@@ -120,6 +120,28 @@ def test_uint8_batches_are_the_float_ones_unscaled(digits_dataset):
         make_torch_loader(url, batch_size=8, dtype=torch.float16)
 
 
+def test_the_in_process_reader_stops_its_threads_and_leaves_torch_threads_alone(digits_dataset):
+    """Without workers, batches are made ahead in a thread and decoded by others: stopping early ends
+    them, and the caller's torch thread setting is what it was."""
+    import threading
+
+    url, _ = digits_dataset
+    threads = torch.get_num_threads()
+    for _ in _exact(url, num_epochs=3, seed=5, decode_threads=2):
+        break
+    left = [t.name for t in threading.enumerate() if t.name.startswith(("pinstorm-batches", "pinstorm-decode"))]
+    assert left == [] and torch.get_num_threads() == threads
+    def batches(threads):
+        loader = make_torch_loader(url, batch_size=50, image_size=24, seed=5, decode_threads=threads)   # crops, flips
+        return [(x.clone(), y) for x, y in loader]
+
+    one, three = batches(1), batches(3)
+    assert len(one) == len(three) and all(torch.equal(a, c) and torch.equal(b, d)   # threads change nothing
+                                          for (a, b), (c, d) in zip(one, three))
+    with pytest.raises(ValueError, match="decode_threads"):
+        make_torch_loader(url, batch_size=8, decode_threads=0)
+
+
 def test_same_rows_in_the_same_order_as_make_dataset(digits_dataset):
     pytest.importorskip("tensorflow")
     from pinstorm.pipeline import make_dataset
