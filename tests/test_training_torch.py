@@ -231,7 +231,6 @@ def test_train_command_with_framework_torch(digits_parquet, tmp_path):
     (["alexnet", "--framework", "torch", "--strategy", "mirrored"], "launch one process per device with torchrun"),
     (["alexnet", "--framework", "torch", "--cross-device-ops", "ring"], "one of auto, nccl, gloo"),
     (["alexnet", "--framework", "torch", "--image-size", "0:24,1:32"], "not a progressive schedule"),
-    (["alexnet", "--framework", "torch", "--pin", "local/run"], "--pin is not available"),
     (["resnet_small"], "add --framework torch"),
 ])
 def test_train_command_refuses_flags_the_framework_does_not_have(args, message, tmp_path):

@@ -9,6 +9,7 @@ from . import keras_env  # noqa: F401  (before anything can import TensorFlow)
 import json
 import logging
 import os
+import time
 from pathlib import Path
 
 import click
@@ -106,7 +107,7 @@ def train(model, data, framework, validation, epochs, batch_size, image_size, wi
     --framework torch under torchrun: one rank of a DDP run)."""
     model = model.lower()
     if framework == "torch":
-        _check_torch_arguments(model, image_size, kind, devices, cross_device_ops, pin)
+        _check_torch_arguments(model, image_size, kind, devices, cross_device_ops)
         if backup_every is not None:
             raise click.UsageError("--backup-every is TensorFlow's: with --framework torch the checkpoint is per epoch")
     elif model not in MODEL_NAMES:
@@ -120,7 +121,7 @@ def train(model, data, framework, validation, epochs, batch_size, image_size, wi
         input_options["crop_area"] = (crop_min, 1.0)
     if framework == "torch":
         _train_torch(model, data, validation, epochs=epochs, batch_size=batch_size, image_size=image_size,
-                     width=width, backend=cross_device_ops.lower(), fallback=not no_fallback,
+                     width=width, pin=pin, backend=cross_device_ops.lower(), fallback=not no_fallback,
                      probe_timeout=probe_timeout, checkpoint_dir=checkpoint_dir, output_dir=output_dir,
                      num_workers=parallel or 0, learning_rate=learning_rate, optimizer=optimizer, seed=seed,
                      input_options=input_options, as_json=as_json)
@@ -149,7 +150,7 @@ def train(model, data, framework, validation, epochs, batch_size, image_size, wi
         click.echo(f"pinned as {result.experiment['pin']} version {result.experiment['version']}")
 
 
-def _check_torch_arguments(model, image_size, kind, devices, cross_device_ops, pin) -> None:
+def _check_torch_arguments(model, image_size, kind, devices, cross_device_ops) -> None:
     """The TensorFlow-only flags, refused with --framework torch rather than ignored."""
     if model not in TORCH_MODELS:
         raise click.UsageError(f"--framework torch trains {', '.join(TORCH_MODELS)}, not {model}")
@@ -161,16 +162,33 @@ def _check_torch_arguments(model, image_size, kind, devices, cross_device_ops, p
     if cross_device_ops.lower() not in TORCH_BACKENDS:
         raise click.UsageError(f"with --framework torch, --cross-device-ops is the backend: one of "
                                f"{', '.join(TORCH_BACKENDS)}")
-    if pin is not None:
-        raise click.UsageError("--pin is not available with --framework torch yet")
 
 
-def _train_torch(model, data, validation, *, width, as_json, **options) -> None:
+def _train_torch(model, data, validation, *, width, as_json, pin, **options) -> None:
+    from datetime import datetime, timezone
+
+    from . import experiments
     from .torch_fit import train_torch
 
+    if pin is not None:
+        experiments.check_target(pin)   # a bad target fails now, not after the fit
+    started_at, wall = datetime.now(timezone.utc), time.perf_counter()
     result = train_torch(model, data, validation, model_kwargs={"width": width}, **options)
     if not result.is_chief:   # one line per run, from rank 0
         return
+    if pin is not None:
+        arguments = {k: options.get(k) for k in ("epochs", "batch_size", "learning_rate", "optimizer", "seed",
+                                                 "num_workers", "backend", "input_options", "output_dir")}
+        record = experiments.run_lineage(
+            result, model_name=model, image_size=options["image_size"], model_kwargs={"width": width}, data=data,
+            validation_data=validation, train_url=None, val_url=None, arguments=arguments, strategy=None,
+            started_at=started_at, wall_seconds=time.perf_counter() - wall, lineage=None)
+        try:
+            result.experiment = experiments.pin_run(result, pin, record)
+        except Exception as error:  # the fit itself is not lost: say where its files are
+            raise experiments.ExperimentError(
+                f"training finished (outputs in {result.output_dir}) but pinning the run as {pin!r} failed: "
+                f"{type(error).__name__}: {error}") from error
     if as_json:
         click.echo(json.dumps(result.summary()))
         return
@@ -182,6 +200,8 @@ def _train_torch(model, data, validation, *, width, as_json, **options) -> None:
     click.echo(f"validation: {json.dumps(result.val_metrics)}")
     click.echo(f"{result.images_per_second:,.0f} images/s, global batch {result.global_batch_size}; "
                f"outputs in {result.output_dir}")
+    if result.experiment:
+        click.echo(f"pinned as {result.experiment['pin']} version {result.experiment['version']}")
 
 
 @click.command()

@@ -7,6 +7,11 @@ time) become a new version of pin ``name`` on ``board``. Each run is a version (
 lists them), the description names the model and the dataset (``pin_find`` finds them), and
 ``load_experiment`` rebuilds the model and loads the weights in one call. Only the public boards
 API is used (``pin``, ``pin_get``, ``pin_find``, ``pin_versions``), so any writable board works.
+
+A PyTorch run (``train_torch``, ``pinstorm train --framework torch --pin``) is pinned the same way with
+``final.pt`` (a state dict) and ``"framework": "torch"`` in its lineage; ``load_experiment`` then
+returns the ``torch.nn.Module``, its weights read with ``torch.load(weights_only=True)`` after the file
+was checked against the model's tensors.
 """
 
 from __future__ import annotations
@@ -33,11 +38,13 @@ log = logging.getLogger("pinstorm.training")
 TAG = "pinstorm experiment"
 LINEAGE_FILE = "lineage.json"
 WEIGHTS_FILE = "final.weights.h5"
+TORCH_WEIGHTS_FILE = "final.pt"
+FRAMEWORKS = ("tensorflow", "torch")
 METRICS_FILE = "metrics.csv"
 CURVES_FILE = "curves.png"
 TENSORBOARD_ZIP = "tensorboard.zip"
 LINEAGE_FORMAT = 1
-PACKAGES = ("pinstorm", "tensorflow", "tf-keras", "numpy", "pyarrow", "pandas", "fsspec", "petastorm")
+PACKAGES = ("pinstorm", "tensorflow", "tf-keras", "torch", "numpy", "pyarrow", "pandas", "fsspec", "petastorm")
 _LAYER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")   # a Keras model name a lineage may set
 _MAX_LINEAGE_BYTES = 4 << 20
 _MAX_LINEAGE_DEPTH = 32
@@ -154,11 +161,14 @@ def run_lineage(result, *, model_name: str, image_size: int, model_kwargs, data,
     """The lineage record of a finished ``train`` run (what ``lineage.json`` holds)."""
     from datetime import datetime, timezone
 
-    model = result.model
+    model, framework = result.model, getattr(result, "framework", "tensorflow")
+    if framework == "torch":
+        built = {"framework": "torch", "parameters": sum(int(p.numel()) for p in model.parameters())}
+    else:
+        built = {"keras_name": model.name, "parameters": model.count_params()}
     return {
         "model": {"name": model_name, "image_size": int(image_size), "num_classes": int(result.num_classes),
-                  "kwargs": {k: _scalar(v) for k, v in (model_kwargs or {}).items()}, "keras_name": model.name,
-                  "parameters": model.count_params()},
+                  "kwargs": {k: _scalar(v) for k, v in (model_kwargs or {}).items()}, **built},
         "data": dataset_lineage(data, train_url),
         "validation_data": dataset_lineage(validation_data, val_url),
         "arguments": arguments,
@@ -258,7 +268,8 @@ def pin_run(result, target, lineage: dict) -> ExperimentRecord:
     with tempfile.TemporaryDirectory(prefix="pinstorm-experiment-") as tmp:
         staging = Path(tmp) / name
         staging.mkdir()
-        for source, file in ((result.weights_path, WEIGHTS_FILE), (result.metrics_csv, METRICS_FILE),
+        weights = TORCH_WEIGHTS_FILE if getattr(result, "framework", "tensorflow") == "torch" else WEIGHTS_FILE
+        for source, file in ((result.weights_path, weights), (result.metrics_csv, METRICS_FILE),
                              (result.plot_png, CURVES_FILE)):
             if source and Path(source).is_file():
                 shutil.copyfile(source, staging / file)
@@ -372,14 +383,15 @@ def _plain_int(model: dict, key: str, low: int, high: int) -> int:
     return value
 
 
-def _checked_kwargs(model_name: str, kwargs) -> dict:
-    """Model keyword arguments: only those the model's builder takes, each of its type and range."""
+def _checked_kwargs(model_name: str, kwargs, table=None) -> dict:
+    """Model keyword arguments: only those the model's builder takes (`table`: the framework's), each of its
+    type and range."""
     if kwargs is None:
         return {}
     if not isinstance(kwargs, dict):
         raise _Refused(f"model kwargs must be an object, got {type(kwargs).__name__}")
     key = model_name.lower().replace("-", "_").replace("resnet_50", "resnet50")
-    allowed = _KWARGS.get(key, {})
+    allowed = (_KWARGS if table is None else table).get(key, {})
     for name, value in kwargs.items():
         if name not in allowed:
             raise _Refused(f"model kwarg {name!r:.80} is not one {model_name} takes from a lineage "
@@ -406,6 +418,11 @@ _KWARGS = {
     "resnet50": {},
     "mobilenet_v2": {"alpha": _number(0, 1.4)},
 }
+# and to each torch builder (training/torch_models.py)
+_TORCH_KWARGS = {
+    "alexnet": {k: v for k, v in _KWARGS["alexnet"].items() if k != "name"},
+    "resnet_small": {"width": _number(0, 8), "blocks": _number(0, 64, integer=True)},
+}
 
 
 def _checked_lineage(path: Path, name: str) -> dict:
@@ -425,7 +442,10 @@ def _checked_lineage(path: Path, name: str) -> dict:
             raise _Refused(f"model name must be a short plain name, got {model_name!r:.80}")
         _plain_int(model, "image_size", 8, 8192)
         _plain_int(model, "num_classes", 2, _MAX_CLASSES)
-        _checked_kwargs(model_name, model.get("kwargs"))
+        framework = model.get("framework", "tensorflow")
+        if framework not in FRAMEWORKS:
+            raise _Refused(f"model framework {framework!r:.80} is not one of {FRAMEWORKS}")
+        _checked_kwargs(model_name, model.get("kwargs"), _TORCH_KWARGS if framework == "torch" else _KWARGS)
     except (_Refused, ValueError) as error:      # UnicodeDecodeError and JSONDecodeError are ValueErrors
         raise ExperimentError(f"{path}: malformed {LINEAGE_FILE} in experiment {name!r}: {error}") from None
     return lineage
@@ -498,7 +518,8 @@ def experiment_lineage(target: str, board=None, version: str | None = None) -> d
 def load_experiment(target: str, board=None, version: str | None = None, *, max_parameters: int = MAX_PARAMETERS):
     """Rebuild a pinned run's model and load its final weights: ``load_experiment("board/name")``.
 
-    Returns an uncompiled Keras model (compile it to evaluate or to train further). ``version``
+    Returns an uncompiled Keras model (compile it to evaluate or to train further), or for a PyTorch
+    run the ``torch.nn.Module`` in eval mode. ``version``
     picks a run other than the latest; ``experiment_lineage`` gives its record. The pin may come
     from a board someone else writes: the lineage is bounded (a model over ``max_parameters`` is
     refused before it is built) and the weights file is inspected before Keras reads a byte of it
@@ -508,6 +529,8 @@ def load_experiment(target: str, board=None, version: str | None = None, *, max_
 
     files, name, _ = _pinned_files(target, board, version)
     lineage = _checked_lineage(files[LINEAGE_FILE], name)
+    if lineage["model"].get("framework") == "torch":
+        return _load_torch(files, lineage, name, max_parameters)
     if WEIGHTS_FILE not in files:
         raise ExperimentError(f"experiment {name!r} has no {WEIGHTS_FILE}")
     model = _build_checked(lineage, name, max_parameters)
@@ -521,3 +544,66 @@ def load_experiment(target: str, board=None, version: str | None = None, *, max_
         raise ExperimentError(f"weights of experiment {name!r} do not fit {lineage['model']['name']}: "
                               f"{error}") from error
     return model
+
+
+def _load_torch(files: dict, lineage: dict, name: str, max_parameters: int):
+    """A PyTorch run's module with its weights. Counted on torch's meta device before it is built, and the
+    weights file (a zip of stored tensors) checked against the module's tensors before torch reads a byte
+    of it; read with ``weights_only=True``, nothing in it can run."""
+    from pinstorm.extras import require
+
+    torch = require("torch", "torch", "load_experiment of a PyTorch run")
+    from .torch_models import build_torch_model
+
+    if TORCH_WEIGHTS_FILE not in files:
+        raise ExperimentError(f"experiment {name!r} has no {TORCH_WEIGHTS_FILE}")
+    spec = lineage["model"]
+    args, kwargs = (str(spec["name"]), int(spec["num_classes"]), int(spec["image_size"])), dict(spec.get("kwargs") or {})
+    try:
+        with torch.device("meta"):
+            parameters = sum(int(t.numel()) for t in build_torch_model(*args, **kwargs).state_dict().values())
+        if parameters > max_parameters:
+            raise ExperimentError(f"experiment {name!r}: {args[0]} at {args[2]} px with {args[1]:,} classes and kwargs "
+                                  f"{kwargs} has {parameters:,} parameters (limit max_parameters={max_parameters:,})")
+        model = build_torch_model(*args, **kwargs)
+    except ExperimentError:
+        raise
+    except (PinstormError, ValueError, TypeError) as error:   # TorchModelError; a kwarg the builder refuses
+        raise ExperimentError(f"experiment {name!r}: cannot build {args[0]} from its lineage: {error}") from error
+    expected = model.state_dict()
+    path = files[TORCH_WEIGHTS_FILE]
+    _check_torch_file(path, expected, name)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:   # noqa: BLE001 - an unpickling refusal, a broken zip: all one answer
+        raise ExperimentError(f"weights of experiment {name!r} refused: {type(error).__name__}: {error}") from None
+    wrong = (not isinstance(state, dict) or set(state) != set(expected)
+             or any(not isinstance(state[k], torch.Tensor) or state[k].shape != v.shape or state[k].dtype != v.dtype
+                    for k, v in expected.items()))
+    if wrong:
+        raise ExperimentError(f"weights of experiment {name!r} do not fit {args[0]}: {path.name} holds other tensors "
+                              f"than the model's {len(expected)}")
+    model.load_state_dict(state)
+    return model.eval()
+
+
+def _check_torch_file(path: Path, expected: dict, name: str) -> None:
+    """``torch.save``'s zip holds the tensors' bytes stored, plus small records: refuse a file (or entries
+    declared) larger than the model's tensors and that slack, or compressed entries (a zip bomb)."""
+    limit = sum(t.numel() * t.element_size() for t in expected.values()) + 4096 * (len(expected) + 16)
+    problem = None
+    if path.stat().st_size > limit:
+        problem = f"{path.stat().st_size:,} bytes, more than the model's tensors need ({limit:,})"
+    else:
+        try:
+            with zipfile.ZipFile(path) as archive:
+                entries = archive.infolist()
+        except (zipfile.BadZipFile, OSError) as error:
+            problem = f"not a torch.save zip ({error})"
+        else:
+            if sum(e.file_size for e in entries) > limit:
+                problem = f"its entries declare more than the model's tensors need ({limit:,} bytes)"
+            elif any(e.compress_type != zipfile.ZIP_STORED for e in entries):
+                problem = "compressed entries (torch.save stores tensors uncompressed)"
+    if problem:
+        raise ExperimentError(f"weights of experiment {name!r} refused: {path.name}: {problem}")
