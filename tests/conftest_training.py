@@ -70,3 +70,18 @@ def processes():
     tracker = Processes()
     yield tracker
     tracker.kill_all()
+
+
+@pytest.fixture
+def board(tmp_path):
+    """A local board registered in this process only (the user's config is never touched)."""
+    import contextlib
+    import uuid
+
+    from pinstorm import boards
+
+    name = f"experiments-{uuid.uuid4().hex[:6]}"
+    boards.board_register("local", name=name, path=tmp_path / "board", cache=tmp_path / "cache")
+    yield name
+    with contextlib.suppress(boards.BoardNotRegistered):
+        boards.board_deregister(name, persist=False)

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
-import uuid
 import zipfile
 
 import numpy as np
@@ -16,16 +14,6 @@ from pinstorm.training.experiments import ExperimentError
 from training_support import NO_FLIP, TINY
 
 pytest_plugins = ["conftest_training"]
-
-
-@pytest.fixture
-def board(tmp_path):
-    """A local board registered in this process only (the user's config is never touched)."""
-    name = f"experiments-{uuid.uuid4().hex[:6]}"
-    boards.board_register("local", name=name, path=tmp_path / "board", cache=tmp_path / "cache")
-    yield name
-    with contextlib.suppress(boards.BoardNotRegistered):
-        boards.board_deregister(name, persist=False)
 
 
 def _digits_on_board(board, base):

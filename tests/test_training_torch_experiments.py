@@ -5,16 +5,15 @@ model beyond ``max_parameters``: each case is one ``ExperimentError`` naming the
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import uuid
 import zipfile
 from pathlib import Path
 
 import pytest
 
 from pinstorm import boards
+from training_support import served_experiment
 
 pytest_plugins = ["conftest_training"]
 torch = pytest.importorskip("torch")
@@ -24,16 +23,6 @@ from pinstorm.training.torch_models import build_torch_model  # noqa: E402
 
 LINEAGE = {"format": 1, "model": {"name": "alexnet", "image_size": 32, "num_classes": 10,
                                   "kwargs": {"width": 0.125}, "framework": "torch"}}
-
-
-@pytest.fixture
-def board(tmp_path):
-    """A local board registered in this process only (the user's config is never touched)."""
-    name = f"experiments-{uuid.uuid4().hex[:6]}"
-    boards.board_register("local", name=name, path=tmp_path / "board", cache=tmp_path / "cache")
-    yield name
-    with contextlib.suppress(boards.BoardNotRegistered):
-        boards.board_deregister(name, persist=False)
 
 
 @pytest.fixture(scope="module")
@@ -52,13 +41,6 @@ def _experiment(tmp_path, name, weights, lineage=None) -> Path:
         torch.save(weights, folder / "final.pt")
     (folder / "lineage.json").write_text(json.dumps(lineage or LINEAGE))
     return folder
-
-
-def _served(http_board, folder: Path) -> str:
-    board, _, url = http_board
-    boards.pin(str(folder), name=folder.name, board=board)
-    boards.board_register(url, name="web")
-    return f"web/{folder.name}"
 
 
 def test_the_cli_pins_a_torch_run_and_it_loads_back(digits_parquet, board, tmp_path):
@@ -91,7 +73,7 @@ def test_the_cli_pins_a_torch_run_and_it_loads_back(digits_parquet, board, tmp_p
 
 
 def test_a_genuine_remote_torch_experiment_loads(http_board, tmp_path, genuine):
-    model = load_experiment(_served(http_board, _experiment(tmp_path, "genuine", genuine)))
+    model = load_experiment(served_experiment(http_board, _experiment(tmp_path, "genuine", genuine)))
     assert all(torch.equal(model.state_dict()[k], v) for k, v in genuine.items())
 
 
@@ -103,7 +85,7 @@ class _RunsCode:
 def test_a_weights_file_that_would_run_code_is_refused(http_board, tmp_path, genuine, monkeypatch):
     marker = tmp_path / "ran"
     monkeypatch.setenv("PINSTORM_TEST_MARKER", str(marker))
-    target = _served(http_board, _experiment(tmp_path, "pickle", {**genuine, "extra": _RunsCode()}))
+    target = served_experiment(http_board, _experiment(tmp_path, "pickle", {**genuine, "extra": _RunsCode()}))
     with pytest.raises(ExperimentError, match="weights of experiment 'pickle' refused"):
         load_experiment(target)
     assert not marker.exists()
@@ -140,7 +122,7 @@ def test_weights_beyond_the_model_are_refused_before_torch_reads_them(http_board
         elif case == "other tensors":
             torch.save({k: torch.zeros(1) for k in genuine}, path)
 
-    target = _served(http_board, _experiment(tmp_path, case.replace(" ", "-"), write))
+    target = served_experiment(http_board, _experiment(tmp_path, case.replace(" ", "-"), write))
     with pytest.raises(ExperimentError, match=match):
         load_experiment(target)
 
@@ -148,10 +130,10 @@ def test_weights_beyond_the_model_are_refused_before_torch_reads_them(http_board
 def test_a_model_beyond_max_parameters_is_refused_before_it_is_built(http_board, tmp_path, genuine):
     lineage = json.loads(json.dumps(LINEAGE))
     lineage["model"].update(num_classes=1_000_000, kwargs={"width": 1.0})     # AlexNet: 4 G parameters
-    target = _served(http_board, _experiment(tmp_path, "huge", genuine, lineage))
+    target = served_experiment(http_board, _experiment(tmp_path, "huge", genuine, lineage))
     with pytest.raises(ExperimentError, match="parameters .limit max_parameters"):
         load_experiment(target)
     lineage["model"].update(num_classes=10, kwargs={"width": 0.125, "blocks": 3})   # not AlexNet's kwarg
-    target = _served(http_board, _experiment(tmp_path, "kwarg", genuine, lineage))
+    target = served_experiment(http_board, _experiment(tmp_path, "kwarg", genuine, lineage))
     with pytest.raises(ExperimentError, match="model kwarg 'blocks' is not one alexnet takes"):
         load_experiment(target)

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from pinstorm import boards
 from pinstorm.training.weights_check import UnsafeWeights, check_weights_file
-from training_support import TINY
+from training_support import TINY, served_experiment
 
 pytest_plugins = ["conftest_training"]
 
@@ -65,14 +65,6 @@ def _experiment(tmp_path, genuine, name, *, lineage=None, tamper=None, lineage_t
     return folder
 
 
-def _served(http_board, folder: Path) -> str:
-    """Pin ``folder`` on the served board; the experiment as a remote reader sees it (``web/<name>``)."""
-    board, _, url = http_board
-    boards.pin(str(folder), name=folder.name, board=board)
-    boards.board_register(url, name="web")
-    return f"web/{folder.name}"
-
-
 def _replace(path: str, **create):
     def tamper(f):
         del f[path]
@@ -93,7 +85,7 @@ def _load_refused(target: str, match: str):
 def test_a_genuine_remote_experiment_loads(http_board, tmp_path, genuine):
     from pinstorm.training import load_experiment
 
-    model = load_experiment(_served(http_board, _experiment(tmp_path, genuine, "genuine")))
+    model = load_experiment(served_experiment(http_board, _experiment(tmp_path, genuine, "genuine")))
     for loaded, trained in zip(model.get_weights(), genuine["values"]):
         np.testing.assert_array_equal(loaded, trained)
     summary = check_weights_file(genuine["weights"], genuine["shapes"])
@@ -105,7 +97,7 @@ def test_a_genuine_remote_experiment_loads(http_board, tmp_path, genuine):
 def test_external_storage_is_refused_before_any_read(http_board, tmp_path, genuine, monkeypatch, victim):
     monkeypatch.setenv("PINSTORM_TEST_SECRET", "s3cr3t-value")
     tamper = _replace(FC7, shape=(512, 512), dtype="u1", external=[(victim, 0, h5py.h5f.UNLIMITED)])
-    target = _served(http_board, _experiment(tmp_path, genuine, "leak", tamper=tamper))
+    target = served_experiment(http_board, _experiment(tmp_path, genuine, "leak", tamper=tamper))
     message = _load_refused(target, f"dataset /{FC7} keeps its data in the external file {victim}")
     assert "s3cr3t" not in message
 
@@ -133,7 +125,7 @@ def test_external_soft_links_and_virtual_datasets_are_refused(http_board, tmp_pa
              "soft-link": (soft_link, "soft link to /layers/dense/vars"),
              "virtual": (virtual, f"virtual dataset \\(built from \\['{other}'\\]\\)")}
     for name, (tamper, match) in cases.items():
-        _load_refused(_served(http_board, _experiment(tmp_path, genuine, name, tamper=tamper)), match)
+        _load_refused(served_experiment(http_board, _experiment(tmp_path, genuine, name, tamper=tamper)), match)
 
 
 # ---- sizes -----------------------------------------------------------------------------------
@@ -153,7 +145,7 @@ def test_shapes_types_chunks_and_filters_beyond_the_model_are_refused(http_board
         "chunk-index": (oversized_chunk, r"chunk at \(0, 0\) claims 1,048,576 bytes"),
     }
     for name, (tamper, match) in cases.items():
-        _load_refused(_served(http_board, _experiment(tmp_path, genuine, name, tamper=tamper)), match)
+        _load_refused(served_experiment(http_board, _experiment(tmp_path, genuine, name, tamper=tamper)), match)
 
 
 def _child_load(target: str) -> dict:
@@ -185,7 +177,7 @@ def test_a_gzip_bomb_dataset_is_refused_under_a_memory_limit(http_board, tmp_pat
 
     folder = _experiment(tmp_path, genuine, "bomb", tamper=bomb)
     assert (folder / "final.weights.h5").stat().st_size < 16 << 20
-    target = _served(http_board, folder)
+    target = served_experiment(http_board, folder)
     monkeypatch.setenv("PINSTORM_TEST_URL", http_board[2])
     outcome = _child_load(target)
     assert outcome["error"] == "ExperimentError", outcome
@@ -196,7 +188,7 @@ def test_a_gzip_bomb_dataset_is_refused_under_a_memory_limit(http_board, tmp_pat
 def test_a_million_classes_is_refused_before_the_model_is_built(http_board, tmp_path, genuine, monkeypatch):
     lineage = json.loads(json.dumps(genuine["lineage"]))
     lineage["model"]["num_classes"] = 1_000_000
-    target = _served(http_board, _experiment(tmp_path, genuine, "huge", lineage=lineage))
+    target = served_experiment(http_board, _experiment(tmp_path, genuine, "huge", lineage=lineage))
     monkeypatch.setenv("PINSTORM_TEST_URL", http_board[2])
     outcome = _child_load(target)
     assert outcome["error"] == "ExperimentError", outcome
@@ -273,7 +265,7 @@ MALFORMED = {
 @pytest.mark.parametrize("case", sorted(MALFORMED))
 def test_malformed_lineages_are_one_experiment_error(http_board, tmp_path, genuine, case):
     text, match = MALFORMED[case]
-    _load_refused(_served(http_board, _experiment(tmp_path, genuine, f"bad-{case}", lineage_text=text)), match)
+    _load_refused(served_experiment(http_board, _experiment(tmp_path, genuine, f"bad-{case}", lineage_text=text)), match)
 
 
 # ---- properties of the HDF5 bounds ------------------------------------------------------------

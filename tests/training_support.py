@@ -56,3 +56,14 @@ def finish(process: subprocess.Popen, timeout: float = 180) -> tuple[str, str]:
     err = stderr_of(process)
     assert process.returncode == 0, f"{process.args} exited {process.returncode}\n{err[-3000:]}"
     return out, err
+
+
+def served_experiment(http_board, folder) -> str:
+    """Pin the run folder ``folder`` on the served board (``http_board``); the experiment as a remote
+    reader sees it (``web/<name>``)."""
+    from pinstorm import boards
+
+    board, _, url = http_board
+    boards.pin(str(folder), name=folder.name, board=board)
+    boards.board_register(url, name="web")
+    return f"web/{folder.name}"

@@ -183,12 +183,7 @@ def _train_torch(model, data, validation, *, width, as_json, pin, **options) -> 
             result, model_name=model, image_size=options["image_size"], model_kwargs={"width": width}, data=data,
             validation_data=validation, train_url=None, val_url=None, arguments=arguments, strategy=None,
             started_at=started_at, wall_seconds=time.perf_counter() - wall, lineage=None)
-        try:
-            result.experiment = experiments.pin_run(result, pin, record)
-        except Exception as error:  # the fit itself is not lost: say where its files are
-            raise experiments.ExperimentError(
-                f"training finished (outputs in {result.output_dir}) but pinning the run as {pin!r} failed: "
-                f"{type(error).__name__}: {error}") from error
+        result.experiment = experiments.pin_finished_run(result, pin, record)
     if as_json:
         click.echo(json.dumps(result.summary()))
         return

@@ -293,6 +293,15 @@ def pin_run(result, target, lineage: dict) -> ExperimentRecord:
                             files=sizes)
 
 
+def pin_finished_run(result, target, lineage: dict) -> ExperimentRecord:
+    """`pin_run` at the end of a fit: a failure names where the fit's outputs are (the fit is not lost)."""
+    try:
+        return pin_run(result, target, lineage)
+    except Exception as error:
+        raise ExperimentError(f"training finished (outputs in {result.output_dir}) but pinning the run as {target!r} "
+                              f"failed: {type(error).__name__}: {error}") from error
+
+
 # --------------------------------------------------------------------------- finding and loading
 
 def find_experiments(text: str = "", *, model: str | None = None, dataset: str | None = None, board=None):

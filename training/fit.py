@@ -283,12 +283,7 @@ def train(
                        "checkpoint_dir": str(checkpoint_dir) if checkpoint_dir else None},
             strategy=strategy, started_at=started_at, wall_seconds=time.perf_counter() - wall_started,
             lineage=lineage)
-        try:
-            result.experiment = experiments.pin_run(result, pin, record)
-        except Exception as error:  # the fit itself is not lost: say where its files are
-            raise experiments.ExperimentError(
-                f"training finished (outputs in {write_dir}) but pinning the run as {pin!r} failed: "
-                f"{type(error).__name__}: {error}") from error
+        result.experiment = experiments.pin_finished_run(result, pin, record)
     return result
 
 
