@@ -231,6 +231,7 @@ def test_train_command_with_framework_torch(digits_parquet, tmp_path):
     (["alexnet", "--framework", "torch", "--strategy", "mirrored"], "launch one process per device with torchrun"),
     (["alexnet", "--framework", "torch", "--cross-device-ops", "ring"], "one of auto, nccl, gloo"),
     (["alexnet", "--framework", "torch", "--image-size", "0:24,1:32"], "not a progressive schedule"),
+    (["alexnet", "--framework", "torch", "--backup-every", "3"], "--backup-every needs --checkpoint-dir"),
     (["resnet_small"], "add --framework torch"),
 ])
 def test_train_command_refuses_flags_the_framework_does_not_have(args, message, tmp_path):

@@ -85,7 +85,8 @@ def _log_to_console(verbose: bool) -> None:
 @click.option("--checkpoint-dir", default=None, help="BackupAndRestore folder: a restarted run resumes from it.")
 @click.option("--backup-every", type=POSITIVE, default=None, metavar="STEPS",
               help="Back up every STEPS steps instead of every epoch; a restarted run continues mid-epoch with "
-                   "exactly the samples it had not trained on (TensorFlow, Parquet input).")
+                   "exactly the samples it had not trained on (Parquet input; with --framework torch, needs "
+                   "--checkpoint-dir).")
 @output_option("--output-dir", help="Metrics CSV, curves PNG, TensorBoard logs, final weights "
                                     "(default: runs/<model>-<time>).")
 @overwrite_option
@@ -108,8 +109,8 @@ def train(model, data, framework, validation, epochs, batch_size, image_size, wi
     model = model.lower()
     if framework == "torch":
         _check_torch_arguments(model, image_size, kind, devices, cross_device_ops)
-        if backup_every is not None:
-            raise click.UsageError("--backup-every is TensorFlow's: with --framework torch the checkpoint is per epoch")
+        if backup_every is not None and checkpoint_dir is None:
+            raise click.UsageError("--backup-every needs --checkpoint-dir (where the backups go)")
     elif model not in MODEL_NAMES:
         raise click.UsageError(f"{model} is a PyTorch model: add --framework torch")
     _refuse_finished(output_dir, "**/final.pt" if framework == "torch" else "**/final.weights.h5", overwrite)
@@ -122,7 +123,8 @@ def train(model, data, framework, validation, epochs, batch_size, image_size, wi
     if framework == "torch":
         _train_torch(model, data, validation, epochs=epochs, batch_size=batch_size, image_size=image_size,
                      width=width, pin=pin, backend=cross_device_ops.lower(), fallback=not no_fallback,
-                     probe_timeout=probe_timeout, checkpoint_dir=checkpoint_dir, output_dir=output_dir,
+                     probe_timeout=probe_timeout, checkpoint_dir=checkpoint_dir, backup_every=backup_every,
+                     output_dir=output_dir,
                      num_workers=parallel or 0, learning_rate=learning_rate, optimizer=optimizer, seed=seed,
                      input_options=input_options, as_json=as_json)
         return

@@ -24,6 +24,7 @@ imported here.
 from __future__ import annotations
 
 import csv
+import json
 import logging
 import os
 import random
@@ -52,7 +53,7 @@ BACKENDS = ("auto", "nccl", "gloo")
 _GROUP: dict = {}   # the BackendChoice of the group init_distributed made, while that group lives
 CHECKPOINT_FILE = "checkpoint.pt"
 WEIGHTS_FILE = "final.pt"
-CHECKPOINT_FORMAT = 1
+CHECKPOINT_FORMAT = 2   # 2: mid-epoch backups (step, partial sums, RNG, every rank's input position)
 _LOADER_OPTIONS = ("flip", "crop_area", "eval_crop", "shuffle_buffer", "dct_scale", "verify", "retries",
                    "storage_options", "max_pixels", "prefetch_factor", "multiprocessing_context")
 
@@ -220,13 +221,34 @@ def _save(obj, path: Path) -> None:
     os.replace(temporary, path)
 
 
+def _backup(checkpoint_dir: Path, rank: int, distributed: bool, *, model, optim, epoch: int, step: int, world: int,
+            history: dict, model_name: str, loader, sums: list[float]) -> None:
+    """A checkpoint at `step` of `epoch` (0: its start) with every rank's input position (gathered), the
+    epoch's summed metrics so far and torch's random state; rank 0 writes it, the ranks wait until it is
+    whole."""
+    positions = [loader.state_dict()]
+    if distributed:
+        gathered: list = [None] * world
+        dist.all_gather_object(gathered, positions[0])
+        positions = gathered
+    if rank == 0:
+        checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        _save({"format": CHECKPOINT_FORMAT, "epoch": epoch, "model": model.state_dict(), "optimizer": optim.state_dict(),
+               "history": history, "model_name": model_name,
+               "partial": {"step": step, "world": world, "sums": [float(v) for v in sums],
+                           "positions": json.dumps(positions), "rng": torch.get_rng_state()}},
+              checkpoint_dir / CHECKPOINT_FILE)
+    if distributed:
+        dist.barrier()
+
+
 def load_checkpoint(checkpoint_dir) -> dict | None:
     """The last epoch's checkpoint (tensors and plain containers only: ``weights_only=True``), or None."""
     path = Path(checkpoint_dir) / CHECKPOINT_FILE
     if not path.exists():
         return None
     state = torch.load(path, map_location="cpu", weights_only=True)
-    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
+    if not isinstance(state, dict) or state.get("format") not in (1, CHECKPOINT_FORMAT):
         raise TrainingError(f"{path} is not a pinstorm torch checkpoint (format {CHECKPOINT_FORMAT})")
     return state
 
@@ -303,6 +325,7 @@ def train_torch(
     fallback: bool = True,
     threads: int | None = None,
     callbacks: list[Callable[[int, dict], None]] | None = None,
+    backup_every: int | None = None,
 ) -> TrainResult:
     """Train ``model_name`` (``alexnet``, ``resnet_small``) with PyTorch on the Parquet dataset ``data``.
 
@@ -317,7 +340,11 @@ def train_torch(
     save one after every epoch, remove it after a finished run. ``callbacks``: functions called
     on every rank as ``fn(epoch, logs)`` after each epoch (``logs``: the epoch's metrics).
     ``threads``: torch's intra-op threads (default under DDP on CPU: the cores shared by the
-    ranks on this machine).
+    ranks on this machine). ``backup_every=N`` (with ``checkpoint_dir``): also back up every N steps
+    within an epoch, with every rank's input position (``loader.state_dict()``), the epoch's partial
+    metrics and the random state; a run killed mid-epoch resumes with exactly the samples it had not
+    trained on (on another number of ranks: every one of them once), and on the same layout ends with
+    the weights an uninterrupted run ends with.
     """
     from pinstorm import pipeline
 
@@ -325,6 +352,9 @@ def train_torch(
         raise TrainingError("train_torch needs data as a Parquet dataset URL or folder (convert it first)")
     if epochs < 1 or batch_size < 1:
         raise TrainingError(f"epochs and batch_size must be positive (got {epochs}, {batch_size})")
+    if backup_every is not None and (int(backup_every) < 1 or checkpoint_dir is None):
+        raise TrainingError(f"backup_every must be a positive number of steps, with a checkpoint_dir (got "
+                            f"{backup_every!r}, checkpoint_dir={checkpoint_dir!r})")
     distributed = launched_distributed() or dist.is_initialized()
     own_group = distributed and not dist.is_initialized()
     choice = init_distributed(backend, probe_timeout=probe_timeout, fallback=fallback) if distributed else None
@@ -335,7 +365,7 @@ def train_torch(
                       seed=seed, output_dir=output_dir, checkpoint_dir=checkpoint_dir,
                       input_options=dict(input_options or {}), num_workers=num_workers,
                       steps_per_epoch=steps_per_epoch, threads=threads, callbacks=list(callbacks or []),
-                      pipeline=pipeline)
+                      backup_every=int(backup_every) if backup_every else None, pipeline=pipeline)
     finally:
         if own_group and dist.is_initialized():
             dist.destroy_process_group()
@@ -343,7 +373,7 @@ def train_torch(
 
 def _train(model_name, url, validation_data, *, choice, epochs, batch_size, image_size, num_classes,
            learning_rate, optimizer, model_kwargs, seed, output_dir, checkpoint_dir, input_options, num_workers,
-           steps_per_epoch, threads, callbacks, pipeline) -> TrainResult:
+           steps_per_epoch, threads, callbacks, backup_every, pipeline) -> TrainResult:
     distributed = choice is not None
     rank, world = (choice.rank, choice.world_size) if distributed else (0, 1)
     device = _device_for(choice.backend) if distributed else torch.device("cuda" if torch.cuda.is_available()
@@ -379,12 +409,14 @@ def _train(model_name, url, validation_data, *, choice, epochs, batch_size, imag
     model = build_torch_model(model_name, num_classes, image_size, **model_kwargs).to(device)
     optim = _optimizer(optimizer, model.parameters(), learning_rate)
     state = load_checkpoint(checkpoint_dir) if checkpoint_dir else None
-    initial_epoch, history = 0, {}
+    initial_epoch, history, partial = 0, {}, None
     if state is not None:
         model.load_state_dict(state["model"])
         optim.load_state_dict(state["optimizer"])
         initial_epoch, history = int(state["epoch"]), {k: list(v) for k, v in state["history"].items()}
-        log.info("resuming from %s at epoch %d", checkpoint_dir / CHECKPOINT_FILE, initial_epoch)
+        partial = state.get("partial")   # backup_every's: where in the epoch, and what it had summed
+        log.info("resuming from %s at epoch %d%s", checkpoint_dir / CHECKPOINT_FILE, initial_epoch,
+                 f", step {partial['step']}" if partial and partial["step"] else "")
     trained = model
     if distributed:   # DDP broadcasts rank 0's parameters: every rank starts from the same weights
         trained = torch.nn.parallel.DistributedDataParallel(
@@ -394,6 +426,10 @@ def _train(model_name, url, validation_data, *, choice, epochs, batch_size, imag
                                         shard=shard, num_epochs=None, seed=seed, num_workers=num_workers,
                                         drop_remainder=True, **options)
     loader.dataset.set_epoch(initial_epoch)
+    first_step = 0
+    if partial:   # the samples every rank had received, so the epoch goes on with exactly the rest
+        loader.load_state_dict(json.loads(partial["positions"]))
+        first_step = min(steps, int(partial["step"]) * int(partial["world"]) // world)
     val_loader, val_sharded = None, False
     if validation_data is not None:
         val_info = pipeline.dataset_info(os.fspath(validation_data))
@@ -414,12 +450,16 @@ def _train(model_name, url, validation_data, *, choice, epochs, batch_size, imag
     ran, epoch_seconds = [], []
     started = time.perf_counter()
     batches = iter(loader)
+    if partial:   # after the iterator is made: making it draws from torch's generator
+        torch.set_rng_state(partial["rng"])
     try:
         for epoch in range(initial_epoch, epochs):
             trained.train()
             epoch_started = time.perf_counter()
             loss_sum, correct, count = 0.0, 0.0, 0.0
-            for _ in range(steps):
+            if partial and epoch == initial_epoch and rank == 0:   # the epoch's sums before the backup
+                loss_sum, correct, count = (float(v) for v in partial["sums"])
+            for step in range(first_step if epoch == initial_epoch else 0, steps):
                 images, labels = next(batches)
                 images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
                 optim.zero_grad(set_to_none=True)
@@ -430,6 +470,10 @@ def _train(model_name, url, validation_data, *, choice, epochs, batch_size, imag
                 loss_sum += float(loss.detach()) * len(labels)
                 correct += float((logits.detach().argmax(1) == labels).sum())
                 count += len(labels)
+                if backup_every and (step + 1) % backup_every == 0 and step + 1 < steps:
+                    _backup(checkpoint_dir, rank, distributed, model=model, optim=optim, epoch=epoch, step=step + 1,
+                            world=world, history=history, model_name=model_name, loader=loader,
+                            sums=_sum_across([loss_sum, correct, count], distributed))
             epoch_seconds.append(time.perf_counter() - epoch_started)
             loss_sum, correct, count = _sum_across([loss_sum, correct, count], distributed)
             logs = {"loss": loss_sum / count, "accuracy": correct / count}
@@ -439,7 +483,10 @@ def _train(model_name, url, validation_data, *, choice, epochs, batch_size, imag
             for name, value in logs.items():
                 history.setdefault(name, []).append(float(value))
             _write_csv(metrics_csv, history)
-            if checkpoint_dir is not None and rank == 0:
+            if backup_every:   # with the input position: the next epoch goes on where the stream is
+                _backup(checkpoint_dir, rank, distributed, model=model, optim=optim, epoch=epoch + 1, step=0,
+                        world=world, history=history, model_name=model_name, loader=loader, sums=[0.0, 0.0, 0.0])
+            elif checkpoint_dir is not None and rank == 0:
                 checkpoint_dir.mkdir(parents=True, exist_ok=True)
                 _save({"format": CHECKPOINT_FORMAT, "epoch": epoch + 1, "model": model.state_dict(),
                        "optimizer": optim.state_dict(), "history": history, "model_name": model_name},
