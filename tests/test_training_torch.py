@@ -335,6 +335,58 @@ def test_spark_train_torch_relaunches_and_resumes_from_the_checkpoint(spark, dig
     assert [row.split(",")[0] for row in rows[1:]] == ["0", "1", "2"]
 
 
+def _dies_mid_epoch_once(data: str, output: str, checkpoint: str | None, marker: str, die_at_step: int):
+    """A torch train function (2 ranks, backups every 3 steps) whose rank 1 process dies in the middle of a
+    training step, once: ``die_at_step`` counts the model's training forwards on that rank."""
+
+    def train(rank, num_workers):
+        import os
+
+        import torch
+
+        from pinstorm.training.torch_fit import train_torch
+
+        steps = [0]
+
+        def die_once(module, inputs, output):
+            if type(module).__name__ == "AlexNet" and module.training:
+                steps[0] += 1
+                if rank == 1 and steps[0] == die_at_step and not os.path.exists(marker):
+                    open(marker, "w").close()
+                    os._exit(1)                   # the process is gone, as when a node is lost
+
+        hook = torch.nn.modules.module.register_module_forward_hook(die_once)
+        try:
+            return train_torch("alexnet", data, epochs=2, batch_size=8, image_size=32, seed=0, output_dir=output,
+                               checkpoint_dir=checkpoint, backup_every=3 if checkpoint else None,
+                               input_options={"crop_area": (0.6, 1.0)},
+                               model_kwargs={"width": 0.125, "normalization": None, "dropout": 0.5}).summary()
+        finally:
+            hook.remove()
+
+    return train
+
+
+@pytest.mark.slow
+def test_spark_train_torch_relaunched_mid_epoch_ends_as_if_never_killed(spark, digits_parquet, tmp_path):
+    """A rank lost mid-epoch: the relaunch resumes at the last backup (every rank's input position, the
+    random state) and both ranks end with the weights of a run that lost nothing."""
+    from pinstorm.training.spark import spark_train
+
+    (tmp_path / "never").touch()
+    whole = spark_train(_dies_mid_epoch_once(digits_parquet["train"], str(tmp_path / "whole"), None,
+                                             str(tmp_path / "never"), 0), 2, spark, framework="torch")
+    steps = whole[0].result["steps_per_epoch"]
+    result = spark_train(_dies_mid_epoch_once(digits_parquet["train"], str(tmp_path / "run"), str(tmp_path / "ckpt"),
+                                              str(tmp_path / "died"), steps + 5), 2, spark, framework="torch",
+                         max_restarts=1)
+    assert (tmp_path / "died").exists() and result.restarts == 1 and result[0].result["initial_epoch"] == 1
+    expected = torch.load(whole[0].result["weights_path"], weights_only=True)
+    for worker in result:
+        weights = torch.load(worker.result["weights_path"], weights_only=True)
+        assert all(torch.equal(weights[k], v) for k, v in expected.items())
+
+
 def test_spark_train_torch_refuses_what_it_cannot_do(digits_parquet):
     from pinstorm.training.spark import SparkTrainError, _check_args, torch_launcher
 
