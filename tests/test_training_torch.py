@@ -239,6 +239,35 @@ def test_train_command_refuses_flags_the_framework_does_not_have(args, message, 
     assert outcome.exit_code == 2 and message in outcome.output, outcome.output
 
 
+@pytest.mark.parametrize("args, message", [
+    (["resnet_small", "DATA"], "add --framework torch"),
+    (["resnet50", "DATA", "--framework", "torch"], "--framework torch trains alexnet, resnet_small"),
+    (["alexnet", "--framework", "torch", "--partition-board", "http://127.0.0.1:1/"], "TensorFlow's for now"),
+    (["alexnet", "DATA", "--framework", "torch", "--backup-every", "3"], "--backup-every needs --checkpoint-dir"),
+    (["alexnet", "DATA", "--backup-every", "3"], "--backup-every needs --checkpoint-dir"),
+])
+def test_spark_train_command_refuses_what_the_framework_does_not_have(args, message):
+    outcome = _cli("spark-train", *args)
+    assert outcome.exit_code == 2 and message in outcome.output, outcome.output
+
+
+@pytest.mark.slow
+def test_spark_train_command_with_framework_torch(digits_parquet, tmp_path, processes):
+    """The command line end to end in its own process (its own Spark session on local[2]): two DDP ranks,
+    mid-epoch backups, one JSON summary."""
+    pinstorm = os.path.join(os.path.dirname(sys.executable), "pinstorm")
+    run = processes.start([pinstorm, "spark-train", "alexnet", digits_parquet["train"], "--framework", "torch",
+                           "--master", "local[2]", "--workers", "2", "--epochs", "1", "--batch-size", "8",
+                           "--image-size", "32", "--width", "0.125", "--no-flip", "--checkpoint-dir",
+                           str(tmp_path / "ckpt"), "--backup-every", "4", "-o", str(tmp_path / "run"), "--json"])
+    out, _ = finish(run, timeout=300)
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert [w["rank"] for w in summary["workers"]] == [0, 1] and summary["restarts"] == 0
+    assert all(w["result"]["framework"] == "torch" and w["result"]["replicas"] == 2 for w in summary["workers"])
+    assert (tmp_path / "run" / "final.pt").exists() and (tmp_path / "run" / "workers" / "rank1" / "final.pt").exists()
+    assert not (tmp_path / "ckpt" / "checkpoint.pt").exists()   # removed after the finished run
+
+
 def test_train_command_under_torchrun_is_one_ddp_rank_each(digits_parquet, tmp_path, processes):
     """torchrun's own rendezvous (its agent's store): two ranks, NCCL asked for, gloo used, rank 0 reports."""
     pinstorm = os.path.join(os.path.dirname(sys.executable), "pinstorm")

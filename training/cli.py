@@ -240,8 +240,11 @@ def _spark_conf(pairs) -> dict:
 
 
 @click.command("spark-train")
-@click.argument("model", type=click.Choice(MODEL_NAMES, case_sensitive=False))
+@click.argument("model", type=click.Choice(MODEL_NAMES + TORCH_ONLY_MODELS, case_sensitive=False))
 @click.argument("data", required=False)
+@click.option("--framework", type=click.Choice(FRAMEWORKS), default="tensorflow", show_default=True,
+              help="torch: each task is a DDP rank (Spark's TorchDistributor where it runs, else pinstorm's "
+                   "barrier stage).")
 @click.option("--master", default=None, help="local[N] (default: local[--workers]), spark://HOST:PORT, yarn, "
               "k8s://https://HOST:PORT.")
 @click.option("--workers", type=POSITIVE, default=2, show_default=True, help="Barrier tasks = training workers.")
@@ -254,6 +257,9 @@ def _spark_conf(pairs) -> dict:
 @click.option("--image-size", type=POSITIVE, default=224, show_default=True)
 @click.option("--width", type=POSITIVE_FLOAT, default=1.0, show_default=True, help="AlexNet width multiplier.")
 @click.option("--checkpoint-dir", default=None, help="Shared BackupAndRestore folder: a relaunch resumes from it.")
+@click.option("--backup-every", type=POSITIVE, default=None, metavar="STEPS",
+              help="Back up every STEPS steps too: a relaunch continues mid-epoch with exactly the samples not "
+                   "yet trained on (needs --checkpoint-dir).")
 @output_option("--output-dir", help="Shared folder for metrics, curves, TensorBoard, weights.")
 @overwrite_option
 @click.option("--max-restarts", type=click.IntRange(min=0), default=0, show_default=True,
@@ -273,11 +279,23 @@ def _spark_conf(pairs) -> dict:
               help="Smallest random-crop area (0-1].")
 @click.option("--json", "as_json", is_flag=True, help="Print the result (every rank, every attempt) as JSON.")
 @click.option("--verbose", "-v", is_flag=True)
-def spark_train_cmd(model, data, master, workers, partition_board, validation, epochs, batch_size, image_size, width,
-                    checkpoint_dir, output_dir, overwrite, max_restarts, python, driver_host, conf_pairs,
-                    slots_timeout, parallel, learning_rate, optimizer, seed, no_flip, crop_min, as_json, verbose):
-    """Train MODEL on DATA with --workers workers as one Spark barrier stage (MultiWorkerMirroredStrategy)."""
-    _refuse_finished(output_dir, "**/final.weights.h5", overwrite)
+def spark_train_cmd(model, data, framework, master, workers, partition_board, validation, epochs, batch_size,
+                    image_size, width, checkpoint_dir, backup_every, output_dir, overwrite, max_restarts, python,
+                    driver_host, conf_pairs, slots_timeout, parallel, learning_rate, optimizer, seed, no_flip,
+                    crop_min, as_json, verbose):
+    """Train MODEL on DATA with --workers workers as one Spark barrier stage (MultiWorkerMirroredStrategy, or
+    with --framework torch one DDP rank per task)."""
+    model = model.lower()
+    with_torch = framework == "torch"
+    if with_torch and model not in TORCH_MODELS:
+        raise click.UsageError(f"--framework torch trains {', '.join(TORCH_MODELS)}, not {model}")
+    if not with_torch and model not in MODEL_NAMES:
+        raise click.UsageError(f"{model} is a PyTorch model: add --framework torch")
+    if with_torch and partition_board is not None:
+        raise click.UsageError("--partition-board is TensorFlow's for now: with --framework torch give DATA")
+    if backup_every is not None and checkpoint_dir is None:
+        raise click.UsageError("--backup-every needs --checkpoint-dir (where the backups go)")
+    _refuse_finished(output_dir, "**/final.pt" if with_torch else "**/final.weights.h5", overwrite)
     _log_to_console(verbose)
     if (data is None) == (partition_board is None):
         raise click.UsageError("give DATA (a Parquet dataset every executor can read) or --partition-board, not both")
@@ -290,18 +308,23 @@ def spark_train_cmd(model, data, master, workers, partition_board, validation, e
         input_options["flip"] = False
     if crop_min is not None:
         input_options["crop_area"] = (crop_min, 1.0)
-    args = dict(model_name=model.lower(), data=data, validation_data=validation, epochs=epochs,
-                batch_size=batch_size, image_size=image_size, parallel=parallel, checkpoint_dir=checkpoint_dir,
-                output_dir=output_dir, learning_rate=learning_rate, optimizer=optimizer, seed=seed,
-                model_kwargs={"width": width} if model.lower() == "alexnet" else {}, input_options=input_options,
-                verbose=0)
+    args = dict(model_name=model, data=data, validation_data=validation, epochs=epochs, batch_size=batch_size,
+                image_size=image_size, checkpoint_dir=checkpoint_dir, output_dir=output_dir,
+                learning_rate=learning_rate, optimizer=optimizer, seed=seed,
+                model_kwargs={"width": width} if model in ("alexnet", "resnet_small") else {},
+                input_options=input_options)
+    if with_torch:
+        args.update(num_workers=parallel or 0, backup_every=backup_every)
+    else:
+        args.update(parallel=parallel, backup_every=backup_every or "epoch", verbose=0)
     if partition_board is not None:
         args.update(partition_board=partition_board, partition_parallel=parallel)
     session = spark_session(master, workers=workers, app_name=f"pinstorm spark-train {model.lower()}", python=python,
                             driver_host=driver_host, conf=conf)
     used_master = session.sparkContext.master
     try:
-        result = spark_train(args, workers, session, max_restarts=max_restarts, slots_timeout=slots_timeout)
+        result = spark_train(args, workers, session, max_restarts=max_restarts, slots_timeout=slots_timeout,
+                             framework=framework)
     finally:
         session.stop()
     if as_json:
