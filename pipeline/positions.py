@@ -25,6 +25,7 @@ import numpy as np
 from .epochs import IncompleteEpochError, default_shuffle_buffer, epoch_order, epoch_seed, shard_row_groups
 
 STATE_FORMAT = "pinstorm.make_torch_loader/1"   # the name it was born with; TensorFlow states use it too
+_MARK_CHUNK = 1 << 16   # sample IDs marked consumed at a time (`consumed_by`)
 
 
 def _shuffled(rows, size: int, rng: random.Random):
@@ -240,6 +241,7 @@ def consumed_by(states, info: dict, streams: int) -> Position:
             for e in range(first, at + 1):
                 ids = stream_ids(info, groups, seed=epoch_seed(s["seed"], e), shuffle=s["shuffle"],
                                  shuffle_buffer=s["shuffle_buffer"], split=split, consumed=earlier.get(e))
-                taken = list(itertools.islice(ids, received if e == at else None))
-                consumed[e][np.asarray(taken, dtype=np.int64)] = True
+                ids = itertools.islice(ids, received if e == at else None)
+                while chunk := list(itertools.islice(ids, _MARK_CHUNK)):   # memory bounded, not per row received
+                    consumed[e][np.asarray(chunk, dtype=np.int64)] = True
     return Position(Position.fresh(first, streams).streams, 0, consumed)
