@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-modern test-core test-fast bench clean r-pins
+.PHONY: install demo test test-modern test-core test-fast test-distributor bench bench-peers clean r-pins
 
 # .venv: everything, petastorm included (numpy < 2, pyarrow 14.0.x, as petastorm 0.13.1 needs), on PY.
 # .venv-modern: every extra but petastorm, on a current numpy and pyarrow, on MODERN_PY (CI: the newest
@@ -58,11 +58,21 @@ test-core:  ## the boards core alone (no pipeline/training extras) on CORE_PY, i
 test-fast: $(STAMP)  ## skip the tests marked slow
 	$(BIN)/pytest -q -m "not slow" tests
 
-bench: $(STAMP)  ## every benchmark, quick settings; JSON + PNG in bench/results/
-	for b in bench/bench_*.py; do $(BIN)/python $$b --quick || exit 1; done
+bench: $(STAMP)  ## every benchmark but the peers', quick settings; JSON + PNG in bench/results/
+	for b in bench/bench_*.py; do [ $$b = bench/bench_peers.py ] || $(BIN)/python $$b --quick || exit 1; done
+
+test-distributor:  ## spark_train on Spark's own TorchDistributor (local[2] and a standalone cluster), in .venv-peers
+	bench/peers-env
+	.venv-peers/bin/python -m pip install -q 'pyspark>=3.5' pytest pytest-timeout hypothesis 'moto[server]' \
+	  gcp-storage-emulator
+	.venv-peers/bin/pytest -q -p no:cacheprovider tests/test_training_spark_distributor.py
+
+bench-peers: $(STAMP)  ## pinstorm's readers against WebDataset, Mosaic, HF datasets, TFRecord, petastorm (~8 GB env)
+	bench/peers-env
+	.venv-peers/bin/python bench/bench_peers.py
 
 r-pins:  ## R and R pins 0.4.5 / 1.1.0 for the interoperability tests (.venv/r-lib; only what is missing)
 	.ci/install-r
 
 clean:
-	rm -rf $(VENV) $(MODERN) .venv-py3.* .pytest_cache build *.egg-info demo-output
+	rm -rf $(VENV) $(MODERN) .venv-py3.* .venv-peers .pytest_cache build *.egg-info demo-output
