@@ -1,19 +1,24 @@
 """train_torch(backup_every=N): a run killed mid-epoch (SIGKILL in the middle of a step) resumes with
-exactly the samples it had not trained on, and ends with the weights and metrics of a run never killed."""
+exactly the samples it had not trained on, and ends with the weights and metrics of a run never killed; the
+sample IDs it trains on (``on_batch``) are the rest of the epoch, also when two ranks resume as one."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import signal
+import socket
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 
 pytest_plugins = ["conftest_training"]
 torch = pytest.importorskip("torch")
 
 from pinstorm.training.torch_fit import TrainingError, load_checkpoint, train_torch  # noqa: E402
+from training_support import stderr_of  # noqa: E402
 
 MODEL = dict(width=0.125, normalization=None, dropout=0.5)   # dropout: the random state must resume too
 DIGITS = {"flip": True, "crop_area": (0.6, 1.0)}             # crops and flips: the input position must too
@@ -81,3 +86,98 @@ def test_backup_every_needs_a_checkpoint_dir(digits_parquet):
         train_torch("alexnet", digits_parquet["train"], backup_every=3)
     with pytest.raises(TrainingError, match="backup_every"):
         train_torch("alexnet", digits_parquet["train"], backup_every=0, checkpoint_dir=sys.prefix)
+
+
+# --------------------------------------------------------------------------- the sample IDs (issue 20, part 3)
+
+class Killed(Exception):
+    """Raised from ``on_batch``: the run stops after a step, as a crash would."""
+
+
+def _recorder(seen: list, kill_at: tuple[int, int] | None = None):
+    """An ``on_batch`` that keeps (epoch, step, ids) and raises ``Killed`` after step ``kill_at``."""
+
+    def on_batch(epoch, step, ids):
+        seen.append((epoch, step, ids.tolist()))
+        if (epoch, step) == kill_at:
+            raise Killed(f"killed after step {step} of epoch {epoch}")
+
+    return on_batch
+
+
+def _digest(seen: list) -> str:
+    return hashlib.sha256(np.asarray([i for _, _, ids in seen for i in ids], dtype=np.int64).tobytes()).hexdigest()
+
+
+@pytest.mark.parametrize("kill_at, backup_at", [((0, 4), (0, 3)), ((1, 7), (1, 6)), ((1, 0), (1, 0))])
+def test_the_resumed_run_trains_on_exactly_the_samples_the_killed_one_had_not(digits_parquet, tmp_path, kill_at,
+                                                                               backup_at):
+    """Killed after any step: the resumed run's sample IDs are the rest of the epoch, step for step, and the
+    killed + resumed ID sequence hashes as the uninterrupted one's."""
+    args = dict(epochs=2, batch_size=8, image_size=32, model_kwargs=MODEL, seed=3, input_options=DIGITS)
+    whole: list = []
+    train_torch("alexnet", digits_parquet["train"], output_dir=str(tmp_path / "whole"), on_batch=_recorder(whole),
+                **args)
+    resumable = dict(args, output_dir=str(tmp_path / "run"), checkpoint_dir=str(tmp_path / "ckpt"), backup_every=3)
+    killed: list = []
+    with pytest.raises(Killed):
+        train_torch("alexnet", digits_parquet["train"], on_batch=_recorder(killed, kill_at), **resumable)
+    saved = load_checkpoint(tmp_path / "ckpt")
+    assert (saved["epoch"], saved["partial"]["step"]) == backup_at
+    resumed: list = []
+    train_torch("alexnet", digits_parquet["train"], on_batch=_recorder(resumed), **resumable)
+
+    assert resumed[0][:2] == backup_at                                  # not the epoch's start
+    trained_before = [entry for entry in killed if entry[:2] < backup_at]
+    assert resumed == whole[len(trained_before):]                       # the rest, step for step
+    assert trained_before == whole[:len(trained_before)]
+    assert _digest(trained_before + resumed) == _digest(whole)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+RANK_KILLED_AFTER = textwrap.dedent("""
+    import json, sys
+    from pinstorm.training.torch_fit import train_torch
+
+    seen = []
+    def on_batch(epoch, step, ids):
+        seen.append(ids.tolist())
+        with open(sys.argv[3], "w") as handle:
+            json.dump(seen, handle)
+        if step == int(sys.argv[4]):
+            raise SystemExit(f"killed after step {step}")
+    train_torch("alexnet", sys.argv[1], checkpoint_dir=sys.argv[2], on_batch=on_batch, **json.loads(sys.argv[5]))
+""")
+
+
+def test_two_ranks_backed_up_mid_epoch_resume_on_one_with_every_remaining_sample_once(digits_parquet, tmp_path,
+                                                                                      processes):
+    """Two gloo ranks (two processes) back up at step 3 and die at step 4; one process resumes: the epoch's
+    samples neither rank had trained on before the backup come next, each once, and nothing else first."""
+    args = dict(epochs=1, batch_size=8, image_size=32, model_kwargs=MODEL, seed=5, input_options=DIGITS,
+                backup_every=3, output_dir=str(tmp_path / "run"))
+    port = str(_free_port())
+    ranks = [processes.start(["-c", RANK_KILLED_AFTER, digits_parquet["train"], str(tmp_path / "ckpt"),
+                              str(tmp_path / f"rank{r}.json"), "4", json.dumps(args)],
+                             env=dict(RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r), LOCAL_WORLD_SIZE="2",
+                                      MASTER_ADDR="127.0.0.1", MASTER_PORT=port))
+             for r in range(2)]
+    for process in ranks:
+        assert process.wait(240) == 1, stderr_of(process)[-3000:]
+        assert "killed after step 4" in stderr_of(process)
+    saved = load_checkpoint(tmp_path / "ckpt")
+    assert (saved["epoch"], saved["partial"]["step"], saved["partial"]["world"]) == (0, 3, 2)
+    before = [i for r in range(2) for ids in json.loads((tmp_path / f"rank{r}.json").read_text())[:3] for i in ids]
+    assert len(before) == len(set(before)) == 2 * 3 * 8
+
+    resumed: list = []
+    result = train_torch("alexnet", digits_parquet["train"], checkpoint_dir=str(tmp_path / "ckpt"),
+                         on_batch=_recorder(resumed), **dict(args, epochs=2))
+    assert result.replicas == 1 and resumed[0][:2] == (0, 6)           # the two ranks' 3 steps each, done
+    rest = [i for _, _, ids in resumed for i in ids][:digits_parquet["rows"] - len(before)]
+    assert sorted(before + rest) == list(range(digits_parquet["rows"]))   # every sample of the epoch once

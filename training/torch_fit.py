@@ -15,7 +15,9 @@ directly.
 
 ``checkpoint_dir`` holds one ``checkpoint.pt`` (model, optimizer, finished epochs, the metric
 history): written by rank 0 after every epoch, read back with ``torch.load(weights_only=True)``
-(tensors and plain containers only, never arbitrary objects), removed after a finished run.
+(tensors and plain containers only, never arbitrary objects), removed after a finished run. With
+``backup_every=N`` it is also written every N steps, with every rank's input position, so a resumed
+run goes on with exactly the samples not yet trained on. Every write is synced, then renamed.
 Outputs, as ``train`` writes them: ``metrics.csv``, ``curves.png``, ``final.pt`` (a state dict);
 ranks other than 0 write into ``output_dir/workers/rank<N>``. Neither TensorFlow nor tf-keras is
 imported here.
@@ -215,10 +217,22 @@ def _write_csv(path: Path, history: dict[str, list[float]]) -> None:
 
 
 def _save(obj, path: Path) -> None:
-    """torch.save under a temporary name, then rename: a crash never leaves half a file."""
+    """torch.save under a temporary name, synced to disk, then renamed: a crash (or a lost node) never
+    leaves half a file, and the rename is never on disk before the bytes it names."""
     temporary = path.with_name(f".{path.name}.tmp")
-    torch.save(obj, temporary)
+    with open(temporary, "wb") as handle:
+        torch.save(obj, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
     os.replace(temporary, path)
+    try:
+        folder = os.open(path.parent, os.O_RDONLY)
+    except OSError:   # a platform whose folders cannot be opened (Windows): the rename stands as it is
+        return
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
 
 
 def _backup(checkpoint_dir: Path, rank: int, distributed: bool, *, model, optim, epoch: int, step: int, world: int,
@@ -233,8 +247,8 @@ def _backup(checkpoint_dir: Path, rank: int, distributed: bool, *, model, optim,
         positions = gathered
     if rank == 0:
         checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        _save({"format": CHECKPOINT_FORMAT, "epoch": epoch, "model": model.state_dict(), "optimizer": optim.state_dict(),
-               "history": history, "model_name": model_name,
+        _save({"format": CHECKPOINT_FORMAT, "epoch": epoch, "model": model.state_dict(),
+               "optimizer": optim.state_dict(), "history": history, "model_name": model_name,
                "partial": {"step": step, "world": world, "sums": [float(v) for v in sums],
                            "positions": json.dumps(positions), "rng": torch.get_rng_state()}},
               checkpoint_dir / CHECKPOINT_FILE)
@@ -326,6 +340,7 @@ def train_torch(
     threads: int | None = None,
     callbacks: list[Callable[[int, dict], None]] | None = None,
     backup_every: int | None = None,
+    on_batch: Callable[[int, int, "torch.Tensor"], None] | None = None,
 ) -> TrainResult:
     """Train ``model_name`` (``alexnet``, ``resnet_small``) with PyTorch on the Parquet dataset ``data``.
 
@@ -344,7 +359,9 @@ def train_torch(
     within an epoch, with every rank's input position (``loader.state_dict()``), the epoch's partial
     metrics and the random state; a run killed mid-epoch resumes with exactly the samples it had not
     trained on (on another number of ranks: every one of them once), and on the same layout ends with
-    the weights an uninterrupted run ends with.
+    the weights an uninterrupted run ends with. ``on_batch``: a function called on every rank after
+    each training step as ``fn(epoch, step, ids)``, ``ids`` the step's samples (int64 ``[B]``, the
+    loader's ``return_ids``), before that step's backup: which samples trained, for audits and tests.
     """
     from pinstorm import pipeline
 
@@ -365,7 +382,8 @@ def train_torch(
                       seed=seed, output_dir=output_dir, checkpoint_dir=checkpoint_dir,
                       input_options=dict(input_options or {}), num_workers=num_workers,
                       steps_per_epoch=steps_per_epoch, threads=threads, callbacks=list(callbacks or []),
-                      backup_every=int(backup_every) if backup_every else None, pipeline=pipeline)
+                      backup_every=int(backup_every) if backup_every else None, on_batch=on_batch,
+                      pipeline=pipeline)
     finally:
         if own_group and dist.is_initialized():
             dist.destroy_process_group()
@@ -373,7 +391,7 @@ def train_torch(
 
 def _train(model_name, url, validation_data, *, choice, epochs, batch_size, image_size, num_classes,
            learning_rate, optimizer, model_kwargs, seed, output_dir, checkpoint_dir, input_options, num_workers,
-           steps_per_epoch, threads, callbacks, backup_every, pipeline) -> TrainResult:
+           steps_per_epoch, threads, callbacks, backup_every, on_batch, pipeline) -> TrainResult:
     distributed = choice is not None
     rank, world = (choice.rank, choice.world_size) if distributed else (0, 1)
     device = _device_for(choice.backend) if distributed else torch.device("cuda" if torch.cuda.is_available()
@@ -424,7 +442,7 @@ def _train(model_name, url, validation_data, *, choice, epochs, batch_size, imag
 
     loader = pipeline.make_torch_loader(url, batch_size=batch_size, image_size=image_size, training=True,
                                         shard=shard, num_epochs=None, seed=seed, num_workers=num_workers,
-                                        drop_remainder=True, **options)
+                                        drop_remainder=True, return_ids=on_batch is not None, **options)
     loader.dataset.set_epoch(initial_epoch)
     first_step = 0
     if partial:   # the samples every rank had received, so the epoch goes on with exactly the rest
@@ -460,7 +478,7 @@ def _train(model_name, url, validation_data, *, choice, epochs, batch_size, imag
             if partial and epoch == initial_epoch and rank == 0:   # the epoch's sums before the backup
                 loss_sum, correct, count = (float(v) for v in partial["sums"])
             for step in range(first_step if epoch == initial_epoch else 0, steps):
-                images, labels = next(batches)
+                images, labels, *ids = next(batches)
                 images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
                 optim.zero_grad(set_to_none=True)
                 logits = trained(images)
@@ -470,6 +488,8 @@ def _train(model_name, url, validation_data, *, choice, epochs, batch_size, imag
                 loss_sum += float(loss.detach()) * len(labels)
                 correct += float((logits.detach().argmax(1) == labels).sum())
                 count += len(labels)
+                if on_batch is not None:
+                    on_batch(epoch, step, ids[0])
                 if backup_every and (step + 1) % backup_every == 0 and step + 1 < steps:
                     _backup(checkpoint_dir, rank, distributed, model=model, optim=optim, epoch=epoch, step=step + 1,
                             world=world, history=history, model_name=model_name, loader=loader,
