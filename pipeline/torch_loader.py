@@ -128,7 +128,7 @@ _decode_buffer = _DecodeBuffer()
 
 def _decode(image: JpegImage, ratio: int) -> np.ndarray:
     """RGB pixels [h, w, 3] of `image` decoded at 1/`ratio` DCT scale by libjpeg-turbo (simplejpeg), into
-    the process's decode buffer (valid until the next decode). A JPEG simplejpeg refuses in a way Pillow
+    this thread's decode buffer (valid until its next decode). A JPEG simplejpeg refuses in a way Pillow
     may not (an odd colour space) goes to Pillow; a broken one is `UndecodableImage` either way."""
     width, height = image.size
     scaled = (math.ceil(height / ratio), math.ceil(width / ratio))
