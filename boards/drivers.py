@@ -10,6 +10,11 @@ anything is decoded: Parquet by what its row groups decode to (dictionaries incl
 by its buffers' declared decompressed sizes, CSV and JSON by file size against the budget divided by
 the worst expansion of their parsers (8 and 32). Past it, `LimitExceeded` names the file, the value
 and the limit; ``pin_get(..., files=True)`` still returns the path.
+
+Parquet and Arrow files reach pandas as Arrow's own file (`pa.OSFile`), never as a Python file object
+(what `pd.read_parquet(path)` would hand Arrow): Arrow reads a Python file object on its IO threads,
+and such a read still holding the GIL while the interpreter finalizes aborts the process after its
+work is done (``terminate called without an active exception``; apache/arrow#34314, #39162).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import pyarrow as pa
 
 from . import parquet_limits
 from .errors import BoardError, LimitExceeded
@@ -81,13 +87,15 @@ def load(pin_type: str, path: Path) -> Any:
     suffix = path.suffix.lower()
     if pin_type == "parquet" or (pin_type == "table" and suffix == ".parquet"):
         parquet_limits.check_file(path, str(path))
-        return pd.read_parquet(path)
+        with pa.OSFile(str(path)) as file:
+            return pd.read_parquet(file, pre_buffer=False)
     if pin_type == "csv" or (pin_type == "table" and suffix == ".csv"):
         _check_text(path, CSV_EXPANSION)
         return pd.read_csv(path)
     if pin_type in {"arrow", "feather"}:
         parquet_limits.check_arrow_file(path, str(path))
-        return pd.read_feather(path)
+        with pa.OSFile(str(path)) as file:
+            return pd.read_feather(file)
     if pin_type == "json":
         _check_text(path, JSON_EXPANSION)
         return json.loads(path.read_text())

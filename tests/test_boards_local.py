@@ -22,6 +22,30 @@ def test_dataframe_round_trip_parquet_and_csv(tmp_path):
     assert meta["type"] == "csv" and meta["file"] == "table_csv.csv" and meta["api_version"] == 1
 
 
+@pytest.mark.parametrize("kind", ["parquet", "arrow"])
+def test_arrow_reads_a_dataframe_pin_from_its_own_file(kind, monkeypatch):
+    """Never through a Python file object: Arrow reads one on its IO threads, and such a read holding
+    the GIL while the interpreter finalizes aborts the process after its work is done (a writer of a
+    repartition aborted so in CI: "terminate called without an active exception")."""
+    import pyarrow as pa
+    import pyarrow.feather
+    import pyarrow.parquet
+
+    module = pyarrow.parquet if kind == "parquet" else pyarrow.feather
+    read_table, handed = module.read_table, []
+
+    def spy(source, *args, **kwargs):
+        handed.append((source, kwargs.get("pre_buffer")))
+        return read_table(source, *args, **kwargs)
+
+    monkeypatch.setattr(module, "read_table", spy)
+    df = pd.DataFrame({"id": ["n01", "n02"], "images": [3, 4]})
+    assert boards.pin(df, "cats", type=kind).equals(df)
+    assert boards.pin_get("cats").equals(df)
+    assert len(handed) == 2 and all(isinstance(source, pa.NativeFile) for source, _ in handed), handed
+    assert kind == "arrow" or {pre for _, pre in handed} == {False}   # no reads left running on IO threads
+
+
 def test_file_folder_and_json_pins(tmp_path):
     src = tmp_path / "src"
     (src / "sub").mkdir(parents=True)

@@ -242,7 +242,6 @@ def test_train_command_refuses_flags_the_framework_does_not_have(args, message, 
 @pytest.mark.parametrize("args, message", [
     (["resnet_small", "DATA"], "add --framework torch"),
     (["resnet50", "DATA", "--framework", "torch"], "--framework torch trains alexnet, resnet_small"),
-    (["alexnet", "--framework", "torch", "--partition-board", "http://127.0.0.1:1/"], "TensorFlow's for now"),
     (["alexnet", "DATA", "--framework", "torch", "--backup-every", "3"], "--backup-every needs --checkpoint-dir"),
     (["alexnet", "DATA", "--backup-every", "3"], "--backup-every needs --checkpoint-dir"),
 ])
@@ -416,11 +415,71 @@ def test_spark_train_torch_relaunched_mid_epoch_ends_as_if_never_killed(spark, d
         assert all(torch.equal(weights[k], v) for k, v in expected.items())
 
 
+def _records_batches_and_dies_once(log_dir: str, marker: str, die_at: tuple[int, int, int]):
+    """An ``on_batch`` that appends each step's sample IDs to its rank's log, and whose rank ``die_at[0]``
+    process dies after step ``die_at[2]`` of epoch ``die_at[1]``, once (before that step's backup)."""
+
+    def on_batch(epoch, step, ids):
+        import json
+        import os
+
+        rank = int(os.environ["RANK"])
+        with open(os.path.join(log_dir, f"rank{rank}.jsonl"), "a") as log:
+            log.write(json.dumps({"pid": os.getpid(), "epoch": epoch, "step": step, "ids": ids.tolist()}) + "\n")
+        if (rank, epoch, step) == die_at and not os.path.exists(marker):
+            open(marker, "w").close()
+            os._exit(1)                         # the process is gone, as when a node is lost
+
+    return on_batch
+
+
+@pytest.mark.slow
+def test_spark_train_torch_partitions_from_the_board_and_resumes_mid_epoch(spark, http_board, tmp_path):
+    """The seed's flow with torch: each rank fetches its own categories from a data.txt board over HTTP,
+    converts them and trains on them alone; rank 1 dies mid-epoch and the relaunch goes on from the
+    last backup, each rank from its own position in its own slice."""
+    from pinstorm.pipeline import make_digits_tree, repartition, scan
+    from pinstorm.training.spark import spark_train
+
+    board, _, url = http_board
+    layout = scan(make_digits_tree(tmp_path / "tree", image_size=32, per_class=12, seed=1))
+    repartition(layout, board.name, zip=True, progress=False)
+    logs = tmp_path / "batches"
+    logs.mkdir()
+    result = spark_train(dict(model_name="alexnet", partition_board=url, epochs=2, batch_size=4, image_size=32,
+                              model_kwargs=TINY, seed=0, output_dir=str(tmp_path / "run"),
+                              checkpoint_dir=str(tmp_path / "ckpt"), backup_every=3, input_options=DIGITS,
+                              on_batch=_records_batches_and_dies_once(str(logs), str(tmp_path / "died"), (1, 0, 4))),
+                         2, spark, framework="torch", max_restarts=1)
+    assert (tmp_path / "died").exists() and result.restarts == 1
+    summaries = [worker.result for worker in result]
+    partitions = [s["partition"] for s in summaries]
+    mine, theirs = (set(p["categories"]) for p in partitions)
+    assert mine and theirs and not mine & theirs and mine | theirs == set(layout.classes)
+    assert sum(p["rows"] for p in partitions) == len(layout.items("train"))
+    assert partitions[0]["rows_per_worker"] == partitions[1]["rows_per_worker"] == [p["rows"] for p in partitions]
+    steps = min(p["rows"] for p in partitions) // 4
+    assert all(s["steps_per_epoch"] == steps and s["input_shards"] == [None] for s in summaries)
+    assert steps > 5
+    first, second = (torch.load(s["weights_path"], weights_only=True) for s in summaries)
+    assert all(torch.equal(first[k], second[k]) for k in first)          # one model, all-reduced
+
+    for rank, partition in enumerate(partitions):
+        records = [json.loads(line) for line in (logs / f"rank{rank}.jsonl").read_text().splitlines()]
+        pids = list(dict.fromkeys(r["pid"] for r in records))
+        assert len(pids) == 2                                              # the first attempt, the relaunch
+        before = {r["step"]: r["ids"] for r in records if r["pid"] == pids[0] and r["epoch"] == 0}
+        after = {r["step"]: r["ids"] for r in records if r["pid"] == pids[1] and r["epoch"] == 0}
+        assert min(after) == 3 and max(after) == steps - 1                 # from the backup after step 2 on
+        assert all(after[step] == before[step] for step in after if step in before)   # the replay is the same
+        epoch = [i for step in range(steps) for i in (before[step] if step < 3 else after[step])]
+        assert len(set(epoch)) == len(epoch) == steps * 4                   # no sample twice
+        assert all(0 <= i < partition["rows"] for i in epoch)              # all from this rank's own slice
+
+
 def test_spark_train_torch_refuses_what_it_cannot_do(digits_parquet):
     from pinstorm.training.spark import SparkTrainError, _check_args, torch_launcher
 
-    with pytest.raises(SparkTrainError, match="partition_board is not available with framework='torch'"):
-        _check_args({"partition_board": "http://127.0.0.1:1/"}, 2, "torch")
     with pytest.raises(SparkTrainError, match="framework must be one of"):
         _check_args({"data": digits_parquet["train"]}, 2, "jax")
     with pytest.raises(SparkTrainError, match="torch_launcher must be one of"):

@@ -291,8 +291,6 @@ def spark_train_cmd(model, data, framework, master, workers, partition_board, va
         raise click.UsageError(f"--framework torch trains {', '.join(TORCH_MODELS)}, not {model}")
     if not with_torch and model not in MODEL_NAMES:
         raise click.UsageError(f"{model} is a PyTorch model: add --framework torch")
-    if with_torch and partition_board is not None:
-        raise click.UsageError("--partition-board is TensorFlow's for now: with --framework torch give DATA")
     if backup_every is not None and checkpoint_dir is None:
         raise click.UsageError("--backup-every needs --checkpoint-dir (where the backups go)")
     _refuse_finished(output_dir, "**/final.pt" if with_torch else "**/final.weights.h5", overwrite)

@@ -16,8 +16,8 @@ The seed's flow is built in: with ``partition_board``, task ``rank`` of ``n`` fe
 trains on it alone; the workers agree on the steps per epoch (the smallest slice decides).
 ``framework="torch"`` runs ``train_torch`` instead, on Spark's ``TorchDistributor`` (one torchrun
 process per barrier task, ``local_mode=False``): it sets the torch.distributed environment, each
-rank reads its own shard and ``init_distributed`` probes NCCL (gloo on CPU); ``max_restarts`` and
-``checkpoint_dir`` work as above. TorchDistributor's barrier stage is a ``mapInArrow``, which
+rank reads its own shard (with ``partition_board``, its own slice) and ``init_distributed`` probes
+NCCL (gloo on CPU); ``max_restarts`` and ``checkpoint_dir`` work as above. TorchDistributor's barrier stage is a ``mapInArrow``, which
 PySpark 4 allows only with pyarrow >= 18; where pyarrow is older (petastorm's environment pins 14),
 the same ranks run in pinstorm's own barrier stage instead: each task sets ``RANK``,
 ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` (rank 0's address and a port it found free)
@@ -169,7 +169,10 @@ class _BarrierTask:
             args = dict(self.train_fn_or_args)
             partition = None
             if args.get("partition_board") is not None:
-                partition = _fetch_partition(args, rank, self.num_workers, context)
+                from .multiworker import read_tf_config, worker_output_dir
+
+                own_dir = worker_output_dir(args.get("output_dir") or "runs/spark", read_tf_config())
+                partition = _fetch_partition(args, rank, self.num_workers, context.allGather, own_dir)
             for key in PARTITION_KEYS:
                 args.pop(key, None)
             callbacks = []
@@ -184,16 +187,18 @@ class _BarrierTask:
         yield WorkerResult(rank, self.num_workers, address, time.perf_counter() - started, result)
 
 
-def _fetch_partition(args: dict, rank: int, num_workers: int, context) -> dict:
+def _fetch_partition(args: dict, rank: int, num_workers: int, all_gather: Callable[[str], list],
+                     own_dir: str | os.PathLike) -> dict:
     """Fetch and convert this rank's categories; point ``args`` at them; share the slices' row counts.
 
-    Runs in the barrier task. Every worker reads only its own slice (``input_options["shard"] =
-    None``), and all must run the same number of steps, so the workers share their row counts
-    (``rows_per_worker`` in the returned record) and train on the smallest slice's.
+    Runs in each rank (a barrier task, or a torch process). Every worker reads only its own slice
+    (``input_options["shard"] = None``), and all must run the same number of steps, so the workers
+    share their row counts through ``all_gather`` (text in, every rank's text out, in rank order:
+    ``allGather`` of the barrier, or a gloo group's) and train on the smallest slice's
+    (``rows_per_worker`` in the returned record). ``own_dir``: this rank's output folder; the slice is
+    converted under ``partition_dir``, else ``cache_dir``, else ``<own_dir>/data``.
     """
     from pinstorm import boards, pipeline
-
-    from .multiworker import read_tf_config, worker_output_dir
 
     spec = dict(args["partition_board"])
     # the board's name is part of its cache path: a stable name lets a relaunched task (and the other
@@ -203,9 +208,7 @@ def _fetch_partition(args: dict, rank: int, num_workers: int, context) -> dict:
     started = time.perf_counter()
     data_map = pipeline.imagenet_partition(rank, num_workers, board=board, parallel=args.get("partition_parallel"))
     fetch_seconds = time.perf_counter() - started
-    base = args.get("partition_dir") or args.get("cache_dir")
-    if not base:
-        base = worker_output_dir(args.get("output_dir") or "runs/spark", read_tf_config()) / "data"
+    base = args.get("partition_dir") or args.get("cache_dir") or os.path.join(os.fspath(own_dir), "data")
     target = os.path.join(os.fspath(base), f"partition-{rank}-of-{num_workers}")
     options = dict(split="train", classes=data_map["classes"], progress=False, parallel=args.get("parallel"))
     try:
@@ -213,7 +216,7 @@ def _fetch_partition(args: dict, rank: int, num_workers: int, context) -> dict:
     except pipeline.DatasetExistsError:       # the board changed since: this folder is ours to redo
         log.warning("%s holds an older conversion of partition %d; converting again", target, rank)
         converted = pipeline.convert(data_map, target, overwrite=True, **options)
-    counts = [int(item) for item in context.allGather(str(converted.rows))]
+    counts = [int(item) for item in all_gather(str(converted.rows))]
     args.update(data=converted.url, input_options={**(args.get("input_options") or {}), "shard": None})
     return {"index": rank, "of": num_workers, "categories": list(data_map["categories"]),
             "rows": converted.rows, "rows_per_worker": counts, "url": converted.url,
@@ -282,9 +285,6 @@ def _check_args(train_fn_or_args, num_workers, framework: str = "tensorflow") ->
         raise SparkTrainError(f"num_workers must be a positive integer, got {num_workers!r}")
     if framework not in FRAMEWORKS:
         raise SparkTrainError(f"framework must be one of {FRAMEWORKS}, got {framework!r}")
-    if framework == "torch" and isinstance(train_fn_or_args, dict) and train_fn_or_args.get("partition_board"):
-        raise SparkTrainError("partition_board is not available with framework='torch' yet: give data (one "
-                              "dataset, sharded across the ranks)")
     if callable(train_fn_or_args):
         return train_fn_or_args
     if not isinstance(train_fn_or_args, dict):
@@ -339,7 +339,9 @@ def spark_train(train_fn_or_args: Callable[[int, int], Any] | dict, num_workers:
     local_mode=False, use_gpu=False)``; a dict holds ``train_torch`` arguments (``model_name``,
     ``data``, ..., ``backend``), a function ``fn(rank, num_workers)`` runs in each torch process
     with the process group already made (``init_distributed``). Every rank's result comes home
-    through rank 0. ``partition_board`` is TensorFlow-only for now. ``torch_launcher``: ``"auto"``
+    through rank 0. ``partition_board`` works as above: each rank fetches and converts its slice after
+    the process group is made, and the ranks share their row counts through a gloo group of their
+    own (its timeout: ``PARTITION_WAIT``, as long as the slowest fetch may take). ``torch_launcher``: ``"auto"``
     (TorchDistributor where its pyarrow >= 18 is installed, else pinstorm's barrier stage),
     ``"torch-distributor"`` or ``"barrier"``.
     """
@@ -490,6 +492,43 @@ class _TorchBarrierTask:
         yield _torch_rank(self.train_fn_or_args, self.num_workers, self.env, self.progress)
 
 
+# how long a torch rank waits for the others to fetch and convert their slices (a day: ImageNet-sized
+# slices over a slow link); the barrier stage's own allGather waits as long as Spark lets it
+PARTITION_WAIT = 24 * 3600.0
+
+
+def _torch_partition(args: dict, rank: int, num_workers: int) -> dict:
+    """`_fetch_partition` in a torch rank: the row counts go through a gloo group made for them, whose
+    timeout outlasts the fetches (the default group's would end a rank waiting for a slower one), and
+    the steps per epoch become the smallest slice's full batches (unless ``steps_per_epoch`` is set)."""
+    from datetime import timedelta
+    from pathlib import Path
+
+    import torch.distributed as dist
+
+    from .results import TrainingError
+
+    group = dist.new_group(backend="gloo", timeout=timedelta(seconds=PARTITION_WAIT))
+
+    def all_gather(text: str) -> list:
+        everyone: list = [None] * num_workers
+        dist.all_gather_object(everyone, text, group=group)
+        return everyone
+
+    output = Path(args["output_dir"])
+    own_dir = output if rank == 0 else output / "workers" / f"rank{rank}"      # where train_torch writes
+    partition = _fetch_partition(args, rank, num_workers, all_gather, own_dir)
+    dist.destroy_process_group(group)
+    if not args.get("steps_per_epoch"):
+        batch_size = int(args.get("batch_size", 32))
+        steps = min(partition["rows_per_worker"]) // batch_size
+        if steps < 1:
+            raise TrainingError(f"the smallest worker partition has {min(partition['rows_per_worker'])} rows, "
+                                f"fewer than one batch of {batch_size}; lower batch_size")
+        args["steps_per_epoch"] = steps
+    return partition
+
+
 def _torch_rank(train_fn_or_args, num_workers: int, env: dict, progress: tuple[str, str] | None) -> str:
     """What each torch process runs (a module-level function: executors import it, nothing is shipped by
     value). Makes the group, trains, and gathers every rank's ``WorkerResult`` fields as JSON on rank 0."""
@@ -508,10 +547,15 @@ def _torch_rank(train_fn_or_args, num_workers: int, env: dict, progress: tuple[s
         if args is None:
             result = train_fn_or_args(rank, num_workers)
         else:
+            partition = _torch_partition(args, rank, num_workers) if args.get("partition_board") else None
+            for key in PARTITION_KEYS:
+                args.pop(key, None)
             if rank == 0 and progress:
                 args["callbacks"] = [*(args.get("callbacks") or []), _torch_epoch_reporter(*progress, args)]
             model_name = args.pop("model_name", "alexnet")
             result = train_torch(model_name, **options, **args).summary()
+            if partition is not None:
+                result["partition"] = partition
         mine = {"rank": rank, "num_workers": num_workers, "address": f"{socket.gethostname()} pid {os.getpid()}",
                 "seconds": time.perf_counter() - started, "result": result}
         everyone = [None] * dist.get_world_size()

@@ -358,7 +358,8 @@ def train_torch(
     ranks on this machine). ``backup_every=N`` (with ``checkpoint_dir``): also back up every N steps
     within an epoch, with every rank's input position (``loader.state_dict()``), the epoch's partial
     metrics and the random state; a run killed mid-epoch resumes with exactly the samples it had not
-    trained on (on another number of ranks: every one of them once), and on the same layout ends with
+    trained on (on another number of ranks: every one of them once; ranks that each read a dataset of
+    their own, ``"shard": None``, resume on as many ranks), and on the same layout ends with
     the weights an uninterrupted run ends with. ``on_batch``: a function called on every rank after
     each training step as ``fn(epoch, step, ids)``, ``ids`` the step's samples (int64 ``[B]``, the
     loader's ``return_ids``), before that step's backup: which samples trained, for audits and tests.
@@ -446,7 +447,14 @@ def _train(model_name, url, validation_data, *, choice, epochs, batch_size, imag
     loader.dataset.set_epoch(initial_epoch)
     first_step = 0
     if partial:   # the samples every rank had received, so the epoch goes on with exactly the rest
-        loader.load_state_dict(json.loads(partial["positions"]))
+        positions = json.loads(partial["positions"])
+        if distributed and shard is None:    # each rank reads a dataset of its own: only its position applies
+            if int(partial["world"]) != world:
+                raise TrainingError(f"{checkpoint_dir / CHECKPOINT_FILE} was backed up by {partial['world']} ranks "
+                                    f"each reading a dataset of its own: resume it on {partial['world']} ranks, "
+                                    f"not {world}")
+            positions = positions[rank]
+        loader.load_state_dict(positions)
         first_step = min(steps, int(partial["step"]) * int(partial["world"]) // world)
     val_loader, val_sharded = None, False
     if validation_data is not None:
