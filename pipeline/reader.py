@@ -177,8 +177,8 @@ class DatasetPosition:
         return stream_length(self.source.info, self.source.groups, seed=epoch_seed(self.source.base_seed, epoch),
                              shuffle=self.shuffle, consumed=self.start.consumed.get(epoch))
 
-    def rows(self, epoch):
-        """(jpegs, labels, seeds [n, 2], ids) chunks of `epoch` from the start position on, in plan order."""
+    def rows(self, epoch, with_ids=True):
+        """(jpegs, labels, seeds [n, 2][, ids]) chunks of `epoch` from the start position on, in plan order."""
         epoch = int(epoch)
         first, skip = self.start.streams[0]
         skip = skip if epoch == first else 0
@@ -196,16 +196,16 @@ class DatasetPosition:
             jpegs = np.array([c[1] for c in chunk], dtype=object)
             labels = np.array([c[2] for c in chunk], dtype=np.int32)
             seeds = np.stack([np.full(len(ids), seed, dtype=np.int64), ids], axis=1)
-            yield jpegs, labels, seeds, ids
+            yield (jpegs, labels, seeds, ids) if with_ids else (jpegs, labels, seeds)
 
-    def epoch_dataset(self, tf, return_ids: bool):
+    def epoch_chunks(self, tf, return_ids: bool):
+        """epoch -> a dataset of that epoch's chunks of `_CHUNK` rows (`rows`): tf.data hands rows over a
+        chunk at a time, so queueing ahead and crossing epochs cost nothing per row."""
         signature = (tf.TensorSpec([None], tf.string), tf.TensorSpec([None], tf.int32),
-                     tf.TensorSpec([None, 2], tf.int64), tf.TensorSpec([None], tf.int64))
+                     tf.TensorSpec([None, 2], tf.int64)) + ((tf.TensorSpec([None], tf.int64),) if return_ids else ())
 
         def epoch_dataset(epoch):
-            rows = tf.data.Dataset.from_generator(self.rows, args=(epoch,), output_signature=signature)
-            rows = rows.prefetch(2).unbatch()   # plan and read the next rows while these are decoded
-            return rows if return_ids else rows.map(lambda jpeg, label, seed, sample: (jpeg, label, seed))
+            return tf.data.Dataset.from_generator(self.rows, args=(epoch, return_ids), output_signature=signature)
 
         return epoch_dataset
 
@@ -302,19 +302,23 @@ def make_dataset(url, *, batch_size: int, image_size=(224, 224), training: bool 
         if state is not None or return_ids:
             raise ValueError("state= and return_ids= need engine='pyarrow': petastorm reads row groups in its own "
                              "order, so no position can be kept")
-        epoch_dataset, first, position = _petastorm_epochs(tf, source, shuffle, shuffle_buffer), 0, None
+        position, first = None, 0
     else:
         position = DatasetPosition(source, batch_size=int(batch_size), shuffle=shuffle, shuffle_buffer=shuffle_buffer,
                                    num_epochs=num_epochs, drop_remainder=drop_remainder, state=state)
-        epoch_dataset, first = position.epoch_dataset(tf, return_ids), position.start.epoch
+        first = position.start.epoch
     end = first + num_epochs if num_epochs is not None else 2**62
     epochs = tf.data.Dataset.range(first, end)
-    dataset = epochs.flat_map(epoch_dataset)
-    # Keep encoded rows queued across epoch boundaries: a new epoch starts a new reader and refills its
-    # shuffle buffer, and the decoders should not wait for that.
+    # Keep encoded rows queued across epoch boundaries: a new epoch starts a new reader (and, petastorm,
+    # refills its shuffle buffer), and the decoders should not wait for that.
     ahead = _AHEAD if prefetch_rows is None else prefetch_rows
-    if ahead > 0:
-        dataset = dataset.prefetch(ahead)
+    if position is None:
+        dataset = epochs.flat_map(_petastorm_epochs(tf, source, shuffle, shuffle_buffer))
+        dataset = dataset.prefetch(ahead) if ahead > 0 else dataset
+    else:   # queued as whole chunks, then cut into rows
+        dataset = epochs.flat_map(position.epoch_chunks(tf, return_ids))
+        dataset = dataset.prefetch(-(-ahead // _CHUNK)) if ahead > 0 else dataset
+        dataset = dataset.unbatch()
     fn = _preprocess_fns(tf, image_size, training, crop_area, flip, eval_crop, dct_scale)
     if return_ids:
         fn = (lambda decode: lambda jpeg, label, seed, sample: (*decode(jpeg, label, seed), sample))(fn)
