@@ -18,10 +18,10 @@ trains on it alone; the workers agree on the steps per epoch (the smallest slice
 process per barrier task, ``local_mode=False``): it sets the torch.distributed environment, each
 rank reads its own shard (with ``partition_board``, its own slice) and ``init_distributed`` probes
 NCCL (gloo on CPU); ``max_restarts`` and ``checkpoint_dir`` work as above. TorchDistributor's
-barrier stage is a ``mapInArrow``, which PySpark 4 allows only with pyarrow >= 18; where pyarrow is older (petastorm's environment pins 14),
-the same ranks run in pinstorm's own barrier stage instead: each task sets ``RANK``,
-``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` (rank 0's address and a port it found free)
-and trains in its task process. Importing this module imports neither TensorFlow nor pyspark
+barrier stage is a ``mapInArrow``, which PySpark 4 allows only with pyarrow >= 18; where pyarrow
+is older (petastorm's environment pins 14), the same ranks run in pinstorm's own barrier stage
+instead: each task sets ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` (rank 0's
+address and a port it found free) and trains in its task process. Importing this module imports neither TensorFlow nor pyspark
 (nor torch).
 """
 
