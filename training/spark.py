@@ -21,8 +21,8 @@ NCCL (gloo on CPU); ``max_restarts`` and ``checkpoint_dir`` work as above. Torch
 barrier stage is a ``mapInArrow``, which PySpark 4 allows only with pyarrow >= 18; where pyarrow
 is older (petastorm's environment pins 14), the same ranks run in pinstorm's own barrier stage
 instead: each task sets ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` (rank 0's
-address and a port it found free) and trains in its task process. Importing this module imports neither TensorFlow nor pyspark
-(nor torch).
+address and a port it found free) and trains in its task process. Importing this module imports
+neither TensorFlow nor pyspark (nor torch).
 """
 
 from __future__ import annotations
