@@ -239,17 +239,23 @@ def _train_from_args(args: dict, *, per_worker_rows: int | None = None, callback
     if per_worker_rows is not None and not args.get("steps_per_epoch"):
         # each worker reads its own slice: a step takes batch_size rows per local replica from it
         local_replicas = max(strategy.num_replicas_in_sync // cluster_size(read_tf_config()), 1)
-        steps = per_worker_rows // (int(args.get("batch_size", 32)) * local_replicas)
-        if steps < 1:
-            from .inputs import TrainingError
-
-            raise TrainingError(f"the smallest worker partition has {per_worker_rows} rows, fewer than one batch of "
-                                f"{args.get('batch_size', 32)} x {local_replicas} replica(s); lower batch_size")
-        args["steps_per_epoch"] = steps
+        args["steps_per_epoch"] = _partition_steps(per_worker_rows, int(args.get("batch_size", 32)), local_replicas)
     model_name = args.pop("model_name", "alexnet")
     if callbacks:
         args["callbacks"] = [*(args.get("callbacks") or []), *callbacks]
     return train(model_name, strategy=strategy, **args).summary()
+
+
+def _partition_steps(smallest: int, batch_size: int, replicas: int = 1) -> int:
+    """Steps per epoch when each worker reads its own slice: the smallest slice's full batches, a batch
+    being `batch_size` rows per local replica."""
+    steps = smallest // (batch_size * replicas)
+    if steps < 1:
+        from .results import TrainingError
+
+        raise TrainingError(f"the smallest worker partition has {smallest} rows, fewer than one batch of "
+                            f"{batch_size} x {replicas} replica(s); lower batch_size")
+    return steps
 
 
 def _partition_board_spec(board) -> dict:
@@ -506,8 +512,6 @@ def _torch_partition(args: dict, rank: int, num_workers: int) -> dict:
 
     import torch.distributed as dist
 
-    from .results import TrainingError
-
     group = dist.new_group(backend="gloo", timeout=timedelta(seconds=PARTITION_WAIT))
 
     def all_gather(text: str) -> list:
@@ -520,12 +524,7 @@ def _torch_partition(args: dict, rank: int, num_workers: int) -> dict:
     partition = _fetch_partition(args, rank, num_workers, all_gather, own_dir)
     dist.destroy_process_group(group)
     if not args.get("steps_per_epoch"):
-        batch_size = int(args.get("batch_size", 32))
-        steps = min(partition["rows_per_worker"]) // batch_size
-        if steps < 1:
-            raise TrainingError(f"the smallest worker partition has {min(partition['rows_per_worker'])} rows, "
-                                f"fewer than one batch of {batch_size}; lower batch_size")
-        args["steps_per_epoch"] = steps
+        args["steps_per_epoch"] = _partition_steps(min(partition["rows_per_worker"]), int(args.get("batch_size", 32)))
     return partition
 
 
