@@ -19,7 +19,7 @@ import numpy as np
 
 from .metadata import check_petastorm_metadata, petastorm_guard, read_info
 from .storage import locate, petastorm_filesystem
-from .verify import CorruptPartError, check_parts, open_part, read_row_group, rows_digest, verified
+from .verify import CHECKSUMMED, CorruptPartError, check_parts, open_part, read_row_group, rows_digest, verified
 from pinstorm.errors import PinstormError
 
 # The reader's logger: its messages predate this module, and users filter on that name.
@@ -236,7 +236,7 @@ class EpochSource:
         try:
             for name, rg in (where[g] for g in order):
                 if name not in files:
-                    files[name] = open_part(self.location, self.info, name)
+                    files[name] = open_part(self.location, self.info, name, CHECKSUMMED)
                 table = read_row_group(files[name], self.location, self.info, name, rg)
                 images = table.column("image").to_numpy(zero_copy_only=False)
                 check_jpegs(images, self.location, self.info, name, rg, files[name],

@@ -339,6 +339,38 @@ def test_reader_refuses_a_corrupted_row_group_before_any_of_its_rows(noisy_datas
     assert rows <= before
 
 
+def test_page_crcs_are_verified_for_every_column_the_content_checksum_does_not_cover(noisy_dataset, monkeypatch):
+    """Readers of image and label (checked by the row-group checksum) skip the CRC pass over the JPEG pages;
+    a read of any other column, or of a part without row-group checksums, keeps it (pyarrow >= 15)."""
+    from pinstorm.boards import parquet_limits
+    from pinstorm.pipeline import verify
+
+    opened = []
+    original = parquet_limits.BoundedParquetFile.__init__
+
+    def spy(self, source, where, *args, **kwargs):
+        if "part-" in where:   # (not the dataset's _common_metadata)
+            opened.append(kwargs.get("page_checksum_verification", False))
+        original(self, source, where, *args, **kwargs)
+
+    monkeypatch.setattr(parquet_limits.BoundedParquetFile, "__init__", spy)
+    from pinstorm.pipeline.epochs import open_epochs
+
+    source = open_epochs(noisy_dataset, None, shuffle=False, seed=0)   # make_dataset's and the torch loader's
+    rows = sum(len(labels) for _, labels in source(0))
+    assert rows == 60 and opened and not any(opened)
+    opened.clear()
+    verify_dataset(noisy_dataset)                                      # reads every column
+    assert opened and all(opened) == verify.PAGE_CRC
+    entry = read_info(resolve(noisy_dataset))["files"]["part-00000.parquet"]
+    crc = {"page_checksum_verification": True} if verify.PAGE_CRC else {}
+    assert verify.reader_options(entry, ("image", "label")) == {}
+    assert verify.reader_options(entry, ("image", "label", "filename")) == crc
+    assert verify.reader_options(entry) == crc
+    unchecked = {k: v for k, v in entry.items() if k != "row_group_xxh3"}
+    assert verify.reader_options(unchecked, ("image", "label")) == crc
+
+
 def test_reader_checks_every_part_before_the_epoch_starts(noisy_dataset, tmp_path):
     pytest.importorskip("tensorflow")
     from pinstorm.pipeline import make_dataset

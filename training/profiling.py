@@ -253,7 +253,7 @@ def _parquet_read(url: str, max_rows: int, min_seconds: float = 0.5) -> StageTim
     """
     from pinstorm.pipeline.metadata import read_info
     from pinstorm.pipeline.storage import locate
-    from pinstorm.pipeline.verify import open_part, read_row_group
+    from pinstorm.pipeline.verify import CHECKSUMMED, open_part, read_row_group
 
     location = locate(url)  # what make_dataset reads, and as it reads it: checked and bounded row groups
     info = read_info(location)
@@ -262,7 +262,7 @@ def _parquet_read(url: str, max_rows: int, min_seconds: float = 0.5) -> StageTim
     while rows < max_rows and (passes == 0 or time.perf_counter() - started < min_seconds):
         passes += 1
         for name in sorted(info["files"]):
-            handle = open_part(location, info, name)
+            handle = open_part(location, info, name, CHECKSUMMED)
             try:
                 for rg in range(handle.num_row_groups):
                     table = read_row_group(handle, location, info, name, rg)
