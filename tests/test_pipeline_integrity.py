@@ -344,6 +344,7 @@ def test_page_crcs_are_verified_for_every_column_the_content_checksum_does_not_c
     a read of any other column, or of a part without row-group checksums, keeps it (pyarrow >= 15)."""
     from pinstorm.boards import parquet_limits
     from pinstorm.pipeline import verify
+    from pinstorm.pipeline.epochs import open_epochs
 
     opened = []
     original = parquet_limits.BoundedParquetFile.__init__
@@ -354,8 +355,6 @@ def test_page_crcs_are_verified_for_every_column_the_content_checksum_does_not_c
         original(self, source, where, *args, **kwargs)
 
     monkeypatch.setattr(parquet_limits.BoundedParquetFile, "__init__", spy)
-    from pinstorm.pipeline.epochs import open_epochs
-
     source = open_epochs(noisy_dataset, None, shuffle=False, seed=0)   # make_dataset's and the torch loader's
     rows = sum(len(labels) for _, labels in source(0))
     assert rows == 60 and opened and not any(opened)

@@ -247,7 +247,7 @@ def _share(part: float, whole: float) -> str:
 # --------------------------------------------------------------------------- dataset stages
 
 def _parquet_read(url: str, max_rows: int, min_seconds: float = 0.5) -> StageTime:
-    """Rows/s of reading the stored row groups (every column, no decode), as the reader does.
+    """Rows/s of reading the stored row groups (image and label, no decode), as the reader does.
 
     A small dataset is read again until ``min_seconds`` have passed, so the rate is not all start-up.
     """
