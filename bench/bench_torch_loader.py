@@ -16,8 +16,9 @@ or decoding thread: a start, importing torch or TensorFlow's tuning, is once per
 over the same span (the process and, for torch, its worker processes, read from /proc while they
 run), the ratio torch (the default) / tf (target >= 0.9), and where the torch path's CPU goes per
 image: each stage timed alone on the same JPEGs in a fresh process on one thread (header and crop
-window, JPEG decode, crop and resize, the copy into the uint8 batch, the fresh shared uint8 batch in
-a worker, the scaling to float32 in the calling process, in reused memory), and the rest of the
+window, JPEG decode, crop and resize; without workers, the copy and scaling into the float32 batch in
+the decoding thread; with workers, the copy into the uint8 batch, the fresh shared uint8 batch in a
+worker and the scaling to float32 in the calling process, in reused memory), and the rest of the
 measured CPU (reading and checking row groups, planning the order, batching, handing batches over).
 
 Writes bench/results/torch_loader.json and bench/results/torch_loader.png.
@@ -127,6 +128,11 @@ def interleaved(url, rounds: int, epochs: int, expected: int) -> dict:
     return out
 
 
+# Stages of the worker processes' path only (uint8 batches in shared memory, scaled by the caller); without
+# workers (the default), each decoding thread copies and scales its image into the float32 batch instead.
+WORKER_STAGES = ("copy_into_uint8_batch", "fresh_shared_uint8_batch_memory", "scale_to_float32_in_caller")
+
+
 def profile_torch_path(jpegs: list[bytes]) -> dict:
     """CPU ms per image of each stage of the torch path, each timed alone on inputs prepared for it
     (best of 5 passes), in one process on one thread, as a DataLoader worker runs."""
@@ -141,6 +147,7 @@ def profile_torch_path(jpegs: list[bytes]) -> dict:
     arrays = [_decode(open_jpeg(data), 1).copy() for data in jpegs]
     resized = [decode_window(open_jpeg(data), window, size)[0] for data, window in zip(jpegs, windows)]
     planes = torch.empty((3, *size), dtype=torch.uint8)
+    float_planes = torch.empty((3, *size), dtype=torch.float32)
     batch = torch.zeros((BATCH, 3, *size), dtype=torch.uint8)
     memory = BatchMemory()
 
@@ -170,13 +177,17 @@ def profile_torch_path(jpegs: list[bytes]) -> dict:
         "header_and_window": header,
         "jpeg_decode": max(0.0, per_image(lambda data: _decode(open_jpeg(data), 1), jpegs) - header),
         "crop_and_resize": per_image(crop_resize, list(zip(arrays, windows))),
+        "copy_and_scale_into_float32_batch": per_image(lambda pixels: float_planes.copy_(pixels).mul_(1 / 255),
+                                                       resized),
         "copy_into_uint8_batch": per_image(planes.copy_, resized),
         "fresh_shared_uint8_batch_memory": per_image(fresh_batch, range(8)) / BATCH,
         "scale_to_float32_in_caller": per_image(scale, range(8)) / BATCH,
     }
+    common = stages["header_and_window"] + stages["jpeg_decode"] + stages["crop_and_resize"]
     whole = per_image(lambda item: decode_window(open_jpeg(item[0]), item[1], size), list(zip(jpegs, windows)))
     return {"breakdown_ms_per_img": {k: round(v, 3) for k, v in stages.items()},
-            "sum_of_stages": round(sum(stages.values()), 3),
+            "sum_of_stages_in_process": round(common + stages["copy_and_scale_into_float32_batch"], 3),
+            "sum_of_stages_2_workers": round(common + sum(stages[k] for k in WORKER_STAGES), 3),
             "decode_window_whole_ms_per_img": round(whole, 3)}
 
 
@@ -252,10 +263,10 @@ def main(argv=None) -> int:
         done = subprocess.run([sys.executable, __file__, "--profile-only", str(tmp / "tree")], capture_output=True,
                               text=True, check=True)
         profile = json.loads(done.stdout.rsplit("PROFILE", 1)[1])
-        in_process = profile["sum_of_stages"] - profile["breakdown_ms_per_img"]["fresh_shared_uint8_batch_memory"]
-        profile["rest_of_measured_cpu_ms_per_img"] = round(read["make_torch_loader"]["cpu_ms_per_img"] - in_process, 3)
+        profile["rest_of_measured_cpu_ms_per_img"] = round(
+            read["make_torch_loader"]["cpu_ms_per_img"] - profile["sum_of_stages_in_process"], 3)
         profile["rest_of_measured_cpu_ms_per_img_2_workers"] = round(
-            read["make_torch_loader_2_workers"]["cpu_ms_per_img"] - profile["sum_of_stages"], 3)
+            read["make_torch_loader_2_workers"]["cpu_ms_per_img"] - profile["sum_of_stages_2_workers"], 3)
         results["ratio_2_workers_to_tf"] = {
             "best": round(read["make_torch_loader_2_workers"]["img_s"] / tf_run["img_s"], 3),
             "median": round(read["make_torch_loader_2_workers"]["median_img_s"] / tf_run["median_img_s"], 3)}
@@ -298,8 +309,7 @@ def plot(results: dict, path: Path) -> None:
     left.legend(loc="upper right", fontsize=8)
 
     profile = results["profile_torch_path"]
-    parts = dict(profile["breakdown_ms_per_img"])
-    parts.pop("fresh_shared_uint8_batch_memory")   # workers' only: the bar is the default, in-process reader
+    parts = {k: v for k, v in profile["breakdown_ms_per_img"].items() if k not in WORKER_STAGES}   # in-process
     parts["rest: reading, checksums, planning, batching, threads"] = max(
         0.0, profile["rest_of_measured_cpu_ms_per_img"])
     bottom = 0.0

@@ -7,7 +7,9 @@ images float32 ``[B, 3, H, W]`` in [0, 1] (or uint8), labels int64 ``[B]``.
 * DataLoader workers (`num_workers` > 0) are processes; each reads a disjoint slice of every
   epoch's row groups (every n-th of the epoch's seeded order), counts its slice, decodes and batches
   it into shared memory as uint8. Together they deliver each row of the shard once per epoch. The
-  calling process scales the uint8 batch to float32 in reused memory (`BatchMemory`).
+  calling process scales the uint8 batch to float32 in reused memory (`BatchMemory`). Without workers,
+  each decoding thread writes its image into the float32 batch itself, scaled while its pixels are
+  still in cache.
 * Decoding: libjpeg-turbo decodes at 1/2, 1/4 or 1/8 DCT scale when the crop window stays at least
   the target size there (`make_dataset`'s rule), into a reused buffer; the window is then cut out
   and resized as ``tf.image.resize`` does (bilinear, half-pixel centres, no antialiasing) by torch's
@@ -361,7 +363,8 @@ class ParquetImages(torch.utils.data.IterableDataset):
         self.streams, self.first_epoch, self.decode_threads = streams, 0, max(1, int(decode_threads))
         self.position = Position.fresh(0, streams)   # what the caller has received (kept by TorchLoader)
         self.resume = None                           # a Position the next pass starts from (load_state_dict)
-        self.memory = BatchMemory(keep=PREFETCH_BATCHES + 4)   # uint8 batches made here (no workers)
+        self.memory = BatchMemory(keep=PREFETCH_BATCHES + 4)   # batches made here (no workers)
+        self.dtype = torch.uint8   # of batches made in the calling process (`TorchLoader` sets it); workers': uint8
 
     def set_epoch(self, epoch: int) -> None:
         """The next pass starts at epoch `epoch`; a position loaded for another epoch is dropped."""
@@ -404,9 +407,9 @@ class ParquetImages(torch.utils.data.IterableDataset):
             while end is None or epoch < end:
                 seed = epoch_seed(self.source.base_seed, epoch)
                 for sample, jpeg, label in self._planned_rows(epoch, split, count, start.consumed.get(epoch)):
-                    if images is None:   # uint8: a quarter of float32's memory to fill and hand over
+                    if images is None:   # workers: uint8, a quarter of float32's memory to hand over
                         images = (_empty((self.batch_size, 3, *self.size), torch.uint8, shared) if shared
-                                  else self.memory.empty((self.batch_size, 3, *self.size), torch.uint8))
+                                  else self.memory.empty((self.batch_size, 3, *self.size), self.dtype))
                         labels = _empty((self.batch_size,), torch.int64, shared)
                         ids = _empty((self.batch_size,), torch.int64, shared)
                     pending.append(decoder.submit(images[filled], jpeg, sample_rng(seed, sample)))
@@ -446,7 +449,9 @@ class ParquetImages(torch.utils.data.IterableDataset):
                 + (f" split {split[0]}/{split[1]}" if split else ""))
 
     def _decode_into(self, planes, jpeg, rng: random.Random) -> None:
-        """Decode one row into `planes` (uint8 [3, H, W]), a slice of the batch tensor."""
+        """Decode one row into `planes` ([3, H, W], a slice of the batch tensor): uint8, or float32 in [0, 1]
+        (scaled here, in the decoding thread, while the pixels are in cache: 0.03 ms an image, against
+        0.05 for a whole batch scaled by the calling thread, bench/bench_torch_loader.py)."""
         where = f"{self.source.where}: an image"
         image = open_jpeg(jpeg, where)
         width, height = image.size
@@ -459,6 +464,8 @@ class ParquetImages(torch.utils.data.IterableDataset):
         if self.training and self.flip and rng.random() < 0.5:
             decoded = decoded.flip(-1)
         planes.copy_(decoded)
+        if planes.is_floating_point():
+            planes.mul_(1 / 255)
 
 
 class TorchLoader(torch.utils.data.DataLoader):
@@ -476,6 +483,8 @@ class TorchLoader(torch.utils.data.DataLoader):
         if self.dtype not in (torch.float32, torch.uint8):
             raise ValueError(f"dtype must be torch.float32 (pixels in [0, 1]) or torch.uint8 (0..255), got {dtype!r}")
         self.memory = BatchMemory(pin=bool(kwargs.get("pin_memory")))
+        # Without workers, the batches are made in this process: float32 ones straight away.
+        dataset.dtype = self.dtype if self.num_workers == 0 else torch.uint8
 
     def __iter__(self):
         dataset = self.dataset
@@ -510,8 +519,9 @@ class TorchLoader(torch.utils.data.DataLoader):
             yield (images, labels, ids) if self.return_ids else (images, labels)
 
     def _scaled(self, images):
-        """The readers' uint8 batch as the caller asked: float32 in [0, 1] (into reused memory), or as is."""
-        if self.dtype == torch.uint8:
+        """A worker's uint8 batch as the caller asked: float32 in [0, 1] (into reused memory), or as is
+        (uint8 asked for, or a float32 batch made in this process)."""
+        if images.dtype == self.dtype:
             return images
         # copy, then scale in place: ~8x less CPU than torch.mul(uint8, 1 / 255, out=float32) here; on one
         # thread, as a second one spins for the workers' CPUs (0.25 ms per image here, against 0.04)
@@ -583,7 +593,7 @@ def make_torch_loader(url, *, batch_size: int, image_size=224, training: bool = 
     * `dtype`: ``torch.float32`` (the default: pixels in [0, 1]) or ``torch.uint8`` (0..255, a quarter of
       the memory, for normalising on the GPU). Workers hand over uint8 either way; the float32 batch
       is made in the calling process, in memory reused once the caller holds no part of an earlier
-      batch (`BatchMemory`).
+      batch (`BatchMemory`); without workers, the decoding threads write float32 pixels into it.
 
     ``loader.dataset.set_epoch(n)`` before a pass starts it at epoch n (for ``num_epochs=1`` loops).
     ``loader.state_dict()`` / ``loader.load_state_dict(state)``: resume mid-epoch (`TorchLoader`).

@@ -110,12 +110,16 @@ def test_batches_the_caller_keeps_are_never_written_over(digits_dataset, workers
     assert len(set(addresses)) < len(addresses) / 2
 
 
-def test_uint8_batches_are_the_float_ones_unscaled(digits_dataset):
+@pytest.mark.parametrize("workers", [0, 2])
+def test_uint8_batches_are_the_float_ones_unscaled(digits_dataset, workers):
+    """Workers hand over uint8 scaled by the caller; without workers the decoding threads scale: the same pixels."""
     url, _ = digits_dataset
-    floats = list(_exact(url, num_workers=2, seed=4))
-    raw = list(_exact(url, num_workers=2, seed=4, dtype=torch.uint8))
+    floats = [(x.clone(), y) for x, y in _exact(url, num_workers=workers, seed=4)]
+    raw = list(_exact(url, num_workers=workers, seed=4, dtype=torch.uint8))
     assert [len(y) for _, y in raw] == [len(y) for _, y in floats]
-    assert all(x.dtype == torch.uint8 and torch.equal(x.float().mul_(1 / 255), f) for (x, _), (f, _) in zip(raw, floats))
+    assert all(f.dtype == torch.float32 and 0 <= float(f.min()) and float(f.max()) <= 1 for f, _ in floats)
+    assert all(x.dtype == torch.uint8 and torch.equal(x.float().mul_(1 / 255), f)
+               for (x, _), (f, _) in zip(raw, floats))
     with pytest.raises(ValueError, match="dtype must be"):
         make_torch_loader(url, batch_size=8, dtype=torch.float16)
 
