@@ -37,6 +37,7 @@ from pinstorm.boards.parquet_limits import UnreadableRowGroup
 from pinstorm.errors import PinstormError
 
 CHECKSUM = "xxh3_128 of image lengths (int32 LE), image bytes, labels (int32 LE)"
+CHECKSUMMED = ("image", "label")   # the columns a row group's content checksum covers
 PAGE_CRC = tuple(int(v) for v in pa.__version__.split(".")[:2]) >= (15, 0)
 _TAIL = 8   # Parquet ends with <footer length: uint32 LE> "PAR1"
 
@@ -52,9 +53,6 @@ class MissingPartError(PinstormError, FileNotFoundError):
 def writer_options() -> dict:
     """Extra `pq.ParquetWriter` keywords: page CRCs where pyarrow has them."""
     return {"write_page_checksum": True} if PAGE_CRC else {}
-
-
-CHECKSUMMED = ("image", "label")   # the columns a row group's content checksum covers
 
 
 def reader_options(entry: dict | None = None, columns=None) -> dict:
@@ -211,13 +209,13 @@ def _check_footer(handle, info: dict, name: str, where: str) -> None:
                                    f"{info['row_group_rows'][first + rg]} in the dataset's metadata")
 
 
-def read_row_group(handle, location, info: dict, name: str, rg: int, columns=("image", "label")):
+def read_row_group(handle, location, info: dict, name: str, rg: int, columns=CHECKSUMMED):
     """Row group `rg` of an open part, after its content checksum matched (when recorded)."""
     entry = info["files"][name]
     columns = list(columns)
     digests = entry.get("row_group_xxh3")
     if digests is not None:
-        columns += [c for c in ("image", "label") if c not in columns]
+        columns += [c for c in CHECKSUMMED if c not in columns]
     try:
         table = handle.read_row_group(rg, columns=columns)
     except UnreadableRowGroup as error:  # damaged bytes (pyarrow >= 15 also checks page CRCs): a corrupt part
