@@ -61,7 +61,7 @@ test-fast: $(STAMP)  ## skip the tests marked slow
 bench: $(STAMP)  ## every benchmark but the peers', quick settings; JSON + PNG in bench/results/
 	for b in bench/bench_*.py; do [ $$b = bench/bench_peers.py ] || $(BIN)/python $$b --quick || exit 1; done
 
-test-distributor:  ## spark_train on Spark's own TorchDistributor (local[2] and a standalone cluster), in .venv-peers
+test-distributor:  ## spark_train on Spark's own TorchDistributor on PySpark 4 (CI runs it on 3.5), in .venv-peers
 	bench/peers-env
 	.venv-peers/bin/python -m pip install -q 'pyspark>=3.5' pytest pytest-timeout hypothesis 'moto[server]' \
 	  gcp-storage-emulator

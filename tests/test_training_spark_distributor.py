@@ -1,9 +1,9 @@
 """spark_train(framework="torch") on Spark's own TorchDistributor, where it can run.
 
-PySpark 4's TorchDistributor runs its barrier stage as a ``mapInArrow``, which needs pyarrow >= 18; the
-full environment pins pyarrow 14 for petastorm and the modern one has no torch, so CI's environments skip
-this file and test pinstorm's own barrier launcher (tests/test_training_torch.py). It runs wherever torch,
-pyspark and pyarrow >= 18 meet: ``make test-distributor`` runs it in ``.venv-peers`` (``bench/peers-env``)."""
+TorchDistributor runs its barrier stage as a ``mapInArrow``, which needs the pyarrow PySpark asks for:
+any >= 4 on PySpark 3.5, >= 18 on PySpark 4. CI's full environment (PySpark 3.5 beside petastorm's
+pyarrow 14, torch's CPU build) runs this file; the modern one has no torch and skips it. ``make
+test-distributor`` runs it on PySpark 4 (``.venv-peers``: pyarrow 26, torch 2.14)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,40 @@ import pytest
 pytest_plugins = ["conftest_training"]
 torch = pytest.importorskip("torch")
 pytest.importorskip("pyspark")
-pyarrow = pytest.importorskip("pyarrow")
-pytestmark = pytest.mark.skipif(int(pyarrow.__version__.split(".")[0]) < 18,
-                                reason=f"TorchDistributor's mapInArrow needs pyarrow >= 18 (here {pyarrow.__version__})")
+
+
+def _pyspark_refuses_this_pyarrow() -> str | None:
+    """PySpark's own verdict on the installed pyarrow, asked directly (not through pinstorm)."""
+    from pyspark.sql.pandas.utils import require_minimum_pyarrow_version
+
+    try:
+        require_minimum_pyarrow_version()
+    except Exception as error:
+        return str(error)
+    return None
+
+
+needs_arrow_stages = pytest.mark.skipif(_pyspark_refuses_this_pyarrow() is not None,
+                                        reason="TorchDistributor's mapInArrow: PySpark refuses this pyarrow")
+
+
+def test_auto_picks_torch_distributor_exactly_where_pyspark_accepts_the_pyarrow(monkeypatch, caplog):
+    import pyspark.sql.pandas.utils
+
+    from pinstorm.training.spark import _chosen_launcher, torch_launcher
+
+    expected = "barrier" if _pyspark_refuses_this_pyarrow() else "torch-distributor"
+    assert torch_launcher("auto") == expected
+    assert torch_launcher("barrier") == "barrier" and torch_launcher("torch-distributor") == "torch-distributor"
+
+    def refuse():   # what PySpark 4 says beside petastorm's pyarrow 14
+        raise ImportError("PyArrow >= 18.0.0 must be installed; however, your version was 14.0.2.")
+
+    monkeypatch.setattr(pyspark.sql.pandas.utils, "require_minimum_pyarrow_version", refuse)
+    with caplog.at_level("WARNING", logger="pinstorm"):
+        assert _chosen_launcher("auto") == "barrier"
+    assert "PyArrow >= 18.0.0 must be installed" in caplog.text and "own barrier stage" in caplog.text
+    assert _chosen_launcher("torch-distributor") == "torch-distributor"   # asked for: no second guess
 
 
 @pytest.fixture
@@ -38,10 +69,10 @@ def _same_weights(result) -> bool:
     return all(torch.equal(first[k], second[k]) for k in first)
 
 
-def test_torch_distributor_runs_two_ddp_ranks_and_auto_picks_it(spark, digits_parquet, tmp_path):
-    from pinstorm.training.spark import spark_train, torch_launcher
+@needs_arrow_stages
+def test_torch_distributor_runs_two_ddp_ranks(spark, digits_parquet, tmp_path):
+    from pinstorm.training.spark import spark_train
 
-    assert torch_launcher("auto") == "torch-distributor"
     result = spark_train(_two_ranks(digits_parquet, tmp_path, "run"), 2, spark, framework="torch",
                          torch_launcher="torch-distributor")
     assert [w.rank for w in result] == [0, 1] and result.restarts == 0
@@ -50,6 +81,7 @@ def test_torch_distributor_runs_two_ddp_ranks_and_auto_picks_it(spark, digits_pa
 
 
 @pytest.mark.slow
+@needs_arrow_stages
 @pytest.mark.skipif(shutil.which("java") is None, reason="a Spark standalone cluster needs Java")
 def test_torch_distributor_on_the_standalone_cluster(digits_parquet, tmp_path):
     """A master and two 1-core workers on 127.0.0.1 (pyspark's spark-class): one rank per executor."""

@@ -311,14 +311,15 @@ def spark():
 
 
 @pytest.mark.slow
-def test_spark_train_torch_runs_two_ddp_ranks(spark, digits_parquet, tmp_path):
+@pytest.mark.parametrize("launcher", ["auto", "barrier"])   # auto: TorchDistributor where PySpark allows it
+def test_spark_train_torch_runs_two_ddp_ranks(spark, digits_parquet, tmp_path, launcher):
     from pinstorm.training.spark import spark_train
 
     lines = []
     result = spark_train(dict(model_name="alexnet", data=digits_parquet["train"], validation_data=digits_parquet["val"],
                               epochs=2, batch_size=8, image_size=32, model_kwargs=TINY, seed=0,
                               output_dir=str(tmp_path / "run"), input_options={"flip": False}, backend="nccl"),
-                         2, spark, framework="torch", progress=lines.append)
+                         2, spark, framework="torch", progress=lines.append, torch_launcher=launcher)
     assert [w.rank for w in result] == [0, 1] and result.restarts == 0
     summaries = [w.result for w in result]
     assert [s["input_shards"] for s in summaries] == [[[0, 2]], [[1, 2]]]

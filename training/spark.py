@@ -18,9 +18,9 @@ trains on it alone; the workers agree on the steps per epoch (the smallest slice
 process per barrier task, ``local_mode=False``): it sets the torch.distributed environment, each
 rank reads its own shard (with ``partition_board``, its own slice) and ``init_distributed`` probes
 NCCL (gloo on CPU); ``max_restarts`` and ``checkpoint_dir`` work as above. TorchDistributor's
-barrier stage is a ``mapInArrow``, which PySpark 4 allows only with pyarrow >= 18; where pyarrow
-is older (petastorm's environment pins 14), the same ranks run in pinstorm's own barrier stage
-instead: each task sets ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` (rank 0's
+barrier stage is a ``mapInArrow``, which needs the pyarrow PySpark itself asks for (4.x: >= 18; 3.5:
+>= 4); where pyarrow is older (PySpark 4 beside petastorm's pyarrow 14), the same ranks run in
+pinstorm's own barrier stage instead: each task sets ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` (rank 0's
 address and a port it found free) and trains in its task process. Importing this module imports
 neither TensorFlow nor pyspark (nor torch).
 """
@@ -348,7 +348,7 @@ def spark_train(train_fn_or_args: Callable[[int, int], Any] | dict, num_workers:
     through rank 0. ``partition_board`` works as above: each rank fetches and converts its slice after
     the process group is made, and the ranks share their row counts through a gloo group of their
     own (its timeout: ``PARTITION_WAIT``, as long as the slowest fetch may take). ``torch_launcher``: ``"auto"``
-    (TorchDistributor where its pyarrow >= 18 is installed, else pinstorm's barrier stage),
+    (TorchDistributor where the pyarrow its PySpark needs is installed, else pinstorm's barrier stage),
     ``"torch-distributor"`` or ``"barrier"``.
     """
     train_fn_or_args = _check_args(train_fn_or_args, num_workers, framework)
@@ -436,15 +436,25 @@ TORCH_LAUNCHERS = ("auto", "torch-distributor", "barrier")
 
 
 def torch_launcher(requested: str = "auto") -> str:
-    """``"torch-distributor"`` when Spark's TorchDistributor can run here (its ``mapInArrow`` needs
-    pyarrow >= 18), else ``"barrier"``; an explicit choice is returned as it is."""
+    """``"torch-distributor"`` when Spark's TorchDistributor can run here (its ``mapInArrow`` needs the
+    pyarrow PySpark asks for: PySpark's own check decides), else ``"barrier"``; an explicit choice is
+    returned as it is."""
     if requested not in TORCH_LAUNCHERS:
         raise SparkTrainError(f"torch_launcher must be one of {TORCH_LAUNCHERS}, got {requested!r}")
     if requested != "auto":
         return requested
-    import pyarrow
+    return "torch-distributor" if arrow_problem() is None else "barrier"
 
-    return "torch-distributor" if int(pyarrow.__version__.split(".")[0]) >= 18 else "barrier"
+
+def arrow_problem() -> str | None:
+    """Why PySpark's Arrow stages (``mapInArrow``) cannot run here, in PySpark's words, or None."""
+    from pyspark.sql.pandas.utils import require_minimum_pyarrow_version
+
+    try:
+        require_minimum_pyarrow_version()
+    except Exception as error:   # PySpark 4: PySparkImportError; 3.5: ImportError
+        return str(error).strip() or type(error).__name__
+    return None
 
 
 def _run_torch_stage(spark, train_fn_or_args, num_workers: int, number: int, env: dict,
@@ -470,10 +480,8 @@ def _run_torch_stage(spark, train_fn_or_args, num_workers: int, number: int, env
 def _chosen_launcher(requested: str) -> str:
     launcher = torch_launcher(requested)
     if requested == "auto" and launcher == "barrier":
-        import pyarrow
-
-        log.warning("spark_train: TorchDistributor needs pyarrow >= 18 (this environment has %s); the torch ranks "
-                    "run in pinstorm's own barrier stage instead", pyarrow.__version__)
+        log.warning("spark_train: Spark's TorchDistributor cannot run here (%s); the torch ranks run in pinstorm's "
+                    "own barrier stage instead", arrow_problem())
     return launcher
 
 
