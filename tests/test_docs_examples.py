@@ -180,8 +180,13 @@ def test_the_examples_of_a_section_run_as_written(section, tmp_path, cloud_serve
 
         plan = [step for s in chain for step in steps_of(s, substitute)]
         (tmp_path / "plan.json").write_text(json.dumps(plan))
-        done = subprocess.run([sys.executable, docs_support.__file__, str(tmp_path / "plan.json")], cwd=work,
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+        try:
+            done = subprocess.run([sys.executable, docs_support.__file__, str(tmp_path / "plan.json")], cwd=work,
+                                  env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+        except subprocess.TimeoutExpired as timeout:   # say where it stood, not only that it took too long
+            so_far = timeout.stdout or b""                 # bytes, even with text=True
+            so_far = so_far.decode(errors="replace") if isinstance(so_far, bytes) else so_far
+            pytest.fail(f"{section.id} ran past 300 s; its output so far:\n{so_far[-6000:]}", pytrace=False)
     print(done.stdout)
     if done.returncode:
         pytest.fail(f"{section.id} failed:\n{done.stdout[-6000:]}", pytrace=False)

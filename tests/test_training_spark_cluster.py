@@ -92,7 +92,11 @@ def test_cli_partitions_from_the_board_and_a_killed_worker_resumes(cluster, digi
     # the relaunch: one failed attempt, named; resumed after the finished epochs
     assert run["restarts"] == 1, run["attempts"]
     first, second = run["attempts"]
-    assert "Python worker exited unexpectedly" in first["error"] and second["error"] is None
+    # The attempt is named by whichever task Spark saw fail first: the killed one, or its peer, whose
+    # collective op the kill aborted (the order is a race; PySpark 3.5 shows the second more often).
+    assert any(cause in first["error"] for cause in ("Python worker exited unexpectedly", "Collective ops is aborted")), \
+        first["error"]
+    assert second["error"] is None
     assert run["resumed_from_epoch"] >= 1
     assert 0 < run["seconds_lost"] <= run["failed_seconds"] == first["seconds"]
     summaries = [worker["result"] for worker in run["workers"]]
