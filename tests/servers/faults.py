@@ -162,11 +162,20 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         with owner._lock:
             owner.inflight += 1
             owner.max_inflight = max(owner.max_inflight, owner.inflight)
+        self._counted = True
         try:
             self._answer()
         finally:
-            with owner._lock:
-                owner.inflight -= 1
+            self._answering()
+
+    def _answering(self) -> None:
+        """No longer in flight, from the moment the answer starts to go out: a client that waits for one
+        answer before it asks again can then never be seen with two requests in flight, however late
+        this thread runs after its last write."""
+        if self._counted:
+            self._counted = False
+            with self.owner._lock:
+                self.owner.inflight -= 1
 
     def _answer(self) -> None:
         body = self._read_body()
@@ -176,6 +185,7 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         if rule is not None and rule.action == "delay":
             time.sleep(rule.seconds)
         if rule is not None and rule.action == "status":
+            self._answering()
             self.send_response(rule.status)
             self.send_header("Content-Type", rule.content_type)
             self.send_header("Content-Length", str(len(rule.body)))
@@ -193,10 +203,12 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             resp = conn.getresponse()
             payload = resp.read()
         except OSError as e:
+            self._answering()
             self.send_error(502, f"upstream unreachable: {e}")
             return
         finally:
             conn.close()
+        self._answering()
         self.send_response(resp.status, resp.reason)
         for k, v in resp.getheaders():
             if k.lower() not in _HOP_BY_HOP and k.lower() != "content-length":
