@@ -94,8 +94,8 @@ def test_cli_partitions_from_the_board_and_a_killed_worker_resumes(cluster, digi
     first, second = run["attempts"]
     # The attempt is named by whichever task Spark saw fail first: the killed one, or its peer, whose
     # collective op the kill aborted (the order is a race; PySpark 3.5 shows the second more often).
-    assert any(cause in first["error"] for cause in ("Python worker exited unexpectedly", "Collective ops is aborted")), \
-        first["error"]
+    causes = ("Python worker exited unexpectedly", "Collective ops is aborted")
+    assert any(cause in first["error"] for cause in causes), first["error"]
     assert second["error"] is None
     assert run["resumed_from_epoch"] >= 1
     assert 0 < run["seconds_lost"] <= run["failed_seconds"] == first["seconds"]

@@ -20,9 +20,9 @@ rank reads its own shard (with ``partition_board``, its own slice) and ``init_di
 NCCL (gloo on CPU); ``max_restarts`` and ``checkpoint_dir`` work as above. TorchDistributor's
 barrier stage is a ``mapInArrow``, which needs the pyarrow PySpark itself asks for (4.x: >= 18; 3.5:
 >= 4); where pyarrow is older (PySpark 4 beside petastorm's pyarrow 14), the same ranks run in
-pinstorm's own barrier stage instead: each task sets ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` (rank 0's
-address and a port it found free) and trains in its task process. Importing this module imports
-neither TensorFlow nor pyspark (nor torch).
+pinstorm's own barrier stage instead: each task sets ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and
+``MASTER_PORT`` (rank 0's address and a port it found free) and trains in its task process.
+Importing this module imports neither TensorFlow nor pyspark (nor torch).
 """
 
 from __future__ import annotations
