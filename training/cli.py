@@ -52,6 +52,22 @@ overwrite_option = click.option("--overwrite", is_flag=True,
                                 help="Replace what an earlier run left in --output instead of refusing.")
 
 
+def fit_options(command):
+    """The options of the fit itself, one definition for `train` and `spark-train`: the same flags mean
+    the same there."""
+    options = [
+        click.option("--learning-rate", type=POSITIVE_FLOAT, default=1e-3, show_default=True),
+        click.option("--optimizer", type=click.Choice(["adam", "sgd"]), default="adam", show_default=True),
+        click.option("--seed", type=int, default=None),
+        click.option("--no-flip", is_flag=True, help="No random left-right flips (for digits, text, ...)."),
+        click.option("--crop-min", type=click.FloatRange(0, 1, min_open=True), default=None,
+                     help="Smallest random-crop area (0-1]."),
+    ]
+    for option in reversed(options):   # decorators apply bottom-up: keep the --help order as listed
+        command = option(command)
+    return command
+
+
 def _refuse_finished(output_dir, marker: str, overwrite: bool) -> None:
     """A finished run's outputs are not replaced unasked: --overwrite, or another --output."""
     if output_dir and not overwrite and list(Path(output_dir).glob(marker)):
@@ -91,12 +107,7 @@ def _log_to_console(verbose: bool) -> None:
                                     "(default: runs/<model>-<time>).")
 @overwrite_option
 @click.option("--parallel", type=POSITIVE, default=None, help="Parallel image decodes.")
-@click.option("--learning-rate", type=POSITIVE_FLOAT, default=1e-3, show_default=True)
-@click.option("--optimizer", type=click.Choice(["adam", "sgd"]), default="adam", show_default=True)
-@click.option("--seed", type=int, default=None)
-@click.option("--no-flip", is_flag=True, help="No random left-right flips (for digits, text, ...).")
-@click.option("--crop-min", type=click.FloatRange(0, 1, min_open=True), default=None,
-              help="Smallest random-crop area (0-1].")
+@fit_options
 @click.option("--pin", "pin", default=None, metavar="BOARD/NAME",
               help="Pin the finished run (weights, metrics, curves, TensorBoard, lineage) as a new version.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result summary as JSON.")
@@ -271,12 +282,7 @@ def _spark_conf(pairs) -> dict:
 @click.option("--slots-timeout", type=POSITIVE_FLOAT, default=120.0, show_default=True,
               help="Seconds to wait for executors to offer --workers task slots.")
 @click.option("--parallel", type=POSITIVE, default=None, help="Parallel image decodes (and fetches).")
-@click.option("--learning-rate", type=POSITIVE_FLOAT, default=1e-3, show_default=True)
-@click.option("--optimizer", type=click.Choice(["adam", "sgd"]), default="adam", show_default=True)
-@click.option("--seed", type=int, default=None)
-@click.option("--no-flip", is_flag=True, help="No random left-right flips (for digits, text, ...).")
-@click.option("--crop-min", type=click.FloatRange(0, 1, min_open=True), default=None,
-              help="Smallest random-crop area (0-1].")
+@fit_options
 @click.option("--json", "as_json", is_flag=True, help="Print the result (every rank, every attempt) as JSON.")
 @click.option("--verbose", "-v", is_flag=True)
 def spark_train_cmd(model, data, framework, master, workers, partition_board, validation, epochs, batch_size,

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from . import multiworker
+from .fallback import error_line, fallback_warning, probe_outcome
 from pinstorm.errors import PinstormError
 
 if TYPE_CHECKING:            # TensorFlow is imported where it is used: importing this module stays cheap,
@@ -65,12 +66,8 @@ class StrategyChoice:
 
     def describe(self) -> str:
         names = ", ".join(d.rsplit("device:", 1)[-1] for d in self.devices)
-        text = f"{self.kind} on {self.replicas} replica(s) [{names}] with {self.cross_device_ops}"
-        if self.fallback_from:
-            text += f" (fell back from {self.fallback_from}: {self.error})"
-        if self.probe_seconds is not None:
-            text += f"; all-reduce probe passed in {self.probe_seconds:.2f} s"
-        return text
+        return (f"{self.kind} on {self.replicas} replica(s) [{names}] with {self.cross_device_ops}"
+                + probe_outcome(self.fallback_from, self.error, self.probe_seconds))
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -232,20 +229,13 @@ def probe_all_reduce(strategy: tf.distribute.Strategy, timeout: float = 60.0) ->
         )
     if "error" in outcome:
         error = outcome["error"]
-        raise ProbeError(f"all-reduce probe failed: {_first_line(error)}") from error
+        raise ProbeError(f"all-reduce probe failed: {error_line(error)}") from error
     replicas = strategy.num_replicas_in_sync
     expected = replicas * (replicas + 1) / 2
     for value in outcome["values"]:
         if not np.allclose(value, expected):
             raise ProbeError(f"all-reduce probe returned {value.tolist()} instead of {expected} on every replica")
     return seconds
-
-
-def _first_line(error: BaseException) -> str:
-    """``Type: first line`` of an error, without TensorFlow's node and attribute dump."""
-    lines = str(error).strip().splitlines()
-    text = lines[0].split(" used by {{node", 1)[0] if lines else ""
-    return f"{type(error).__name__}: {text[:300]}"
 
 
 # --------------------------------------------------------------------------- entry point
@@ -311,15 +301,14 @@ def make_strategy(
         except ProbeError as exc:
             if fallback is None:
                 raise
-            original = exc.__cause__ or exc
+            reason = error_line(exc.__cause__) if exc.__cause__ else str(exc)
             fallback_ops = "ring" if kind == "multiworker" else "one-device"
-            log.warning("%s failed its all-reduce probe (%s); falling back to %s",
-                        label, _first_line(original) if exc.__cause__ else exc, fallback_ops)
+            log.warning("%s", fallback_warning(label, reason, fallback_ops))
             strategy, fallback_label = _build(kind, worker_devices, fallback_ops)
             choice = StrategyChoice(kind=kind, devices=list(strategy.extended.worker_devices),
                                     requested=str(requested), cross_device_ops=fallback_label,
                                     replicas=strategy.num_replicas_in_sync, fallback_from=label,
-                                    error=_first_line(original) if exc.__cause__ else str(exc))
+                                    error=reason)
             choice.probe_seconds = probe_all_reduce(strategy, probe_timeout)
     _CHOICES[strategy] = choice
     log.info("strategy: %s", choice.describe())

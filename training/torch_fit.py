@@ -40,6 +40,7 @@ from typing import Callable
 from pinstorm.errors import PinstormError
 from pinstorm.extras import require
 
+from .fallback import error_line, fallback_warning, probe_failure, probe_outcome
 from .plots import plot_curves, read_metrics_csv
 from .results import TrainingError, TrainResult
 from .torch_models import build_torch_model
@@ -79,12 +80,8 @@ class BackendChoice:
     error: str | None = None
 
     def describe(self) -> str:
-        text = f"DDP on {self.world_size} process(es) with {self.backend}"
-        if self.fallback_from:
-            text += f" (fell back from {self.fallback_from}: {self.error})"
-        if self.probe_seconds is not None:
-            text += f"; all-reduce probe passed in {self.probe_seconds:.2f} s"
-        return text
+        return (f"DDP on {self.world_size} process(es) with {self.backend}"
+                + probe_outcome(self.fallback_from, self.error, self.probe_seconds))
 
     def as_dict(self) -> dict:
         return dict(self.__dict__, kind="ddp")
@@ -93,11 +90,6 @@ class BackendChoice:
 def launched_distributed() -> bool:
     """Whether torchrun (or TorchDistributor, or a test) launched this process as one rank of a group."""
     return all(os.environ.get(key) for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
-
-
-def _first_line(error: BaseException) -> str:
-    lines = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {(lines[0] if lines else '')[:300]}"
 
 
 def _device_for(backend: str):
@@ -175,7 +167,7 @@ def init_distributed(backend: str = "auto", *, probe_timeout: float = 60.0, fall
     try:
         choice.probe_seconds = _probe("nccl", store, rank, world, probe_timeout)
     except BaseException as exc:  # noqa: BLE001 - any failure of NCCL here means "do not use it"
-        error = _first_line(exc)
+        error = error_line(exc)
         cause = exc
     errors = _agree(store, rank, world, "nccl", error, probe_timeout)
     failed = [f"rank {r}: {e}" for r, e in enumerate(errors) if e]
@@ -183,13 +175,13 @@ def init_distributed(backend: str = "auto", *, probe_timeout: float = 60.0, fall
         return _made(choice)
     reason = error or failed[0]
     if not fallback:
-        raise BackendProbeError(f"NCCL failed its all-reduce probe ({reason})") from (cause if error else None)
-    log.warning("NCCL failed its all-reduce probe (%s); falling back to gloo", reason)
+        raise BackendProbeError(probe_failure("NCCL", reason)) from (cause if error else None)
+    log.warning("%s", fallback_warning("NCCL", reason, "gloo"))
     if dist.is_initialized():     # NCCL came up on this rank but not on another one
         try:
             dist.destroy_process_group()
         except Exception as exc:  # noqa: BLE001 - a half-broken NCCL group; gloo gets a fresh one
-            log.warning("could not tear down the NCCL group (%s)", _first_line(exc))
+            log.warning("could not tear down the NCCL group (%s)", error_line(exc))
     choice = BackendChoice("gloo", backend, world, rank, fallback_from="nccl", error=reason)
     choice.probe_seconds = _probe("gloo", store, rank, world, probe_timeout)
     return _made(choice)
