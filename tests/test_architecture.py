@@ -142,6 +142,15 @@ def test_data_flows_boards_to_pipeline_to_training_only():
     assert not back_arrows(graph), back_arrows(graph)
 
 
+def test_every_module_has_its_row_in_the_architecture_guide():
+    """docs/architecture.md lists each module with its one idea: a module added without its row is found."""
+    guide = (ROOT / "docs" / "architecture.md").read_text()
+    files = [path for path, is_package in modules(package_dirs(ROOT)).values() if not is_package]
+    assert len(files) > 40
+    missing = [str(p.relative_to(ROOT)) for p in files if f"| `{p.relative_to(ROOT).as_posix()}` |" not in guide]
+    assert not missing, f"modules without a row in docs/architecture.md: {missing}"
+
+
 def test_the_graph_covers_every_layer_and_imports_inside_functions():
     """Guards the checks above against seeing nothing: modules of each layer are found, function-level
     imports (training imports boards and pipeline only inside functions) are edges."""
