@@ -253,3 +253,24 @@ def test_a_session_starts_without_pysparks_pandas_3_warning():
     assert run.returncode == 0, run.stderr[-2000:]
     assert "another FutureWarning still shows" in run.stderr
     assert "fully support pandas" not in run.stderr
+
+
+@pytest.mark.parametrize("ending, code", [("", 0), ("raise RuntimeError('after the rank')", 1)])
+@pytest.mark.parametrize("torchrun", [True, False])
+def test_a_torchrun_rank_ends_without_teardown_keeping_its_output_and_exit_code(ending, code, torchrun):
+    """`_end_without_teardown`: under torchrun the process ends through os._exit at exit (the atexit hook
+    registered before it never runs), with its buffered output flushed and 1 after an unhandled error;
+    elsewhere the process ends as usual (the hook runs)."""
+    script = ("import atexit, sys\n"
+              "atexit.register(lambda: print('ordinary teardown', flush=True))\n"
+              "from pinstorm.training.spark import _end_without_teardown\n"
+              "_end_without_teardown()\n"
+              "sys.stdout.write('the result, unflushed')\n" + ending + "\n")
+    env = {k: v for k, v in os.environ.items() if k != "TORCHELASTIC_RUN_ID"}
+    if torchrun:
+        env["TORCHELASTIC_RUN_ID"] = "test"
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == code, done.stderr
+    assert "the result, unflushed" in done.stdout
+    assert ("ordinary teardown" in done.stdout) is not torchrun
+    assert ("RuntimeError: after the rank" in done.stderr) is bool(ending)
