@@ -578,7 +578,7 @@ def _end_without_teardown() -> None:
     done: the process ends at exit with ``os._exit``, skipping the interpreter's and C++'s teardown.
     torch's teardown in that process was seen to abort ("terminate called without an active exception",
     SIGABRT) now and then (1 of 34 runs of the docs example in a loop here, and in CI), after
-    the run had finished, every group destroyed and no thread but the main one left.
+    the run had finished, every group destroyed and no Python thread but the main one left.
     torchrun then reports the rank as failed, and the other ranks' torchrun waits out its 300 s exit
     barrier before the stage fails. What TorchDistributor's wrapper does after this returns (it writes
     the result file) still runs. Streams and logging are flushed first, and an exception that no code
