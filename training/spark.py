@@ -27,6 +27,7 @@ Importing this module imports neither TensorFlow nor pyspark (nor torch).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import json
@@ -588,14 +589,12 @@ def _end_without_teardown() -> None:
         return
 
     def leave() -> None:
-        failed = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+        failed = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)   # an unhandled error
         logging.shutdown()
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):
                 stream.flush()
-        os._exit(1 if failed is not None else 0)
-
-    import atexit
+        os._exit(1 if failed else 0)
 
     atexit.register(leave)
 
