@@ -3,14 +3,14 @@
 One run writes the same 3,200 ImageNet-size JPEGs (~450x340, ~110 KB, cut from scikit-learn's photos;
 the bytes of a pinstorm conversion, in row groups of the converter's default 32 MB, ~290 rows: the shape
 an ImageNet conversion has) in every peer's format, then times each reader in a fresh process of its
-own, reader after reader, round after round, on 2 CPUs: 224 px random-resized crops with flips,
-float32 in [0, 1], batch 64, 5 epochs a run (16,000 images), timed from the first batch to the last
-(the seconds to the first batch reported apart: the reader's start). A longer warm-up would count, in
-the window, work that readers decoding ahead into buffers (petastorm's) did before it; what a reader
-buffers before its first batch counts for it. That is why the window is not small: with 800 images
-(100-row groups) a run was 4,000 images, and TFRecord's 1,024-record shuffle buffer, filled before the
-first batch, was a quarter of the run's reads: on the same data TFRecord ran ~4% faster over 5 epochs
-than over 20, pinstorm ~1%.
+own, reader after reader, round after round (each round starting one reader later), on 2 CPUs: 224 px
+random-resized crops with flips, float32 in [0, 1], batch 64, 5 epochs a run (16,000 images), timed from
+the first batch to the last (the seconds to the first batch reported apart: the reader's start). A
+longer warm-up would count, in the window, work that readers decoding ahead into buffers (petastorm's)
+did before it; what a reader buffers before its first batch counts for it. That is why the window is not
+small: with 800 images (100-row groups) a run was 4,000 images, and TFRecord's 1,024-record shuffle
+buffer, filled before the first batch, was a quarter of the run's reads: on the same data TFRecord ran
+~4% faster over 5 epochs than over 20, pinstorm ~1%.
 
 * TensorFlow: pinstorm `make_dataset`; TFRecord + tf.data (`TFRecordDataset`, interleaved reads, a
   shuffle buffer, the map `make_dataset` runs: `pipeline.reader.preprocess_fn`, AUTOTUNE); petastorm's
@@ -344,9 +344,12 @@ def run_one(name: str, data: Path, epochs: int, seed: int, expected: int) -> dic
 
 
 def interleaved(data: Path, rounds: int, epochs: int, expected: int, readers) -> dict:
+    """Each reader once a round, in its own process; each round starts one reader later, so no reader
+    always runs first (after the data was written) or always after the same one."""
     runs: dict = {name: [] for name in readers}
     for round_ in range(rounds):
-        for name in readers:
+        shift = round_ % len(readers)
+        for name in readers[shift:] + readers[:shift]:
             python = PETASTORM_PYTHON if READERS[name][1] == "petastorm" else Path(sys.executable)
             done = subprocess.run([str(python), __file__, "--run-one", name, str(data), str(epochs), str(round_),
                                    str(expected)], capture_output=True, text=True)
