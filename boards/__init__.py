@@ -12,7 +12,7 @@ from .board import Board
 from .cache import Cache, StaleCacheWarning
 from .constructors import (board_datatxt, board_folder, board_from_spec, board_gcs, board_kaggle, board_local,
                            board_s3, board_temp, board_url)
-from .errors import (BoardError, BoardNotRegistered, CredentialsError, DownloadError, IntegrityError,
+from .errors import (BoardError, BoardNotRegistered, CredentialsError, DownloadError, IndexNotWritten, IntegrityError,
                      InvalidPinName, MalformedMetadata, PinNotFound, ReadOnlyBoard, UnsafeArchive,
                      VersionNotFound)
 from .errors import ArchiveTooLarge, DiskFull, LimitExceeded, UnsafePath
@@ -28,7 +28,7 @@ from .storage import Storage, StorageBase
 
 __all__ = [
     "Board", "BoardError", "batch", "BoardNotRegistered", "Cache", "CredentialsError", "DownloadError",
-    "IntegrityError", "InvalidPinName", "MalformedMetadata", "PinNotFound", "ReadOnlyBoard",
+    "IndexNotWritten", "IntegrityError", "InvalidPinName", "MalformedMetadata", "PinNotFound", "ReadOnlyBoard",
     "PinFetchError", "StaleCacheWarning", "UnsafeArchive", "VersionNotFound", "board_deregister", "board_get",
     "board_list", "board_register", "pin", "pin_find", "pin_get", "pin_get_many", "pin_info",
     "pin_remove", "pin_versions", "serve_board", "board_names",

@@ -80,18 +80,32 @@ class BucketStorage(FsStorage):
         final = self.path(name, version)
         try:
             with self._errors(f"write pin {name!r}"):
-                # one call: s3fs and gcsfs upload the files concurrently (a dataset pin holds 1,000+ parts)
-                self.fs.put([str(staging / f) for f in meta.file], [posixpath.join(final, f) for f in meta.file])
-                view = legacy_view.version_view(meta)
-                if view is not None:
-                    self.fs.pipe_file(posixpath.join(final, view[0]), view[1].encode())
-                self.fs.pipe_file(posixpath.join(final, "data.txt"), meta.to_yaml().encode())
+                try:
+                    # one call: s3fs and gcsfs upload the files concurrently (a dataset pin holds 1,000+ parts)
+                    self.fs.put([str(staging / f) for f in meta.file], [posixpath.join(final, f) for f in meta.file])
+                    view = legacy_view.version_view(meta)
+                    if view is not None:
+                        self.fs.pipe_file(posixpath.join(final, view[0]), view[1].encode())
+                    self.fs.pipe_file(posixpath.join(final, "data.txt"), meta.to_yaml().encode())
+                except BaseException:
+                    self._take_back(final)
+                    raise
                 self.fresh()
                 meta.name, meta.version = name, version
                 self.publish(name, meta)
         except FileNotFoundError as e:
             raise self._no_bucket() from e
         return version
+
+    def _take_back(self, final: str) -> None:
+        """Remove what a failed upload of version folder `final` left (no data.txt: nobody can be using
+        it), so a failed `pin()` leaves no garbage for `board repair` to find a day later. Best effort:
+        with the store unreachable, repair still removes it."""
+        with contextlib.suppress(Exception):
+            self.fresh()
+            if not self.fs.exists(posixpath.join(final, "data.txt")):  # an identical version finished meanwhile
+                self.fs.rm(final, recursive=True)
+            self.fresh()
 
     def sweep_temporaries(self, older_than: float = FOREIGN_MAX_AGE) -> int:
         """Version folders without a data.txt whose newest object is older than `older_than` seconds

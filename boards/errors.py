@@ -60,6 +60,11 @@ class DownloadError(BoardError, OSError):
         self.status = status
 
 
+class IndexNotWritten(BoardError, OSError):
+    """Pins were stored, but the board's data.txt index naming them could not be written (the next
+    write or `pinstorm board repair` lists them)."""
+
+
 class CredentialsError(BoardError):
     """Credentials for a cloud board are missing or rejected."""
 

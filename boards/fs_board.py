@@ -53,7 +53,9 @@ from filelock import FileLock
 from . import index as board_index
 from . import legacy_view
 from .cache import Cache, verify, write_stamp
-from .errors import IntegrityError, InvalidPinName, LimitExceeded, MalformedMetadata, PinNotFound
+from . import secrets as secret_rules
+from .errors import (BoardError, IndexNotWritten, IntegrityError, InvalidPinName, LimitExceeded, MalformedMetadata,
+                     PinNotFound)
 from .meta import PinMeta, parse_version
 from .manifest import sync_manifest
 from .names import check_pin_name
@@ -162,8 +164,12 @@ class FsStorage(StorageBase):
         (also when it closes with an error: what was stored gets listed). Threads may pin inside it."""
         with self._batch_lock:
             self._batch_depth += 1
+        failed = False
         try:
             yield self
+        except BaseException:
+            failed = True
+            raise
         finally:
             with self._batch_lock:
                 self._batch_depth -= 1
@@ -171,7 +177,27 @@ class FsStorage(StorageBase):
                 if written is not None:
                     self._batch_written = {}
             if written:
-                self._update_index(known={k: v for k, v in written.items() if v is not None})
+                self._publish_batch(written, failed)
+
+    def _publish_batch(self, written: dict[str, PinMeta | None], failed: bool) -> None:
+        """Index what a batch stored. If that fails, the error names the board and says the pins are
+        stored; when the batch itself failed, its own error goes on and this becomes a warning."""
+        try:
+            self._update_index(known={k: v for k, v in written.items() if v is not None})
+        except Exception as e:  # noqa: BLE001 - any storage failure: one error that names the board
+            reason = e if isinstance(e, BoardError) else f"{type(e).__name__}: {self._scrub(' '.join(str(e).split()))}"
+            problem = IndexNotWritten(
+                f"{self.kind} board {self.name!r} ({self.describe()}): the {len(written)} pin(s) written in this "
+                f"batch are stored, but its data.txt index could not be written ({reason}); the next write or "
+                f"`pinstorm board repair {self.name}` lists them")
+            if failed:
+                warnings.warn(str(problem), stacklevel=4)
+                return
+            raise problem from e
+
+    def _scrub(self, text: str) -> str:
+        """`text` with credentials masked (bucket boards also mask their option values)."""
+        return secret_rules.redact_text(text)
 
     def publish(self, name: str, meta: PinMeta | None) -> None:
         """Bring the indexes up to date after a write to pin `name` (now, or when the batch closes)."""

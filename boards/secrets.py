@@ -11,6 +11,7 @@ printed) all ask this module, so the rule is written once.
 
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 from typing import Any
@@ -139,6 +140,58 @@ def _public_value(v: Any, dotted: str) -> tuple[Any, list[str]]:
     return (str(v) if isinstance(v, Path) else v), []
 
 
+def scrub(value: Any, values: tuple[str, ...] | list[str] = ()) -> Any:
+    """`value` (any JSON-able structure, or text) as it may be written anywhere: lineage, pin
+    metadata and descriptions, reports, logs, progress lines, JSON output.
+
+    The one rule for everything pinstorm writes or prints about a run: a secret-named option at any
+    depth and every header but a few harmless ones become `***`; a URL keeps its user name but loses
+    its password and secret query values; and every secret string found anywhere inside `value`
+    (and the given `values`, e.g. a board's options) is masked wherever else it appears, such as a
+    library's error message that quotes it. Keys and shape stay, so the record still reads as it was.
+    """
+    hidden = tuple(values) + secret_values(value)
+    return _scrubbed("", value, hidden)
+
+
+def _scrubbed(key: object, value: Any, hidden: tuple[str, ...]) -> Any:
+    if isinstance(value, str):
+        return MASK if value and is_secret(key, value) else redact_text(value, hidden)
+    if isinstance(value, (bytes, bytearray)):
+        return value
+    if str(key).lower() == "headers" and header_items(value):
+        items = [(h, x if str(h).lower() in SAFE_HEADERS else MASK) for h, x in header_items(value)]
+        return dict(items) if isinstance(value, dict) else [list(p) for p in items]
+    if isinstance(value, dict):
+        return {k: (MASK if is_secret(k, v) and v not in (None, "", {}, []) and not isinstance(v, bool)
+                    else _scrubbed(k, v, hidden)) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_scrubbed(key, v, hidden) for v in value) if isinstance(value, list) \
+            else tuple(_scrubbed(key, v, hidden) for v in value)
+    if isinstance(value, Path):
+        return redact_text(str(value), hidden)
+    return value
+
+
+class RedactingFilter(logging.Filter):
+    """Masks URL passwords and secret query values in a log record (a dataset URL is often logged)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        masked = redact_text(text)
+        if masked != text:
+            record.msg, record.args = masked, ()
+        return True
+
+
+def logger(name: str) -> logging.Logger:
+    """`logging.getLogger(name)` with the `RedactingFilter`: how pinstorm's modules get their logger."""
+    log = logging.getLogger(name)
+    if not any(isinstance(f, RedactingFilter) for f in log.filters):
+        log.addFilter(RedactingFilter())
+    return log
+
+
 def secret_values(options: Any) -> tuple[str, ...]:
     """Every secret string inside `options` at any depth, to scrub from messages."""
     out: list[str] = []
@@ -164,5 +217,5 @@ def secret_values(options: Any) -> tuple[str, ...]:
     return tuple(s for s in out if isinstance(s, str) and len(s) >= 4)
 
 
-__all__ = ["MASK", "SAFE_HEADERS", "TOKEN_MODES", "has_secret", "header_items", "is_secret", "is_secret_name",
-           "public", "redact_text", "redact_url", "secret_values", "split_url", "strip_url"]
+__all__ = ["MASK", "SAFE_HEADERS", "TOKEN_MODES", "RedactingFilter", "has_secret", "header_items", "is_secret",
+           "is_secret_name", "logger", "public", "redact_text", "redact_url", "scrub", "secret_values", "split_url", "strip_url"]

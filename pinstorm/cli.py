@@ -74,12 +74,12 @@ class PinstormGroup(click.Group):
         except (PinstormError, OSError, ValueError) as e:   # ValueError: an argument the library refused
             if debugging(ctx):
                 raise
-            raise click.ClickException(in_cli_terms(f"{type(e).__name__}: {e}")) from e
+            raise click.ClickException(_masked(in_cli_terms(f"{type(e).__name__}: {e}"))) from e
         except Exception as e:  # noqa: BLE001 - a bug or an unforeseen input: one line, the traceback on demand
             if debugging(ctx):
                 raise
-            raise click.ClickException(f"{type(e).__name__}: {e} (unexpected: run again with --debug, or set "
-                                       f"{DEBUG_ENV}=1, for the traceback)") from e
+            raise click.ClickException(f"{type(e).__name__}: {_masked(str(e))} (unexpected: run again with "
+                                       f"--debug, or set {DEBUG_ENV}=1, for the traceback)") from e
 
 
 class OneLineUsageError(click.UsageError):
@@ -114,6 +114,14 @@ def in_cli_terms(message: str) -> str:
     return message
 
 
+def _masked(text: str) -> str:
+    """`text` with URL passwords and secret query values masked (`boards.secrets`, the one rule). Imported
+    here, not at the top: this module imports no layer until one of its commands runs."""
+    from pinstorm.boards.secrets import redact_text
+
+    return redact_text(text)
+
+
 def debugging(ctx: click.Context | None = None) -> bool:
     """--debug or $PINSTORM_DEBUG=1: show tracebacks instead of one line."""
     flag = bool(ctx and ctx.find_root().params.get("debug"))
@@ -122,7 +130,7 @@ def debugging(ctx: click.Context | None = None) -> bool:
 
 def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
     """Warnings as one plain line ("warning: ..."), not Python's path, line number and source line."""
-    print(f"warning: {in_cli_terms(str(message))}", file=file or sys.stderr)
+    print(f"warning: {_masked(in_cli_terms(str(message)))}", file=file or sys.stderr)
 
 
 def _unavailable(name: str, message: str) -> click.Command:

@@ -33,7 +33,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import logging
 import math
 import os
 import random
@@ -60,8 +59,9 @@ from pinstorm.progress import progress_bar
 from .storage import is_board_url, parse_board_url, resolve
 from .verify import CHECKSUM, footer_digest, table_digest, writer_options
 from pinstorm.errors import PinstormError
+from pinstorm.boards import secrets
 
-log = logging.getLogger(__name__)
+log = secrets.logger(__name__)
 
 PLAN_VERSION = 2
 DEFAULT_MEMORY_BUDGET_MB = 1024   # decoded pixels held by all threads at once

@@ -11,7 +11,6 @@ order: what one PyTorch DataLoader worker process reads; the n slices together a
 
 from __future__ import annotations
 
-import logging
 import random
 import warnings
 
@@ -21,9 +20,10 @@ from .metadata import check_petastorm_metadata, petastorm_guard, read_info
 from .storage import locate, petastorm_filesystem
 from .verify import CHECKSUMMED, CorruptPartError, check_parts, open_part, read_row_group, rows_digest, verified
 from pinstorm.errors import PinstormError
+from pinstorm.boards import secrets
 
 # The reader's logger: its messages predate this module, and users filter on that name.
-log = logging.getLogger("pinstorm.pipeline.reader")
+log = secrets.logger("pinstorm.pipeline.reader")
 
 
 class IncompleteEpochError(PinstormError, RuntimeError):

@@ -21,19 +21,19 @@ Only file names are read (no image is opened), so scanning 1.28 M files takes se
 from __future__ import annotations
 
 import csv
-import logging
 import os
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from pinstorm.errors import PinstormError
+from pinstorm.boards import secrets
 
 IMAGE_SUFFIXES = {".jpeg", ".jpg", ".jpe", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
 VAL_SOLUTION = "LOC_val_solution.csv"
 SYNSET_MAPPING = "LOC_synset_mapping.txt"
 
 
-log = logging.getLogger(__name__)
+log = secrets.logger(__name__)
 
 
 class LayoutError(PinstormError, ValueError):

@@ -10,14 +10,14 @@ R and pins" (2020), where 16 workers each fetched 1/16 of the categories from a 
 
 from __future__ import annotations
 
-import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
 
 from .layout import Layout, is_image_name, scan
 from pinstorm.progress import progress_bar
+from pinstorm.boards import secrets
 
-log = logging.getLogger(__name__)
+log = secrets.logger(__name__)
 
 CATEGORIES_PIN = "categories"
 

@@ -250,3 +250,37 @@ def test_nested_secrets_and_auth_headers_never_reach_the_config_file(tmp_path, s
     dropped = " ".join(str(w.message) for w in caught)
     assert "client_kwargs.aws_secret_access_key" in dropped and "headers.Authorization" in dropped
     assert SECRET not in dropped
+
+
+def test_a_failed_batch_index_names_the_board_and_a_failed_version_leaves_no_object(s3_server, proxy, bucket,
+                                                                                     tmp_path):
+    """The index write at the end of a batch fails: an error naming the board and the index, the pin stored and
+    listed by the next write. A version whose data.txt cannot be written takes its uploaded files back, and the
+    batch's own error is the one raised (the index failure after it is a warning, not a replacement)."""
+    from pinstorm.boards.errors import IndexNotWritten
+
+    board = boards.board_s3(f"{bucket}/b", create_bucket=True, cache=tmp_path / "cache",
+                            **s3_server.storage_options(proxy.endpoint), **FAST)
+    board.pin([1], "first")
+    proxy.fail(rf"/{bucket}/b/data\.txt$", 500, method="PUT")
+    with pytest.raises(IndexNotWritten, match=rf"s3 board .*s3://{bucket}/b.* stored, but its data.txt index could "
+                                              r"not be written .*board repair") as caught:
+        with board.batch():
+            board.pin({"a": 1}, "listed-later")
+    assert isinstance(caught.value, OSError) and s3.SECRET not in str(caught.value)
+
+    proxy.rules.clear()
+    proxy.fail(r"data\.txt$", 500, method="PUT")                    # every data.txt: the version's own too
+    with pytest.raises(DownloadError, match="cannot write pin 'orphan'"), warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with board.batch():
+            board.pin(_images(tmp_path / "imgs"), "orphan")
+    assert not seen or all("data.txt index could not be written" in str(w.message) for w in seen)
+
+    proxy.rules.clear()
+    board.pin([2], "second")                                         # the next write lists what was stored
+    names = set(boards.pin_find("", board=board)["name"])
+    assert names == {"first", "listed-later", "second"}
+    s3fs = board.storage.fs
+    s3fs.invalidate_cache()
+    assert not [k for k in s3fs.find(f"{bucket}/b") if "/orphan/" in k]   # nothing for `board repair` to find

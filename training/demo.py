@@ -22,7 +22,6 @@ from . import keras_env  # noqa: F401  (must precede TensorFlow)
 from .plots import save_figure
 
 import json
-import logging
 import os
 import tempfile
 import time
@@ -31,8 +30,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 from pinstorm.errors import PinstormError
+from pinstorm.boards import secrets
 
-log = logging.getLogger("pinstorm.training")
+log = secrets.logger("pinstorm.training")
 
 # full: ~1440 train / ~360 val digits, 64 px JPEGs, AlexNet at 1/4 width on 32 px crops.
 SIZES = {
@@ -207,7 +207,7 @@ def _run_stages(workdir, settings, size, parallel, say, record, stages, layout, 
         result, choice = _tensorflow_stages(workdir, settings, size, parallel, say, record, train_url, val_url,
                                             local, sources)
     accuracy = result.val_metrics.get("accuracy", float("nan"))
-    summary = {
+    summary = secrets.scrub({
         "workdir": str(workdir),
         "size": size,
         "framework": settings["framework"],
@@ -220,7 +220,7 @@ def _run_stages(workdir, settings, size, parallel, say, record, stages, layout, 
         "train": result.summary(),
         "experiment": dict(result.experiment, board=local.name, board_path=str(board_dir))
         if result.experiment else None,
-    }
+    })
     summary["report"] = str(_write_report(workdir, summary, result))
     (workdir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     return summary

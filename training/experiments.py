@@ -17,7 +17,6 @@ was checked against the model's tensors.
 from __future__ import annotations
 
 import json
-import logging
 import math
 import os
 import platform
@@ -31,9 +30,10 @@ from importlib.metadata import PackageNotFoundError, version as package_version
 from pathlib import Path
 from typing import Any
 
+from pinstorm.boards import secrets
 from pinstorm.errors import PinstormError
 
-log = logging.getLogger("pinstorm.training")
+log = secrets.logger("pinstorm.training")
 
 TAG = "pinstorm experiment"
 LINEAGE_FILE = "lineage.json"
@@ -123,8 +123,9 @@ def source_pins(names, board) -> list[dict]:
     return out
 
 
-def dataset_lineage(data, resolved_url: str | None = None) -> dict | None:
-    """What a training input was: its URL, size and source, and the pin version it was read from."""
+def dataset_lineage(data, resolved_url: str | None = None, storage_options: dict | None = None) -> dict | None:
+    """What a training input was: its URL, size and source, and the pin version it was read from
+    (read with the `storage_options` the fit read it with)."""
     if data is None:
         return None
     if isinstance(data, dict) and "image" in data:
@@ -143,7 +144,7 @@ def dataset_lineage(data, resolved_url: str | None = None) -> dict | None:
     try:
         from pinstorm import pipeline
 
-        info = pipeline.dataset_info(url)
+        info = pipeline.dataset_info(url, storage_options=storage_options)
         record.update({k: info.get(k) for k in ("rows", "num_classes", "split", "source", "created", "plan", "bytes")})
     except Exception as error:  # noqa: BLE001 - lineage must never fail a finished fit
         record["info_error"] = f"{type(error).__name__}: {error}"
@@ -158,10 +159,12 @@ def dataset_lineage(data, resolved_url: str | None = None) -> dict | None:
 
 def run_lineage(result, *, model_name: str, image_size: int, model_kwargs, data, validation_data, train_url,
                 val_url, arguments: dict, strategy, started_at, wall_seconds: float, lineage: dict | None) -> dict:
-    """The lineage record of a finished ``train`` run (what ``lineage.json`` holds)."""
+    """The lineage record of a finished ``train`` run (what ``lineage.json`` holds; ``pin_run`` scrubs
+    its secrets)."""
     from datetime import datetime, timezone
 
     model, framework = result.model, getattr(result, "framework", "tensorflow")
+    storage_options = (arguments.get("input_options") or {}).get("storage_options")
     if framework == "torch":
         built = {"framework": "torch", "parameters": sum(int(p.numel()) for p in model.parameters())}
     else:
@@ -169,8 +172,8 @@ def run_lineage(result, *, model_name: str, image_size: int, model_kwargs, data,
     return {
         "model": {"name": model_name, "image_size": int(image_size), "num_classes": int(result.num_classes),
                   "kwargs": {k: _scalar(v) for k, v in (model_kwargs or {}).items()}, **built},
-        "data": dataset_lineage(data, train_url),
-        "validation_data": dataset_lineage(validation_data, val_url),
+        "data": dataset_lineage(data, train_url, storage_options),
+        "validation_data": dataset_lineage(validation_data, val_url, storage_options),
         "arguments": arguments,
         "strategy": result.strategy or {"class": type(strategy).__name__, "replicas": result.replicas},
         "global_batch_size": result.global_batch_size, "replicas": result.replicas, "epochs": result.epochs,
@@ -264,7 +267,7 @@ def pin_run(result, target, lineage: dict) -> ExperimentRecord:
     started = time.perf_counter()
     board, name = parse_target(target)
     output = Path(result.output_dir)
-    lineage = _finite(dict(lineage, format=LINEAGE_FORMAT))
+    lineage = secrets.scrub(_finite(dict(lineage, format=LINEAGE_FORMAT)))  # a board is no place for a credential
     with tempfile.TemporaryDirectory(prefix="pinstorm-experiment-") as tmp:
         staging = Path(tmp) / name
         staging.mkdir()
@@ -558,7 +561,8 @@ def load_experiment(target: str, board=None, version: str | None = None, *, max_
 def _load_torch(files: dict, lineage: dict, name: str, max_parameters: int):
     """A PyTorch run's module with its weights. Counted on torch's meta device before it is built, and the
     weights file (a zip of stored tensors) checked against the module's tensors before torch reads a byte
-    of it; read with ``weights_only=True``, nothing in it can run."""
+    of it, its pickle scanned within bounds set by their number (``torch_checkpoint``: a file-size check
+    does not bound what unpickling allocates); read with ``weights_only=True``, nothing in it can run."""
     from pinstorm.extras import require
 
     torch = require("torch", "torch", "load_experiment of a PyTorch run")
@@ -582,8 +586,12 @@ def _load_torch(files: dict, lineage: dict, name: str, max_parameters: int):
     expected = model.state_dict()
     path = files[TORCH_WEIGHTS_FILE]
     _check_torch_file(path, expected, name)
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+    from .torch_checkpoint import UnsafeCheckpoint, load_checked
+
+    try:   # its pickle scanned first, bounded by the tensors expected (torch_checkpoint), then unpickled
+        state = load_checked(path, tensors=len(expected))
+    except UnsafeCheckpoint as error:
+        raise ExperimentError(f"weights of experiment {name!r} refused: {path.name}: {error}") from None
     except Exception as error:   # noqa: BLE001 - an unpickling refusal, a broken zip: all one answer
         raise ExperimentError(f"weights of experiment {name!r} refused: {type(error).__name__}: {error}") from None
     wrong = (not isinstance(state, dict) or set(state) != set(expected)

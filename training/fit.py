@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from .keras_env import tensorflow  # must precede TensorFlow
 
-import logging
 import os
 import random
 import time
@@ -32,10 +31,11 @@ from .models import build_model
 from .plots import plot_curves, read_metrics_csv
 from .schedule import ImageSizeSchedule
 from .strategy import make_strategy, strategy_choice, uses_gpus
+from pinstorm.boards import secrets
 
 __all__ = ["TrainResult", "TrainingError", "alexnet_train", "train"]
 
-log = logging.getLogger("pinstorm.training")
+log = secrets.logger("pinstorm.training")
 
 
 # --------------------------------------------------------------------------- callbacks

@@ -12,7 +12,6 @@ from .keras_env import tensorflow  # must precede TensorFlow
 
 import hashlib
 import json
-import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,8 +20,9 @@ from typing import Any
 tf = tensorflow()   # imported without its start-up noise (see keras_env)
 
 from .results import TrainingError  # noqa: F401  (raised here, defined where TF is not imported)
+from pinstorm.boards import secrets
 
-log = logging.getLogger("pinstorm.training")
+log = secrets.logger("pinstorm.training")
 
 
 
@@ -149,7 +149,7 @@ def resolve_input(data, *, role, strategy, global_batch, image_size, parallel, s
     if isinstance(data, (str, os.PathLike)):
         from pinstorm import pipeline
         url = os.fspath(data)
-        info = pipeline.dataset_info(url)
+        info = pipeline.dataset_info(url, storage_options=input_options.get("storage_options"))
         if training:
             resolved = _parquet_train_input(strategy, url, info, global_batch=global_batch, image_size=image_size,
                                             parallel=parallel, seed=seed, input_options=input_options)

@@ -19,7 +19,6 @@ from . import keras_env  # noqa: F401  (must precede TensorFlow)
 from .plots import save_figure
 
 import json
-import logging
 import os
 import shutil
 import tempfile
@@ -29,9 +28,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from pinstorm.boards import secrets
 from pinstorm.errors import PinstormError
 
-log = logging.getLogger("pinstorm.training")
+log = secrets.logger("pinstorm.training")
 
 IMAGE_SUFFIXES = (".jpeg", ".jpg", ".png", ".bmp", ".gif", ".webp")
 STALL_LIMIT = 0.10          # more than this share of a fit spent waiting for input: input-bound
@@ -85,7 +85,7 @@ class ProfileReport:
     def summary(self) -> dict:
         stages = [dict(asdict(s), rate=s.rate, images_per_second=s.images_per_second) for s in self.stages]
         out = {k: v for k, v in self.__dict__.items() if k != "stages"}
-        return json.loads(json.dumps(dict(out, stages=stages), default=str))
+        return secrets.scrub(json.loads(json.dumps(dict(out, stages=stages), default=str)))
 
     def lines(self) -> list[str]:
         out = []
@@ -246,7 +246,7 @@ def _share(part: float, whole: float) -> str:
 
 # --------------------------------------------------------------------------- dataset stages
 
-def _parquet_read(url: str, max_rows: int, min_seconds: float = 0.5) -> StageTime:
+def _parquet_read(url: str, max_rows: int, min_seconds: float = 0.5, storage_options: dict | None = None) -> StageTime:
     """Rows/s of reading the stored row groups (image and label, no decode), as the reader does.
 
     A small dataset is read again until ``min_seconds`` have passed, so the rate is not all start-up.
@@ -255,7 +255,7 @@ def _parquet_read(url: str, max_rows: int, min_seconds: float = 0.5) -> StageTim
     from pinstorm.pipeline.storage import locate
     from pinstorm.pipeline.verify import CHECKSUMMED, open_part, read_row_group
 
-    location = locate(url)  # what make_dataset reads, and as it reads it: checked and bounded row groups
+    location = locate(url, storage_options)  # what make_dataset reads, and as it reads it: checked and bounded row groups
     info = read_info(location)
     rows = nbytes = passes = 0
     started = time.perf_counter()
@@ -286,7 +286,8 @@ def _decode(url: str, *, batch: int, image_size: int, parallel, input_options: d
     """
     from pinstorm import pipeline
 
-    options = {k: v for k, v in input_options.items() if k in ("crop_area", "flip", "engine", "reader_workers")}
+    options = {k: v for k, v in input_options.items()
+               if k in ("crop_area", "flip", "engine", "reader_workers", "storage_options")}
     dataset = pipeline.make_dataset(url, batch_size=batch, image_size=(image_size, image_size), training=True,
                                     num_epochs=None, seed=0, parallel=parallel, drop_remainder=True, **options)
     batches = max(1, min(max(rows, 20 * batch), max_rows) // batch)
@@ -321,7 +322,7 @@ class _EpochTimes:
         return Callback()
 
 
-def _cached_steps(url, strategy, model, *, image_size, batch_size, steps) -> StageTime:
+def _cached_steps(url, strategy, model, *, image_size, batch_size, steps, storage_options=None) -> StageTime:
     """Images/s of ``model``'s training steps on batches decoded once and held in memory: no input cost.
 
     ``model`` is the one the real fit just trained (compiled, same strategy), so the two timings
@@ -336,7 +337,8 @@ def _cached_steps(url, strategy, model, *, image_size, batch_size, steps) -> Sta
 
     global_batch = batch_size * strategy.num_replicas_in_sync
     reader = pipeline.make_dataset(url, batch_size=global_batch, image_size=(image_size, image_size), training=True,
-                                   num_epochs=1, seed=0, drop_remainder=True, flip=False)
+                                   num_epochs=1, seed=0, drop_remainder=True, flip=False,
+                                   storage_options=storage_options)
     batches = list(reader.take(min(steps, 8)).as_numpy_iterator())
     del reader   # the reader is released: nothing but the step is left to time
     images = np.concatenate([b[0] for b in batches])
@@ -550,19 +552,20 @@ def profile(
             from .strategy import make_strategy, uses_gpus
 
             url = os.fspath(dataset)
-            info = pipeline.dataset_info(url)
+            info = pipeline.dataset_info(url, storage_options=(input_options or {}).get("storage_options"))
             strategy = strategy or make_strategy("auto")
             replicas, gpus = strategy.num_replicas_in_sync, uses_gpus(strategy)
             global_batch = batch_size * replicas
             if info["rows"] < global_batch:
                 raise ProfileError(f"{url} has {info['rows']} rows, fewer than one global batch of {global_batch}")
-            add(_parquet_read(url, max_rows))
+            add(_parquet_read(url, max_rows, storage_options=(input_options or {}).get("storage_options")))
             add(_decode(url, batch=global_batch, image_size=image_size, parallel=parallel,
                         input_options=input_options, rows=int(info["rows"]), max_rows=max_rows))
             real, model = _real_fit(url, strategy, model_name=model_name, model_kwargs=model_kwargs,
                                     image_size=image_size, batch_size=batch_size, steps=steps, parallel=parallel,
                                     input_options=input_options, output_dir=scratch / "fit")
-            cached = _cached_steps(url, strategy, model, image_size=image_size, batch_size=batch_size, steps=steps)
+            cached = _cached_steps(url, strategy, model, image_size=image_size, batch_size=batch_size, steps=steps,
+                                   storage_options=input_options.get("storage_options"))
             add(cached)
             add(real)
             if cached.images_per_second:

@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from pinstorm.boards import secrets
 from pinstorm.errors import PinstormError
 
 
@@ -44,4 +45,4 @@ class TrainResult:
     def summary(self) -> dict:
         """Everything but the model, JSON-serialisable (for reports and for Spark to send home)."""
         out = {k: v for k, v in self.__dict__.items() if k != "model"}
-        return json.loads(json.dumps(out, default=float))
+        return secrets.scrub(json.loads(json.dumps(out, default=float)))

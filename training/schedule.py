@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from .keras_env import tensorflow  # must precede TensorFlow
 
-import logging
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -31,8 +30,9 @@ tf = tensorflow()   # imported without its start-up noise (see keras_env)
 import tf_keras as keras
 
 from .inputs import TrainingError
+from pinstorm.boards import secrets
 
-log = logging.getLogger("pinstorm.training")
+log = secrets.logger("pinstorm.training")
 
 _SAVED_EPOCH = "ckpt_saved_epoch/.ATTRIBUTES/VARIABLE_VALUE"
 

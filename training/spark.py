@@ -42,12 +42,13 @@ from typing import Any, Callable
 
 from .spark_session import (REQUIRED_MODULES, SparkTrainError, available_slots, local_spark_session, probe_executors,
                             session_settings, spark_error_message, spark_session, wait_for_slots)
+from pinstorm.boards import secrets
 
 __all__ = ["Attempt", "SparkTrainError", "SparkTrainResult", "WorkerResult", "available_slots",
            "local_spark_session", "probe_executors", "session_settings", "spark_error_message", "spark_session",
            "spark_train", "wait_for_slots"]
 
-log = logging.getLogger("pinstorm.training")
+log = secrets.logger("pinstorm.training")
 
 # spark_train(dict) keys that drive the partition flow rather than train()
 PARTITION_KEYS = ("partition_board", "partition_parallel", "partition_dir")

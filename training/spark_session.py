@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
-import logging
 import os
 import re
 import sys
@@ -24,8 +23,9 @@ import warnings
 from typing import Iterator
 
 from pinstorm.errors import PinstormError
+from pinstorm.boards import secrets
 
-log = logging.getLogger("pinstorm.training")
+log = secrets.logger("pinstorm.training")
 
 LOOPBACK = "127.0.0.1"
 

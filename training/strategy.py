@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from .keras_env import tensorflow  # must precede TensorFlow
 
-import logging
 import threading
 import time
 import weakref
@@ -23,12 +22,13 @@ from typing import TYPE_CHECKING
 from . import multiworker
 from .fallback import error_line, fallback_warning, probe_outcome
 from pinstorm.errors import PinstormError
+from pinstorm.boards import secrets
 
 if TYPE_CHECKING:            # TensorFlow is imported where it is used: importing this module stays cheap,
     import numpy as np       # so the CLI can read STRATEGY_KINDS without loading TensorFlow
     import tensorflow as tf
 
-log = logging.getLogger("pinstorm.training")
+log = secrets.logger("pinstorm.training")
 
 # the strategy kinds make_strategy accepts; the CLI offers exactly these
 STRATEGY_KINDS = ("auto", "mirrored", "multiworker", "one-device")

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import csv
 import json
-import logging
 import os
 import random
 import threading
@@ -44,13 +43,14 @@ from .fallback import error_line, fallback_warning, probe_failure, probe_outcome
 from .plots import plot_curves, read_metrics_csv
 from .results import TrainingError, TrainResult
 from .torch_models import build_torch_model
+from pinstorm.boards import secrets
 
 torch = require("torch", "torch", "pinstorm.training.train_torch")
 dist = torch.distributed
 
 __all__ = ["BackendChoice", "BackendProbeError", "init_distributed", "train_torch"]
 
-log = logging.getLogger("pinstorm.training")
+log = secrets.logger("pinstorm.training")
 
 BACKENDS = ("auto", "nccl", "gloo")
 _GROUP: dict = {}   # the BackendChoice of the group init_distributed made, while that group lives
@@ -399,7 +399,7 @@ def _train(model_name, url, validation_data, *, choice, epochs, batch_size, imag
     write_dir.mkdir(parents=True, exist_ok=True)
     checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
 
-    info = pipeline.dataset_info(url)
+    info = pipeline.dataset_info(url, storage_options=input_options.get("storage_options"))
     num_classes = num_classes or int(info["num_classes"])
     if num_classes != int(info["num_classes"]):
         raise TrainingError(f"num_classes={num_classes} but {url} has {info['num_classes']} classes")
@@ -450,7 +450,7 @@ def _train(model_name, url, validation_data, *, choice, epochs, batch_size, imag
         first_step = min(steps, int(partial["step"]) * int(partial["world"]) // world)
     val_loader, val_sharded = None, False
     if validation_data is not None:
-        val_info = pipeline.dataset_info(os.fspath(validation_data))
+        val_info = pipeline.dataset_info(os.fspath(validation_data), storage_options=options.get("storage_options"))
         if val_info.get("classes") and info.get("classes") and list(val_info["classes"]) != list(info["classes"]):
             raise TrainingError("training and validation data label different classes; convert both with the "
                                      "same `classes`")
