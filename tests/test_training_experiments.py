@@ -65,7 +65,11 @@ def test_a_pinned_run_is_versioned_found_and_loads_back(two_cpu_devices, board, 
     # the latest run's weights come back into a freshly built model; an older version on request
     images = np.random.default_rng(0).random((4, 32, 32, 3), dtype=np.float32)
     loaded = load_experiment(f"{board}/digits-alexnet")
-    np.testing.assert_array_equal(loaded.predict(images, verbose=0), second.model.predict(images, verbose=0))
+    for a, b in zip(loaded.get_weights(), second.model.get_weights()):   # the weights: exactly the same
+        np.testing.assert_array_equal(a, b)
+    # predictions of the same weights may differ in the last bits (thread scheduling of the reductions)
+    np.testing.assert_allclose(loaded.predict(images, verbose=0), second.model.predict(images, verbose=0),
+                               rtol=1e-5, atol=1e-6)
     older = load_experiment("digits-alexnet", board=board, version=first.experiment["version"])
     for a, b in zip(older.get_weights(), first.model.get_weights()):
         np.testing.assert_array_equal(a, b)
