@@ -29,9 +29,6 @@ QUIRKS = {
     "truncated": (4, 90004),   # a JPEG cut off mid-scan, as interrupted crawls leave them
     "empty": (5, 90005),       # a zero-byte file
 }
-# Quirks that still hold an image (converted, re-encoded) vs. those that must be skipped and reported.
-DECODABLE_QUIRKS = ("cmyk", "grayscale", "png")
-BROKEN_QUIRKS = ("truncated", "empty")
 
 
 def digit_wnid(digit: int) -> str:

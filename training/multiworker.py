@@ -13,7 +13,6 @@ the ports on a shared machine.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import socket
@@ -76,20 +75,6 @@ def make_tf_config(workers: list[str], index: int, task_type: str = "worker") ->
     if not 0 <= index < len(workers):
         raise MultiWorkerError(f"task index {index} is outside a cluster of {len(workers)} workers")
     return json.dumps({"cluster": {task_type: list(workers)}, "task": {"type": task_type, "index": index}})
-
-
-@contextlib.contextmanager
-def tf_config_env(workers: list[str], index: int):
-    """Set ``TF_CONFIG`` for the duration of a block (restoring the previous value after)."""
-    previous = os.environ.get("TF_CONFIG")
-    os.environ["TF_CONFIG"] = make_tf_config(workers, index)
-    try:
-        yield
-    finally:
-        if previous is None:
-            os.environ.pop("TF_CONFIG", None)
-        else:
-            os.environ["TF_CONFIG"] = previous
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -101,7 +101,7 @@ class ProfileReport:
 
 # --------------------------------------------------------------------------- board stages
 
-LOCAL_KINDS = ("local", "folder", "temp")    # boards whose files are read in place: no download, no index
+LOCAL_KINDS = ("local", "folder")    # boards whose files are read in place: no download, no index
 INDEX_KINDS = ("datatxt", "url")            # boards read through a data.txt index (index_max_age applies)
 
 
