@@ -12,13 +12,17 @@ from typing import Any, ContextManager
 import pandas as pd
 
 from .board import FIND_COLUMNS, Board
-from .errors import BoardError, PinNotFound
+from .errors import PinNotFound
 from .metadata import PinMetadata
 from .pruning import PRUNE_GRACE
 from .registry import DEFAULT_BOARD, board_get, board_names
 
 
 def _board_holding(name: str, board: str | Board | None) -> Board:
+    """The board to read `name` from: `board`, else the default board when it has the pin, else the
+    first other registered board whose index lists it. A board that cannot be read (unreachable,
+    refused, a malformed or hostile index: any error) is skipped with a warning naming it and why:
+    it never hides the pins of the others."""
     if board is not None:
         return board_get(board)
     default = board_get(DEFAULT_BOARD)
@@ -27,16 +31,34 @@ def _board_holding(name: str, board: str | Board | None) -> Board:
         return default
     except PinNotFound:
         pass
+    skipped: list[str] = []
     for other in board_names():
         if other == DEFAULT_BOARD:
             continue
         try:
             candidate = board_get(other)
             if name in {e.get("name") for e in candidate.list_entries()}:
-                return candidate
-        except (BoardError, OSError):
-            continue  # an unreachable or misconfigured board must not hide the others
-    raise PinNotFound(f"no pin named {name!r} on any registered board ({', '.join(board_names())})")
+                break
+        except Exception as e:  # noqa: BLE001 - whatever one board's index does, the others still answer
+            skipped.append(f"{other!r} ({_reason(e)})")
+    else:
+        unread = f"; could not read board(s) {', '.join(skipped)}" if skipped else ""
+        raise PinNotFound(f"no pin named {name!r} on any registered board ({', '.join(board_names())}){unread}")
+    if skipped:
+        _warn(f"looking for pin {name!r}: skipped board(s) {', '.join(skipped)}; using board {candidate.name!r}")
+    return candidate
+
+
+def _reason(error: BaseException) -> str:
+    """An error as one line naming its type (its message names the board's file or URL)."""
+    message = " ".join(str(error).split())
+    return f"{type(error).__name__}: {message}" if message else type(error).__name__
+
+
+def _warn(message: str) -> None:
+    import warnings
+
+    warnings.warn(message, stacklevel=3)
 
 
 def pin(x: Any, name: str | None = None, board: str | Board | None = None, description: str | None = None,
@@ -102,12 +124,10 @@ def pin_find(text: str = "", board: str | Board | list[Any] | None = None, name:
     for b in targets:
         try:
             frames.append(board_get(b).pin_find(text, name=name, extended=extended))
-        except (BoardError, OSError) as e:
+        except Exception as e:  # noqa: BLE001 - one unreadable board (any error) must not hide the others
             if board is not None:
                 raise
-            import warnings
-
-            warnings.warn(f"pin_find: skipped board {b!r}: {e}", stacklevel=2)
+            _warn(f"pin_find: skipped board {b!r}: {_reason(e)}")
     frames = [f for f in frames if not f.empty]
     if not frames:
         return pd.DataFrame(columns=FIND_COLUMNS)

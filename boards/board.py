@@ -650,8 +650,9 @@ def _collect_paths(items: Iterable[str | Path]) -> list[tuple[Path, str]]:
         for src, rel in found:
             if rel in seen:
                 raise BoardError(f"two files would be stored as {rel!r} in one pin; rename one")
-            if rel == "data.txt":
-                raise BoardError(f"{src}: a pin cannot contain a file named data.txt (it holds the metadata)")
+            if paths.reserved(rel):   # DATA.TXT too: on a case-insensitive disk it is the same file
+                raise BoardError(f"{src}: a pin cannot contain a file named {rel!r}: it would be the version's "
+                                 "data.txt, which holds the metadata")
             seen.add(rel)
             out.append((src, rel))
     return out

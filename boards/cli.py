@@ -13,17 +13,38 @@ import pandas as pd
 
 from . import api, registry
 from .board import default_pin_name
+from .display import escape
+
+# What these commands print comes from boards anyone may write (pin names, descriptions, file names,
+# index fields and their keys): every value goes through `display.escape`, the one rule, before it
+# reaches the terminal (no ESC, CSI, OSC 8, CR or bidi override gets through, one item per line),
+# and JSON is written ASCII-only, so JSON escapes those characters as \uXXXX.
+
+
+def _json(value, **options) -> str:
+    """JSON that is safe on a terminal: ASCII only (C0, DEL, C1, bidi and other non-ASCII characters
+    as \\uXXXX escapes, lone surrogates included)."""
+    return json.dumps(value, ensure_ascii=True, **options)
+
+
+def _escaped_cell(value):
+    if isinstance(value, (list, tuple)):  # as pandas shows a list: [a, b]
+        return "[" + ", ".join(escape(v) for v in value) + "]"
+    if isinstance(value, (str, dict, set)):
+        return escape(value)
+    return value
 
 
 def _show(df: pd.DataFrame, as_json: bool = False) -> None:
     """A listing as a table, or with `--json` as a JSON list of records (for scripts and `jq`)."""
     if as_json:
-        click.echo(json.dumps(json.loads(df.to_json(orient="records", date_format="iso")), indent=1))
+        click.echo(_json(json.loads(df.to_json(orient="records", date_format="iso")), indent=1))
     elif df.empty:
         click.echo("(none)")
     else:
+        shown = df.map(_escaped_cell).rename(columns=escape)
         with pd.option_context("display.max_rows", 500, "display.max_colwidth", 80, "display.width", 200):
-            click.echo(df.to_string(index=False))
+            click.echo(shown.to_string(index=False))
 
 
 def _parse_options(pairs: tuple[str, ...]) -> dict:
@@ -86,8 +107,8 @@ def board_register_cmd(kind, name, path, url, bucket, endpoint_url, cache, no_ve
     if not no_check:
         _check_answers(lambda: board_from_spec({"kind": kind, **opts}, name=name), name)
     b = registry.board_register(kind, name=name, persist=True, **opts)
-    click.echo(f"registered board {b.name!r} ({b.kind}: {b.describe()})"
-               + (f"; it replaces {replaced}" if replaced else ""))
+    click.echo(escape(f"registered board {b.name!r} ({b.kind}: {b.describe()})"
+                      + (f"; it replaces {replaced}" if replaced else "")))
 
 
 # Options a kind cannot do without, as the flags that give them.
@@ -241,8 +262,8 @@ def get_cmd(name, board, version, extract, offline):
                         download=not offline)
     if not isinstance(paths, list):
         paths = api.pin_get(name, board=board, version=version, files=True, download=not offline)
-    for p in paths:
-        click.echo(p)
+    for p in paths:  # file names come from the board: one escaped path per line
+        click.echo(escape(p))
 
 
 @click.command("find")
@@ -262,10 +283,10 @@ def list_cmd(board, as_json):
     """The names of a board's pins, one per line (the default board unless --board)."""
     names = registry.board_get(board).pin_list()
     if as_json:
-        click.echo(json.dumps(names))
+        click.echo(_json(names))
     else:
         for name in names:
-            click.echo(name)
+            click.echo(escape(name))
 
 
 @click.command("info")
@@ -275,7 +296,7 @@ def list_cmd(board, as_json):
 @click.option("--json", "as_json", is_flag=True, help="Accepted for symmetry: the metadata is always JSON.")
 def info_cmd(name, board, version, as_json):
     """Show a pin's metadata as JSON (latest version by default)."""
-    click.echo(json.dumps(api.pin_info(name, board=board, version=version), indent=2, default=str))
+    click.echo(_json(api.pin_info(name, board=board, version=version), indent=2, default=str))
 
 
 @click.command("versions")

@@ -299,11 +299,16 @@ class DatatxtStorage(StorageBase):
 
     @staticmethod
     def _check_files(meta: PinMeta, name: str, source: str) -> None:
+        """Each file name safe (`paths.check_relative`: inside the folder, not data.txt however
+        written), and no two landing on one file (`a.csv` and `./a.csv`)."""
+        seen: dict[str, str] = {}
         for f in meta.file:
             paths.check_relative(f, pin=name, board=source)
-            if f == "data.txt":
-                raise UnsafePath(f"file name 'data.txt' (pin {name!r} of board {source}) is reserved for the "
-                                 "pin's metadata")
+            landing = paths.normalise(f)
+            if landing in seen:
+                raise UnsafePath(f"file names {seen[landing]!r} and {f!r} (pin {name!r} of board {source}) name "
+                                 "the same file")
+            seen[landing] = f
 
     def download_file(self, name: str, version: str, file: str, dest: Path, offset: int = 0) -> None:
         paths.check_relative(file, pin=name, board=self.url)
@@ -378,7 +383,10 @@ class DatatxtStorage(StorageBase):
 def _parse_cached(local: Path, key: list[int], source: str, max_bytes: int) -> list[dict]:
     sidecar = local.with_name(local.name + ".entries.json")
     try:
-        stored = json.loads(sidecar.read_text())
+        text = sidecar.read_text()
+        if board_index.may_hold_surrogates(text):  # written before lone surrogates were refused: parse again
+            raise ValueError(f"{sidecar}: written by an older pinstorm")
+        stored = json.loads(text)
         if isinstance(stored, dict) and stored.get("key") == key and isinstance(stored.get("entries"), list):
             return stored["entries"]
     except (OSError, ValueError):

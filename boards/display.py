@@ -158,10 +158,31 @@ def _attempt(read: Callable[[], T], default: T) -> T:
 
 
 # ---- formatting -------------------------------------------------------------------------------
+def escape(value: object) -> str:
+    """`value` as one line a terminal only shows: the one escaping rule for everything pinstorm prints.
+
+    Every character that is not printable is written as its Python escape (`\\x1b`, `\\n`, `\\x9b`,
+    `\\u202e`): C0 controls (ESC, so no colour, cursor move, title or OSC 8 hyperlink; CR and LF, so no
+    overwritten or faked lines), DEL, C1 controls (`\\x9b` is CSI on its own), Unicode format
+    characters (bidi overrides and isolates U+202A-202E, U+2066-2069, zero-width ones), line and
+    paragraph separators, other spaces than ' ', lone surrogates (which could not even be encoded)
+    and unassigned code points."""
+    text = str(value)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
+def escape_lines(text: object) -> str:
+    """Text laid out in lines by pinstorm (a summary, a report) with each line escaped: its line
+    breaks stay, any other control character is shown as an escape."""
+    return "\n".join(escape(line) for line in str(text).split("\n"))
+
+
 def clean(value: object, limit: int = MAX_VALUE) -> str:
-    """`value` as one printable line of at most `limit` characters (control characters escaped,
-    so a hostile title cannot move a terminal's cursor or fake lines)."""
-    text = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in str(value))
+    """`value` as one printable line of at most `limit` characters (`escape`d, so a hostile title
+    cannot move a terminal's cursor or fake lines)."""
+    text = escape(value)
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
@@ -318,5 +339,5 @@ def meta_html(meta: Mapping[str, Any]) -> str:
         return f"<p>pinstorm pin metadata (not shown: {html.escape(one_line(e))})</p>"
 
 
-__all__ = ["PIN_ROWS", "BoardView", "PinRow", "board_html", "board_text", "clean", "human_size", "human_time",
-           "meta_fields", "meta_html", "meta_text", "view_board"]
+__all__ = ["PIN_ROWS", "BoardView", "PinRow", "board_html", "board_text", "clean", "escape", "escape_lines",
+           "human_size", "human_time", "meta_fields", "meta_html", "meta_text", "view_board"]

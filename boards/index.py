@@ -26,6 +26,11 @@ MAX_INDEX_BYTES = 16 << 20
 # YAML aliases may repeat a node; the document may grow by at most this many nodes through them.
 # A 1 KB "billion laughs" document expands to 10**9 nodes; legitimate metadata hardly uses aliases.
 ALIAS_BUDGET = 10_000
+# An integer longer than this (sign and '_' aside) loads as its text, like an unknown tag: Python
+# refuses to convert more than 4,300 digits (a bare ValueError naming no board), and converts more in
+# quadratic time where that limit is lifted. 100 digits keep every integer real metadata holds (sizes
+# and counts are then checked where they are used: `meta._count`).
+MAX_INT_DIGITS = 100
 
 _Base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: ~10x faster on big indexes
 
@@ -43,6 +48,62 @@ class _UntrustedLoader(_Base):
         if node is not None:
             _check_expansion(node)
         return node
+
+
+def _bounded_int(loader: yaml.SafeLoader, node: yaml.Node) -> Any:
+    text = loader.construct_scalar(node)
+    if _long_int(text):
+        return text
+    return loader.construct_yaml_int(node)
+
+
+def _long_int(text: str) -> bool:
+    return len(text.lstrip("+-").replace("_", "")) > MAX_INT_DIGITS
+
+
+def _lenient_timestamp(loader: yaml.SafeLoader, node: yaml.Node) -> Any:
+    """A YAML timestamp, or its text when it names no real time (`2024-13-45`: a bare ValueError
+    in PyYAML)."""
+    try:
+        return loader.construct_yaml_timestamp(node)
+    except (ValueError, OverflowError):
+        return loader.construct_scalar(node)
+
+
+_UntrustedLoader.add_constructor("tag:yaml.org,2002:int", _bounded_int)
+_UntrustedLoader.add_constructor("tag:yaml.org,2002:timestamp", _lenient_timestamp)
+
+
+# A lone surrogate (U+D800-DFFF alone) is no text: UTF-8 cannot encode it, so printing it or putting it
+# in a DataFrame raises UnicodeEncodeError. Decoded UTF-8 never holds one; JSON (and pure-Python YAML)
+# makes one from a `\ud800` escape, so only JSON text with such an escape needs the walk below.
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+_SURROGATE_ESCAPE = re.compile(r"\\(?:u|U0000)[dD][89a-fA-F]")
+
+
+def may_hold_surrogates(text: str | bytes) -> bool:
+    """Whether loading `text` (YAML or JSON) can give a string with a lone surrogate."""
+    if isinstance(text, bytes):
+        return _SURROGATE_ESCAPE.search(text.decode("latin-1")) is not None
+    return _SURROGATE_ESCAPE.search(text) is not None or _SURROGATE.search(text) is not None
+
+
+def refuse_surrogates(value: Any, *, source: str) -> None:
+    """MalformedMetadata naming `source` when any string in `value` (keys included) holds a lone
+    surrogate: a name that cannot be printed or stored is refused where it is read."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            found = _SURROGATE.search(item)
+            if found:
+                raise MalformedMetadata(f"{source}: {item[:40]!r} holds a lone surrogate "
+                                        f"(\\u{ord(found.group()):04x}), which is not text")
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple, set, frozenset)):  # YAML's !!omap and !!set too
+            stack.extend(item)
 
 
 def _check_expansion(root: yaml.Node) -> None:
@@ -113,13 +174,17 @@ def load_yaml(text: str | bytes, *, source: str, max_bytes: int | None = None) -
         raise LimitExceeded(f"{source}: {len(text)} bytes, more than the {max_bytes}-byte cap on metadata "
                             "(max_index_bytes=)")
     try:
-        return yaml.load(text, Loader=_UntrustedLoader)  # noqa: S506 - a SafeLoader subclass
+        loaded = yaml.load(text, Loader=_UntrustedLoader)  # noqa: S506 - a SafeLoader subclass
     except _AliasBomb as e:
         raise LimitExceeded(f"{source}: {e}") from e
     except yaml.YAMLError as e:
         raise MalformedMetadata(f"{source}: not valid YAML ({e})") from e
     except RecursionError as e:
         raise LimitExceeded(f"{source}: YAML nested too deeply") from e
+    except (ValueError, TypeError, OverflowError) as e:  # a constructor's own error: name the document
+        raise MalformedMetadata(f"{source}: not valid YAML metadata ({type(e).__name__}: {e})") from e
+    refuse_surrogates(loaded, source=source)  # linear, and small beside the YAML parse itself
+    return loaded
 
 
 def parse_index(text: str | bytes, *, source: str = INDEX_FILE, max_bytes: int | None = None) -> list[dict]:
@@ -129,6 +194,8 @@ def parse_index(text: str | bytes, *, source: str = INDEX_FILE, max_bytes: int |
     raw = _parse_flow_lines(text)
     if raw is None:
         raw = load_yaml(text, source=source, max_bytes=max_bytes)
+    elif may_hold_surrogates(text):
+        refuse_surrogates(raw, source=source)
     if raw is None:
         return []
     if not isinstance(raw, list):
@@ -223,13 +290,18 @@ def _parse_flow_lines(text: str | bytes) -> list | None:
     out = []
     try:
         for line in lines:
-            item = json.loads(line[2:])
+            item = json.loads(line[2:], parse_int=_json_int)
             if not isinstance(item, dict):
                 return None
             out.append(item)
     except (ValueError, RecursionError):
         return None  # the YAML loader decides, and names what is wrong
     return out
+
+
+def _json_int(text: str) -> int | str:
+    """A JSON integer as the YAML loader reads it: its text when longer than `MAX_INT_DIGITS`."""
+    return text if _long_int(text) else int(text)
 
 
 def dump_index(entries: list[dict]) -> str:
@@ -240,7 +312,3 @@ def dump_index(entries: list[dict]) -> str:
                    for e in sorted(entries, key=lambda e: e["name"]))
 
 
-def merge_entry(entries: list[dict], entry: dict | None, *, name: str) -> list[dict]:
-    """`entries` with the one for `name` replaced by `entry` (or removed when `entry` is None)."""
-    kept = [e for e in entries if e.get("name") != name]
-    return kept + ([entry] if entry is not None else [])

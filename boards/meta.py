@@ -24,8 +24,6 @@ from .index import dump_yaml, load_yaml as _load_untrusted
 API_VERSION = 1
 TIME_FORMAT = "%Y%m%dT%H%M%SZ"
 VERSION_RE = re.compile(r"^(\d{8}T\d{6}Z)-([0-9a-f]{5})$")
-# Types whose files pinstorm can load into Python objects; everything else comes back as paths.
-TABLE_TYPES = {"csv", "parquet", "arrow", "feather", "table"}
 # Extra data.txt field (other clients ignore it): the xxh64 of each file of a multi-file pin, in
 # `file` order, so a failed check names the file that differs.
 FILE_HASH_FIELD = "pinstorm_file_hash"
@@ -206,7 +204,9 @@ class PinMeta:
             files = raw.pop("path", None)
             if files is None:
                 raise MalformedMetadata(f"{source}: a legacy data.txt must list its files under 'path'")
-            files = [files] if isinstance(files, str) else list(files)
+            if isinstance(files, dict):
+                raise MalformedMetadata(f"{source}: 'path' must name a file or list files, got a mapping")
+            files = files if isinstance(files, list) else [files]
             return cls(file=[str(f) for f in files], file_size=[], pin_hash="", api_version=0,
                        type=str(raw.pop("type", "files")), title=raw.pop("title", None),
                        description=raw.pop("description", None), created=raw.pop("created", None),
@@ -215,9 +215,13 @@ class PinMeta:
         if missing:
             raise MalformedMetadata(f"{source}: missing required field(s) {', '.join(missing)}")
         files = raw.pop("file")
-        files = [files] if isinstance(files, str) else [str(f) for f in files]
+        if isinstance(files, dict):
+            raise MalformedMetadata(f"{source}: 'file' must name a file or list files, got a mapping")
+        files = [files] if isinstance(files, str) else [str(f) for f in files] if isinstance(files, list) \
+            else [str(files)]
         sizes = raw.pop("file_size", None)
-        sizes = [] if sizes is None else [sizes] if isinstance(sizes, int) else [int(s) for s in sizes]
+        sizes = [] if sizes is None else [_count(s, "file_size", source) for s in
+                                          (sizes if isinstance(sizes, list) else [sizes])]
         if sizes and len(sizes) != len(files):
             raise MalformedMetadata(f"{source}: {len(files)} files but {len(sizes)} file sizes")
         for f in files:
@@ -234,6 +238,23 @@ class PinMeta:
             description=raw.pop("description", None),
             created=str(created) if created is not None else None,
             user=raw.pop("user", None) or {},
-            api_version=int(raw.pop("api_version")),
+            api_version=_count(raw.pop("api_version"), "api_version", source),
             extra=raw,
         )
+
+
+_DIGITS = re.compile(r"[0-9]{1,19}")
+
+
+def _count(value: Any, field: str, source: str) -> int:
+    """A byte count or version number from a data.txt: a whole number in [0, 2**63), else
+    MalformedMetadata naming the file (never a bare ValueError, whatever a board wrote)."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    elif isinstance(value, str) and _DIGITS.fullmatch(value.strip()):
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
+        shown = f"(an integer of {value.bit_length()} bits)" if isinstance(value, int) and value.bit_length() > 64 \
+            else repr(value) if len(repr(value)) <= 40 else repr(value)[:39] + "…"
+        raise MalformedMetadata(f"{source}: {field} {shown} is not a whole number of 0 to 2**63 - 1")
+    return value

@@ -4,7 +4,9 @@ A board's metadata (the root data.txt, a version's data.txt, a legacy pin's `pat
 file listing) comes from whoever serves it. Every file name taken from it is checked here before
 anything touches the disk: it must be a relative path whose resolved location stays inside the
 folder it is meant for (absolute paths, `..`, a leading `~`, drive letters, backslashes and NUL are
-refused), and a version name must be one plain path segment. Every URL taken from it must be
+refused), it must not name the version's own metadata file once normalised (`./data.txt`,
+`data.txt/`, `DATA.TXT`, `data.txt.`: `reserved`), and a version name must be one plain path
+segment. Every URL taken from it must be
 http(s) on the board's own origin unless the board was registered to allow other origins; other
 schemes (`file://`, fsspec protocols such as `s3://` or `memory://`) are never followed.
 """
@@ -20,6 +22,9 @@ from .errors import UnsafePath
 
 _SEGMENT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._+=@,-]*$")
 _MAX_SEGMENT = 200
+# Files pinstorm itself keeps in a version folder: a pin file of that name would be overwritten by
+# (or would overwrite) the version's metadata, on the board and in the cache.
+RESERVED_FILES = frozenset({"data.txt"})
 
 
 def _where(pin: str | None, board: str | None) -> str:
@@ -48,7 +53,35 @@ def check_relative(name: object, *, what: str = "file", pin: str | None = None,
         raise UnsafePath(f"{what} name {name!r}{where} points into a home folder ('~')")
     if not parts or all(p == "." for p in parts):
         raise UnsafePath(f"{what} name {name!r}{where} names no file")
+    if what == "file" and reserved(name):
+        raise UnsafePath(f"{what} name {name!r}{where} lands on data.txt once normalised (paths compared as "
+                         "disks compare them: './', '/', case, trailing dots); that name is reserved for the "
+                         "pin's metadata")
     return name
+
+
+def normalise(name: str) -> str:
+    """`name` as the path it lands on, lexically: backslashes as '/', empty and '.' parts dropped,
+    '..' applied (`./a//b/` -> `a/b`, `a/../data.txt` -> `data.txt`). Not a safety check by itself."""
+    out: list[str] = []
+    for part in name.replace("\\", "/").split("/"):
+        if part == "..":
+            if out:
+                out.pop()
+        elif part not in ("", "."):
+            out.append(part)
+    return "/".join(out)
+
+
+def reserved(name: str) -> bool:
+    """Whether pin file `name` lands on a file pinstorm keeps in the version folder (`data.txt`),
+    once normalised (`normalise`) and as the disks that hold boards and caches compare names:
+    case-insensitively (macOS, Windows), without trailing dots and spaces and NTFS stream suffixes
+    (Windows). One rule for every platform, so a board means the same everywhere."""
+    normal = normalise(name)
+    if not normal or "/" in normal:
+        return False
+    return normal.split(":", 1)[0].rstrip(" .").casefold() in RESERVED_FILES
 
 
 def contained(root: str | os.PathLike, name: object, *, what: str = "file", pin: str | None = None,

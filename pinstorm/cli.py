@@ -74,11 +74,11 @@ class PinstormGroup(click.Group):
         except (PinstormError, OSError, ValueError) as e:   # ValueError: an argument the library refused
             if debugging(ctx):
                 raise
-            raise click.ClickException(_masked(in_cli_terms(f"{type(e).__name__}: {e}"))) from e
+            raise click.ClickException(_shown(in_cli_terms(f"{type(e).__name__}: {e}"))) from e
         except Exception as e:  # noqa: BLE001 - a bug or an unforeseen input: one line, the traceback on demand
             if debugging(ctx):
                 raise
-            raise click.ClickException(f"{type(e).__name__}: {_masked(str(e))} (unexpected: run again with "
+            raise click.ClickException(f"{type(e).__name__}: {_shown(str(e))} (unexpected: run again with "
                                        f"--debug, or set {DEBUG_ENV}=1, for the traceback)") from e
 
 
@@ -90,7 +90,7 @@ class OneLineUsageError(click.UsageError):
         self.hint = f"see '{error.ctx.command_path} --help'" if error.ctx else "see 'pinstorm --help'"
 
     def show(self, file=None) -> None:
-        click.echo(f"Error: {self.format_message()} ({self.hint})", file=file or sys.stderr)
+        click.echo(f"Error: {_shown(self.format_message())} ({self.hint})", file=file or sys.stderr)
 
 
 DEBUG_ENV = "PINSTORM_DEBUG"
@@ -122,6 +122,15 @@ def _masked(text: str) -> str:
     return redact_text(text)
 
 
+def _shown(text: str) -> str:
+    """`text` as pinstorm prints a message (an error, a warning): secrets masked, then one line with
+    every control character escaped (`boards.display.escape`, the one rule: a message may quote a
+    remote pin name, file name or YAML snippet, which must not drive the terminal)."""
+    from pinstorm.boards.display import escape
+
+    return escape(_masked(text))
+
+
 def debugging(ctx: click.Context | None = None) -> bool:
     """--debug or $PINSTORM_DEBUG=1: show tracebacks instead of one line."""
     flag = bool(ctx and ctx.find_root().params.get("debug"))
@@ -130,7 +139,7 @@ def debugging(ctx: click.Context | None = None) -> bool:
 
 def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
     """Warnings as one plain line ("warning: ..."), not Python's path, line number and source line."""
-    print(f"warning: {_masked(in_cli_terms(str(message)))}", file=file or sys.stderr)
+    print(f"warning: {_shown(in_cli_terms(str(message)))}", file=file or sys.stderr)
 
 
 def _unavailable(name: str, message: str) -> click.Command:
@@ -174,7 +183,7 @@ def _leave(code) -> None:
     import contextlib
 
     if isinstance(code, str):  # SystemExit("message"): Python prints it and exits 1
-        print(code, file=sys.stderr)
+        print(_shown(code), file=sys.stderr)
         code = 1
     try:
         atexit._run_exitfuncs()

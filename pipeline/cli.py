@@ -7,9 +7,11 @@ from pathlib import Path
 
 import click
 
+from ..boards.display import escape, escape_lines
 from .storage import is_board_url, parse_board_url
 
-
+# Class names, image paths and skip reasons come from image folders and boards anyone may write: they
+# are printed through `boards.display.escape` (the one rule: no control character reaches the terminal).
 
 POSITIVE = click.IntRange(min=1)
 POSITIVE_FLOAT = click.FloatRange(min=0, min_open=True)
@@ -103,9 +105,10 @@ def convert(source, output, partitions, split, slice_, classes_from, row_group_s
                f"report: {result.report_url}")
     if result.empty_classes:
         click.echo(f"{len(result.empty_classes)} class(es) without images keep their label: "
-                   f"{', '.join(result.empty_classes[:10])}{' ...' if len(result.empty_classes) > 10 else ''}")
+                   f"{', '.join(escape(c) for c in result.empty_classes[:10])}"
+                   f"{' ...' if len(result.empty_classes) > 10 else ''}")
     for entry in result.skipped[:20]:
-        click.echo(f"  skipped {entry['path']}: {entry['reason']}")
+        click.echo(f"  skipped {escape(entry['path'])}: {escape(entry['reason'])}")
     if len(result.skipped) > 20:
         click.echo(f"  ... and {len(result.skipped) - 20} more in the report")
 
@@ -129,9 +132,10 @@ def inspect(dataset, sheet, no_sheet, samples, as_json):
     summary = inspect_dataset(dataset, sheet=None if no_sheet else sheet, samples=samples)
     if as_json:
         summary.pop("row_group_rows", None)
-        click.echo(json.dumps(summary, indent=1))
+        click.echo(json.dumps(summary, indent=1, ensure_ascii=True))  # ASCII: control characters as \uXXXX
     else:
-        click.echo(format_summary(summary))
+        classes = [escape(c) for c in summary.get("classes") or []]
+        click.echo(escape_lines(format_summary({**summary, "classes": classes})))
 
 
 @click.command()

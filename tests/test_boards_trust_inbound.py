@@ -544,3 +544,183 @@ def test_size_cap_holds_without_content_length(tmp_path):
     finally:
         httpd.shutdown()
         httpd.server_close()
+
+
+# ---- issue 31, item 6: a hostile or broken board never breaks an operation on another board --------
+POISON = {  # an index entry each; the index stays valid YAML (or JSON flow lines)
+    "long-int": "- path: big/\n  name: big\n  description: 'a pin'\n  versions:\n  - " + "9" * 5000 + "\n",
+    "bad-date": "- path: big/\n  name: big\n  created: 2024-13-45\n  versions:\n  - 2024-99-99\n",
+    "surrogate": '- {"path": "big/", "name": "big\\ud800", "description": "a lone \\udc00 surrogate"}\n',
+}
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("poison", sorted(POISON))
+def test_a_hostile_index_never_breaks_lookups_on_other_boards(tmp_path, poison):
+    good = boards.board_register("local", name="zzz-good", path=tmp_path / "good")
+    good.pin({"from": "the healthy board"}, "wanted")
+    hostile = tmp_path / "hostile"
+    hostile.mkdir()
+    (hostile / "data.txt").write_text(POISON[poison])
+    with boards.serve_board(hostile) as url:
+        boards.board_register(url, name="aaa-evil")  # searched before the healthy board
+        for server in ("up", "down"):  # down: the hostile index comes from the cache
+            with pytest.warns(UserWarning, match=rf"aaa-evil|{url}") if poison == "surrogate" else \
+                    contextlib.nullcontext():
+                found = boards.pin_find("")
+            assert "wanted" in set(found["name"]), server
+            assert boards.pin_get("wanted") == {"from": "the healthy board"}
+            assert len(boards.pin_versions("wanted")) == 1
+            assert boards.pin_info("wanted")["board"] == "zzz-good"
+            assert boards.pin_meta("wanted")["board"] == "zzz-good"
+            with pytest.raises(boards.BoardError) as refused:  # the hostile board's own pins: a named error
+                boards.pin_get("big", board="aaa-evil")
+            assert f"{url}/" in str(refused.value) and "data.txt" in str(refused.value)
+            if poison == "surrogate":
+                with pytest.raises(MalformedMetadata, match=r"lone surrogate"):
+                    boards.pin_list(board="aaa-evil")
+            else:
+                assert boards.pin_list(board="aaa-evil") == ["big"]
+            if server == "up":
+                boards.board_get("aaa-evil").storage.index_max_age = 0
+        # the server is down from here on
+    with pytest.raises(boards.PinNotFound, match=r"no pin named 'absent'"):
+        boards.pin_get("absent")
+
+
+def test_a_board_whose_index_raises_anything_is_skipped_by_board_less_reads(tmp_path, monkeypatch):
+    good = boards.board_register("local", name="zzz-good", path=tmp_path / "good")
+    good.pin({"v": 1}, "wanted")
+    broken = boards.board_register("local", name="aaa-broken", path=tmp_path / "broken")
+    listed = type(broken.storage).list_entries
+
+    def list_entries(self):  # an error no board class names: the lookup must still go on
+        if self is broken.storage:
+            raise RecursionError(f"{self.root}/data.txt nested too deeply")
+        return listed(self)
+
+    monkeypatch.setattr(type(broken.storage), "list_entries", list_entries)
+    with pytest.warns(UserWarning, match=r"'aaa-broken' \(RecursionError: .*broken/data.txt"):
+        assert boards.pin_get("wanted", board=None) == {"v": 1}
+    with pytest.raises(boards.PinNotFound, match=r"could not read board\(s\) 'aaa-broken' \(RecursionError"):
+        boards.pin_get("absent")
+
+
+def test_long_integers_load_as_text_and_counts_are_checked_naming_the_file(served, tmp_path):
+    assert index.load_yaml("a: " + "1" * 101 + "\nb: -" + "1" * 100 + "\nc: -0x_1f\n", source="s") == \
+        {"a": "1" * 101, "b": -int("1" * 100), "c": -31}
+    flow = index.parse_index('- {"path": "p/", "name": "p", "n": ' + "7" * 4500 + ', "m": 12}\n')
+    assert flow[0]["n"] == "7" * 4500 and flow[0]["m"] == 12
+    folder, url = served
+    src = boards.board_register("local", name="src", path=folder)
+    src.pin({"v": 1}, "obj")
+    version = src.pin_versions("obj")["version"].iloc[-1]
+    meta_path = folder / "obj" / version / "data.txt"
+    meta = yaml.safe_load(meta_path.read_text())
+    for size in ["9" * 5000, "-1", "{a: 1}", "1.5", "'²'"]:
+        meta_path.write_text(yaml.safe_dump({**meta, "file_size": 0}).replace("file_size: 0", f"file_size: {size}"))
+        with pytest.raises(MalformedMetadata, match=rf"{url}/obj/{version}/data.txt: file_size"):
+            DatatxtBoard(f"w{abs(hash(size))}", url, cache=tmp_path / "c").pin_get("obj")
+
+
+# ---- issue 31, item 7: a pin file cannot be the version's data.txt, however it is written -----------
+@pytest.mark.parametrize("bad", ["./data.txt", "data.txt/", ".//data.txt", "DATA.TXT", "Data.Txt.",
+                                 "data.txt::$DATA"])
+def test_a_file_named_data_txt_however_written_is_refused(served, tmp_path, bad):
+    folder, url = served
+    src = boards.board_register("local", name="src", path=folder)
+    src.pin({"v": 1}, "obj")
+    version = src.pin_versions("obj")["version"].iloc[-1]
+    meta_path = folder / "obj" / version / "data.txt"
+    meta = yaml.safe_load(meta_path.read_text())
+    meta_path.write_text(yaml.safe_dump({**meta, "file": bad}))
+    with pytest.raises(UnsafePath, match=r"'obj'.*reserved for the pin's metadata") as refused:
+        DatatxtBoard("w", url, cache=tmp_path / "c").pin_get("obj")
+    assert f"{url}/obj/{version}/data.txt" in str(refused.value)
+    assert not [p for p in _files_under(tmp_path / "c") if "/_urls/" not in f"/{p}"]  # nothing written
+
+
+def test_dot_slash_data_txt_cannot_overwrite_the_cached_metadata(tmp_path):
+    """The issue's case: `./data.txt` declared with 106 verified bytes; pinstorm used to write the
+    version's metadata over them and return 133 bytes that no hash covered."""
+    from http.server import BaseHTTPRequestHandler
+
+    from pinstorm.boards.meta import PinMeta, hash_file
+
+    payload = tmp_path / "payload"
+    payload.write_bytes(b"p" * 106)
+    meta = PinMeta(file=["./data.txt"], file_size=[106], pin_hash=hash_file(payload), type="file",
+                   created="20240101T000000Z")
+    version = meta.version_name
+    bodies = {"/data.txt": index.dump_index([{"path": f"p/{version}/", "name": "p", "version": version,
+                                              "versions": [version]}]).encode()}
+    metadata_sent = []
+
+    class Hostile(BaseHTTPRequestHandler):
+        def do_GET(self):
+            path = self.path
+            if path in (f"/p/{version}/data.txt", f"/p/{version}/./data.txt"):
+                body = payload.read_bytes() if metadata_sent else meta.to_yaml().encode()
+                metadata_sent.append(path)
+            else:
+                body = bodies.get(path, b"")
+            self.send_response(200 if body else 404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Hostile)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{httpd.server_address[1]}"
+        with pytest.raises(UnsafePath, match=r"'\./data\.txt' \(pin 'p' of board .*reserved"):
+            DatatxtBoard("web", url, cache=tmp_path / "c").pin_get("p", files=True)
+        assert not (tmp_path / "c" / "web" / "p").exists()
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_legacy_pins_and_duplicate_file_names_follow_the_same_rule(served, tmp_path):
+    folder, url = served
+    (folder / "data.txt").write_text("- path: evil/\n  name: evil\n")
+    (folder / "evil").mkdir()
+    (folder / "evil" / "data.txt").write_text(yaml.safe_dump({"path": ["fine.txt", "./data.txt"]}))
+    (folder / "evil" / "fine.txt").write_text("fine")
+    with pytest.raises(UnsafePath, match=r"'\./data\.txt'.*reserved"):
+        boards.board_register(url, name="web").pin_get("evil")
+    assert not (tmp_path / "cache" / "web" / "evil").exists() or \
+        not any((tmp_path / "cache" / "web" / "evil").rglob("data.txt"))
+    src = boards.board_register("local", name="src", path=folder)
+    src.pin({"v": 1}, "obj")
+    version = src.pin_versions("obj")["version"].iloc[-1]
+    meta_path = folder / "obj" / version / "data.txt"
+    meta = yaml.safe_load(meta_path.read_text())
+    meta_path.write_text(yaml.safe_dump({**meta, "file": [meta["file"], "./" + meta["file"]],
+                                         "file_size": [meta["file_size"]] * 2}))
+    with pytest.raises(UnsafePath, match=r"name the same file"):
+        DatatxtBoard("w2", url, cache=tmp_path / "c2").pin_get("obj")
+    # the write side: the one path rule refuses it before anything lands in a cache folder
+    with pytest.raises(UnsafePath, match="reserved"):
+        paths.contained(tmp_path, "./data.txt")
+    assert paths.contained(tmp_path, "sub/data.txt") == tmp_path.resolve() / "sub/data.txt"
+    assert paths.check_relative("data.txt", what="version path") == "data.txt"  # the rule is for files
+
+
+@pytest.mark.parametrize("name", ["data.txt", "DATA.TXT", "Data.Txt"])
+def test_a_folder_whose_file_would_be_the_versions_data_txt_is_not_pinned(tmp_path, name):
+    """On a case-insensitive disk DATA.TXT is the version's data.txt: pinning it would write the metadata over it."""
+    folder = tmp_path / "x"
+    folder.mkdir()
+    (folder / "a.csv").write_text("a\n1\n")
+    (folder / name).write_text("payload")
+    with pytest.raises(boards.BoardError, match="would be the version's data.txt"):
+        boards.pin(str(folder), "x")
+    (folder / name).unlink()
+    (folder / "sub").mkdir()
+    (folder / "sub" / name).write_text("a file of the pin's own, below the version folder")
+    boards.pin(str(folder), "x")
+    assert sorted(Path(p).name for p in boards.pin_get("x", files=True)) == sorted(["a.csv", name])

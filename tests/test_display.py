@@ -148,6 +148,20 @@ def test_hostile_metadata_is_escaped_in_html_and_in_text(tmp_path):
     assert "\\x1b[2J\\nfake: line" in text
 
 
+@pytest.mark.parametrize("raw, shown", [
+    ("\x1b[31m", "\\x1b[31m"), ("\x1b]8;;http://evil\x1b\\", "\\x1b]8;;http://evil\\x1b\\"), ("a\rb", "a\\rb"),
+    ("a\nb", "a\\nb"), ("\x07\x00\x7f", "\\x07\\x00\\x7f"), ("\x9b2J", "\\x9b2J"), ("\x85", "\\x85"),
+    ("x\u202eexe", "x\\u202eexe"), ("\u2066\u2069\u200b\ufeff", "\\u2066\\u2069\\u200b\\ufeff"),
+    ("\u2028\u2029", "\\u2028\\u2029"), ("\ud800", "\\ud800"), ("\U000e0041", "\\U000e0041"),
+    ("tench é … 犬", "tench é … 犬"),
+])
+def test_one_escaping_rule_leaves_only_printable_text(raw, shown):
+    assert display.escape(raw) == shown and display.clean(raw) == shown
+    assert display.escape(raw).isprintable()
+    if "\n" not in raw:  # escape_lines keeps the line breaks of text pinstorm lays out itself
+        assert display.escape_lines(f"{raw}\n{raw}") == f"{shown}\n{shown}"
+
+
 def test_metadata_shows_size_files_user_fields_and_version(tmp_path):
     board = boards.board_folder(tmp_path / "board", name="nb")
     files = [str(_file(tmp_path, f"part{i}.bin", 1000)) for i in range(7)]
