@@ -9,6 +9,13 @@ the samples every old stream had received are recomputed and skipped (`consumed_
 
 The state (`state_dict`) is one JSON-able format for both readers: a TensorFlow state resumes a PyTorch
 loader (``num_workers=0``) and the other way round. No TensorFlow, no torch here.
+
+A state is read from a file (a checkpoint), so `resume_position` checks it against the epoch plan before
+any work that grows with what it says (`ResumeStateError`, naming the field): every value of its type,
+epochs in [0, `MAX_EPOCH`] (`epoch_seed` works modulo 2**31 - 1, and no run reaches 2**31 epochs),
+samples received in [0, what that stream's epoch holds], at most `MAX_STREAMS` streams. Resuming on
+another layout costs O(row groups) per epoch the states' streams span, and O(rows) memory per epoch:
+they may be at most `MAX_EPOCH_SPAN` epochs apart.
 """
 
 from __future__ import annotations
@@ -18,14 +25,27 @@ import hashlib
 import itertools
 import json
 import random
+import re
 import zlib
 
 import numpy as np
 
 from .epochs import IncompleteEpochError, default_shuffle_buffer, epoch_order, epoch_seed, shard_row_groups
+from pinstorm.errors import PinstormError
 
 STATE_FORMAT = "pinstorm.make_torch_loader/1"   # the name it was born with; TensorFlow states use it too
 _MARK_CHUNK = 1 << 16   # sample IDs marked consumed at a time (`consumed_by`)
+MAX_EPOCH = 2**31 - 1   # the last epoch a state may name (`epoch_seed` is modulo 2**31 - 1)
+MAX_EPOCH_SPAN = 64     # epochs apart the streams of states resumed on another layout may be (`consumed_by`)
+MAX_STREAMS = 1024      # DataLoader workers a state may name
+_MAX_SEED = 2**63
+_EPOCH_KEY = re.compile(r"^(0|[1-9][0-9]{0,9})$")
+
+
+class ResumeStateError(PinstormError, ValueError):
+    """A reader state this dataset's reader cannot have written: another dataset or run, a field of the
+    wrong type, or a position outside the epoch plan (a negative count, an epoch past `MAX_EPOCH`, more
+    samples received than the stream's epoch holds)."""
 
 
 def _shuffled(rows, size: int, rng: random.Random):
@@ -141,10 +161,10 @@ def unpack_bits(text: str, rows: int) -> np.ndarray:
     try:
         raw = inflate.decompress(base64.b64decode(text, validate=True), expected)
         extra = inflate.unconsumed_tail or inflate.flush(1)
-    except (ValueError, zlib.error) as error:
-        raise ValueError(f"a resume state's bitmap is not packed bits: {error}") from None
+    except (ValueError, TypeError, zlib.error) as error:
+        raise ResumeStateError(f"a resume state's bitmap is not packed bits: {error}") from None
     if len(raw) != expected or extra or not inflate.eof:
-        raise ValueError(f"a resume state's bitmap does not hold {rows} rows ({expected} bytes)")
+        raise ResumeStateError(f"a resume state's bitmap does not hold {rows} rows ({expected} bytes)")
     return np.unpackbits(np.frombuffer(raw, dtype=np.uint8), count=rows).astype(bool)
 
 
@@ -195,53 +215,167 @@ def resume_position(state, source, *, shuffle: bool, shuffle_buffer, num_workers
     pass is the rest of the uninterrupted one, sample for sample. Another layout: give every rank's
     state; this epoch's streams then deliver only the samples none of them had received (`consumed_by`).
     """
-    states = [state] if isinstance(state, dict) else list(state)
+    if isinstance(state, dict):
+        states = [state]
+    elif isinstance(state, (list, tuple)) and len(state) <= MAX_STREAMS:
+        states = list(state)
+    else:
+        raise ResumeStateError(f"a state is a state_dict() or a list of them (one per rank, at most {MAX_STREAMS}), "
+                               f"not {_shown(state)}")
     if not states:
-        raise ValueError("a state is needed (or a list of them, one per rank)")
+        raise ResumeStateError("a state is needed (or a list of them, one per rank)")
     digest = info_digest(source.info)
-    for s in states:
-        if not isinstance(s, dict) or s.get("format") != STATE_FORMAT:
-            raise ValueError(f"not a pinstorm reader state ({STATE_FORMAT}): {str(s)[:200]}")
-        if s["dataset"]["digest"] != digest:
-            raise ValueError(f"the state is of {s['dataset']['url']} (digest {s['dataset']['digest']}), not of "
-                             f"{source.location.url} (digest {digest}): another dataset")
+    states = [check_state(s, source.info, digest, where=source.location.url) for s in states]
     if len({s["seed"] for s in states}) != 1:
-        raise ValueError(f"the states have different seeds {sorted({s['seed'] for s in states})}: not one run")
+        raise ResumeStateError(f"the states have different seeds {sorted({s['seed'] for s in states})}: not one run")
     source.base_seed = int(states[0]["seed"])
     shard = None if source.shard is None else list(source.shard)
     same = [s for s in states if s["shard"] == shard and s["num_workers"] == num_workers
             and s["shuffle"] == shuffle and s["shuffle_buffer"] == shuffle_buffer]
     if same:
         s = same[0]
-        return Position(dict(enumerate(s["streams"])), s["next_stream"],
-                        {int(e): unpack_bits(b, source.info["rows"]) for e, b in s["consumed"].items()})
+        consumed = {int(e): unpack_bits(b, source.info["rows"]) for e, b in s["consumed"].items()}
+        check_received(s, source.info, source.groups, consumed)
+        return Position(dict(enumerate(s["streams"])), s["next_stream"], consumed)
     return consumed_by(states, source.info, streams)
+
+
+def _shown(value) -> str:
+    """`value` for an error message, short (an int of any size, a container of any length)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"an integer of {value.bit_length():,} bits"
+    text = repr(value) if isinstance(value, (int, float, bool, type(None))) else type(value).__name__
+    if isinstance(value, str):
+        text = repr(value[:60]) + ("..." if len(value) > 60 else "")
+    return text
+
+
+def _integer(value, what: str, low: int, high: int) -> int:
+    """`value` if it is an integer in [low, high] (not a bool, not a float), else `ResumeStateError`."""
+    if not isinstance(value, (int, np.integer)) or isinstance(value, (bool, np.bool_)):
+        raise ResumeStateError(f"a resume state's {what} must be an integer, not {_shown(value)}")
+    if not low <= value <= high:
+        raise ResumeStateError(f"a resume state's {what} is {_shown(int(value))}, outside [{low}, {high}]")
+    return int(value)
+
+
+def check_state(s, info: dict, digest: str, *, where: str = "the dataset") -> dict:
+    """`s` (one `state_dict`, from a file) checked field by field against the dataset (`info`, its
+    `info_digest`), in O(streams): types, the dataset's identity, epochs in [0, `MAX_EPOCH`] and samples
+    received in [0, rows] (`check_received` then bounds them by the stream's epoch). A normalized copy,
+    or `ResumeStateError` naming the field."""
+    if not isinstance(s, dict) or s.get("format") != STATE_FORMAT:
+        raise ResumeStateError(f"not a pinstorm reader state ({STATE_FORMAT}): {str(s)[:200]}")
+    dataset = s.get("dataset")
+    if not isinstance(dataset, dict) or not isinstance(dataset.get("digest"), str):
+        raise ResumeStateError(f"a resume state's dataset must name its digest, not {_shown(dataset)}")
+    if dataset["digest"] != digest:
+        raise ResumeStateError(f"the state is of {str(dataset.get('url'))[:300]} (digest {dataset['digest'][:64]}), "
+                               f"not of {where} (digest {digest}): another dataset")
+    rows, groups = int(info["rows"]), int(info["row_groups"])
+    seed = _integer(s.get("seed"), "seed", -_MAX_SEED, _MAX_SEED)
+    if not isinstance(s.get("shuffle"), bool):
+        raise ResumeStateError(f"a resume state's shuffle must be true or false, not {_shown(s.get('shuffle'))}")
+    buffer = s.get("shuffle_buffer")
+    buffer = None if buffer is None else _integer(buffer, "shuffle_buffer", 1, MAX_EPOCH)
+    shard = s.get("shard")
+    if shard is not None:
+        if not isinstance(shard, (list, tuple)) or len(shard) != 2:
+            raise ResumeStateError(f"a resume state's shard must be [index, count] or null, not {_shown(shard)}")
+        count = _integer(shard[1], "shard count", 1, groups)
+        shard = [_integer(shard[0], "shard index", 0, count - 1), count]
+    workers = _integer(s.get("num_workers"), "num_workers", 0, MAX_STREAMS)
+    epoch = _integer(s.get("epoch"), "epoch", 0, MAX_EPOCH)
+    streams = s.get("streams")
+    if not isinstance(streams, (list, tuple)) or len(streams) != max(1, workers):
+        raise ResumeStateError(f"a resume state with num_workers={workers} has {max(1, workers)} streams, not "
+                               f"{len(streams) if isinstance(streams, (list, tuple)) else _shown(streams)}")
+    positions = []
+    for i, stream in enumerate(streams):
+        if not isinstance(stream, (list, tuple)) or len(stream) != 2:
+            raise ResumeStateError(f"a resume state's stream {i} must be [epoch, samples received], not "
+                                   f"{_shown(stream)}")
+        positions.append((_integer(stream[0], f"stream {i} epoch", 0, MAX_EPOCH),
+                          _integer(stream[1], f"stream {i} samples received", 0, rows)))
+    if epoch != min(e for e, _ in positions):
+        raise ResumeStateError(f"a resume state's epoch {epoch} is not its streams' earliest "
+                               f"({min(e for e, _ in positions)})")
+    next_stream = _integer(s.get("next_stream"), "next_stream", 0, len(positions) - 1)
+    consumed = s.get("consumed")   # bitmaps of the epochs a resume on another layout spanned (`consumed_by`)
+    last = epoch + MAX_EPOCH_SPAN
+    if not isinstance(consumed, dict) or len(consumed) > MAX_EPOCH_SPAN + 1:
+        raise ResumeStateError(f"a resume state's consumed must map at most {MAX_EPOCH_SPAN + 1} epochs to bitmaps, "
+                               f"not {_shown(consumed) if not isinstance(consumed, dict) else len(consumed)}")
+    for key, bits in consumed.items():
+        if not isinstance(key, str) or not _EPOCH_KEY.match(key) or not epoch <= int(key) <= last:
+            raise ResumeStateError(f"a resume state's consumed names epoch {_shown(key)}, not one in "
+                                   f"[{epoch}, {last}] (its epoch, at most {MAX_EPOCH_SPAN} on)")
+        if not isinstance(bits, str):
+            raise ResumeStateError(f"a resume state's consumed bitmap of epoch {key} is {_shown(bits)}, not text")
+    return {**s, "seed": seed, "shuffle_buffer": buffer, "shard": shard, "num_workers": workers, "epoch": epoch,
+            "streams": [list(p) for p in positions], "next_stream": next_stream, "consumed": dict(consumed)}
+
+
+def _rows_left(info: dict, consumed: np.ndarray | None) -> np.ndarray:
+    """Rows of each row group not `consumed` (all of them without a bitmap): O(rows) once, O(1) per group."""
+    rows = np.asarray(info["row_group_rows"], dtype=np.int64)
+    if consumed is None:
+        return rows
+    marked = np.concatenate([[0], np.cumsum(consumed, dtype=np.int64)])
+    starts = row_starts(info)
+    return rows - (marked[starts[1:]] - marked[starts[:-1]])
+
+
+def check_received(s: dict, info: dict, groups, consumed: dict) -> None:
+    """Every stream of `s` (checked by `check_state`) has received at most what its epoch holds: the rows
+    of its row groups (`epoch_order`) that no earlier layout `consumed`. O(row groups) per stream."""
+    workers, left = s["num_workers"], {}
+    for i, (epoch, received) in enumerate(s["streams"]):
+        if epoch not in left:
+            left[epoch] = _rows_left(info, consumed.get(epoch))
+        order = epoch_order(groups, epoch_seed(s["seed"], epoch), s["shuffle"], (i, workers) if workers else None)
+        holds = int(left[epoch][order].sum()) if order else 0
+        if received > holds:
+            raise ResumeStateError(f"a resume state's stream {i} has received {received} samples of epoch {epoch}, "
+                                   f"more than that epoch of the stream holds ({holds})")
 
 
 def consumed_by(states, info: dict, streams: int) -> Position:
     """`streams` streams at the start of the states' earliest epoch, skipping every sample the states'
-    streams had received (recomputed from their `stream_ids`) in each epoch they are in."""
+    streams had received (recomputed from their `stream_ids`) in each epoch they are in: an epoch a
+    stream finished is all its row groups (O(row groups)), the epoch it is in its first samples received.
+    The states are `check_state`'s; their streams at most `MAX_EPOCH_SPAN` epochs apart."""
     count = {1 if s["shard"] is None else s["shard"][1] for s in states}
     indexes = sorted(0 if s["shard"] is None else s["shard"][0] for s in states)
     if len(count) != 1 or indexes != list(range(count.pop())):
-        raise ValueError(f"states of shards {[s['shard'] for s in states]}: give one state of every shard of the "
-                         "run (each rank's), so that what each had received is known")
+        raise ResumeStateError(f"states of shards {[s['shard'] for s in states]}: give one state of every shard "
+                               "of the run (each rank's), so that what each had received is known")
     epochs = [e for s in states for e, _ in s["streams"]]
     first, last = min(epochs), max(epochs)
-    consumed = {e: np.zeros(info["rows"], dtype=bool) for e in range(first, last + 1)}
-    for s in states:
+    if last - first > MAX_EPOCH_SPAN:   # before a bitmap per epoch is made
+        raise ResumeStateError(f"the states' streams are at epochs {first} to {last}: resuming on another layout "
+                               f"takes streams at most {MAX_EPOCH_SPAN} epochs apart")
+    plans = []
+    for s in states:   # every state's positions within its epochs' plan, before the bitmaps are made
         groups = shard_row_groups(info, s["shard"])
         earlier = {int(e): unpack_bits(b, info["rows"]) for e, b in s["consumed"].items()}
+        check_received(s, info, groups, earlier)
+        plans.append((s, groups, earlier))
+    starts = row_starts(info)
+    consumed = {e: np.zeros(info["rows"], dtype=bool) for e in range(first, last + 1)}
+    for s, groups, earlier in plans:
         for e, bits in earlier.items():
             if e in consumed:
                 consumed[e] |= bits
         workers = s["num_workers"]
         for stream, (at, received) in enumerate(s["streams"]):
             split = (stream, workers) if workers else None
-            for e in range(first, at + 1):
-                ids = stream_ids(info, groups, seed=epoch_seed(s["seed"], e), shuffle=s["shuffle"],
-                                 shuffle_buffer=s["shuffle_buffer"], split=split, consumed=earlier.get(e))
-                ids = itertools.islice(ids, received if e == at else None)
-                while chunk := list(itertools.islice(ids, _MARK_CHUNK)):   # memory bounded, not per row received
-                    consumed[e][np.asarray(chunk, dtype=np.int64)] = True
+            for e in range(first, at):   # epochs the stream finished: all its rows (those `earlier` are marked)
+                for g in epoch_order(groups, epoch_seed(s["seed"], e), s["shuffle"], split):
+                    consumed[e][starts[g]:starts[g + 1]] = True
+            ids = stream_ids(info, groups, seed=epoch_seed(s["seed"], at), shuffle=s["shuffle"],
+                             shuffle_buffer=s["shuffle_buffer"], split=split, consumed=earlier.get(at))
+            ids = itertools.islice(ids, received)
+            while chunk := list(itertools.islice(ids, _MARK_CHUNK)):   # memory bounded, not per row received
+                consumed[at][np.asarray(chunk, dtype=np.int64)] = True
     return Position(Position.fresh(first, streams).streams, 0, consumed)

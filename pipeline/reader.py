@@ -286,8 +286,10 @@ def make_dataset(url, *, batch_size: int, image_size=(224, 224), training: bool 
       `state`: a position to start from (`DatasetPosition.state`, or a `TorchLoader.state_dict()`, or a
       list of them, one per rank): the same shard layout continues the interrupted pass sample for
       sample; another one delivers the samples of that epoch none of the states had received.
-      `num_epochs` then counts from the state's epoch. ``dataset.pinstorm_position.state(k)``: the state
-      after the caller consumed `k` batches of this dataset (tf.data prefetches, so count batches).
+      `num_epochs` then counts from the state's epoch. A state is checked against the epoch plan before
+      any work (`positions.check_state`; `ResumeStateError` names the field).
+      ``dataset.pinstorm_position.state(k)``: the state after the caller consumed `k` batches of this
+      dataset (tf.data prefetches, so count batches).
       `return_ids`: batches are ``(images, labels, ids)``, ids int64 ``[B]`` the samples' global row numbers.
       The petastorm engine takes neither (ValueError), and its ``pinstorm_position`` is None.
 

@@ -47,8 +47,8 @@ from pinstorm.extras import require
 
 from .epochs import check_arguments, epoch_order, epoch_seed, open_epochs
 from .images import DEFAULT_MAX_PIXELS, UndecodableImage, _draft_factor
-from .positions import (STATE_FORMAT, Position, planned_rows, resume_position, row_starts,  # noqa: F401
-                        state_dict, stream_ids)
+from .positions import (STATE_FORMAT, Position, ResumeStateError, planned_rows, resume_position,  # noqa: F401
+                        row_starts, state_dict, stream_ids)
 
 torch = require("torch", "torch", "pinstorm.pipeline.make_torch_loader")
 simplejpeg = require("simplejpeg", "torch", "pinstorm.pipeline.make_torch_loader")
@@ -547,6 +547,10 @@ class TorchLoader(torch.utils.data.DataLoader):
         and the pass is the rest of the uninterrupted one, sample for sample. Another layout: give every
         rank's state; this epoch's streams then deliver only the samples none of them had received, and
         later epochs are whole. The state's seed replaces the loader's.
+
+        A state comes from a file: it is checked against this dataset's epoch plan first (types, epochs in
+        [0, 2**31 - 1], samples received within the stream's epoch; `positions.check_state`), and refused
+        with `ResumeStateError` naming the field, before any work that grows with the values it holds.
         """
         dataset = self.dataset
         resume = resume_position(state, dataset.source, shuffle=dataset.shuffle, shuffle_buffer=dataset.shuffle_buffer,

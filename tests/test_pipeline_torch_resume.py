@@ -179,3 +179,133 @@ def test_a_state_bitmap_inflates_to_exactly_its_rows_never_more():
     for bad in (bomb, pack_bits(bits[:500]), "not base64!"):
         with pytest.raises(ValueError, match="bitmap"):
             unpack_bits(bad, 1001)
+
+
+# ---- a state from a file is checked against the epoch plan first (issue 31, item 5) -------------
+def _no_work(monkeypatch):
+    """Make every piece of work that grows with a state's values fail the test if it runs: a refusal must
+    come from `check_state`'s O(1) checks, before them."""
+    from pinstorm.pipeline import positions
+
+    def work(*args, **kwargs):
+        raise AssertionError("work on the state's positions ran before its O(1) checks refused it")
+
+    for name in ("epoch_order", "stream_ids", "stream_length", "unpack_bits", "check_received"):
+        monkeypatch.setattr(positions, name, work)
+
+
+STATE_CASES = {   # change to a genuine 0-worker state -> what the refusal names
+    "huge epoch": ({"epoch": 10**15, "streams": [[10**15, 0]]},
+                   r"epoch is 1000000000000000, outside \[0, 2147483647\]"),
+    "huge stream epoch": ({"streams": [[10**15, 0]]}, r"stream 0 epoch is 1000000000000000, outside \[0, 2147483647\]"),
+    "past 2**31": ({"epoch": 2**31, "streams": [[2**31, 0]]}, r"epoch is 2147483648, outside"),
+    "negative received": ({"streams": [[0, -5]]}, r"stream 0 samples received is -5, outside \[0, 323\]"),
+    "negative epoch": ({"epoch": -1, "streams": [[-1, 0]]}, r"epoch is -1, outside"),
+    "past the rows": ({"streams": [[0, 324]]}, r"stream 0 samples received is 324, outside \[0, 323\]"),
+    "a float": ({"streams": [[0, 1.5]]}, r"samples received must be an integer, not 1.5"),
+    "a bool": ({"streams": [[0, True]]}, r"samples received must be an integer, not True"),
+    "a text seed": ({"seed": "11"}, r"seed must be an integer, not '11'"),
+    "a 4000-bit seed": ({"seed": 2**4000}, r"seed is an integer of 4,001 bits"),
+    "no streams": ({"streams": []}, r"num_workers=0 has 1 streams, not 0"),
+    "next stream": ({"next_stream": 5}, r"next_stream is 5, outside \[0, 0\]"),
+    "workers": ({"num_workers": 10**6}, r"num_workers is 1000000, outside \[0, 1024\]"),
+    "consumed epoch": ({"consumed": {"10000000000": "eJw="}}, r"consumed names epoch '10000000000'"),
+    "epoch not the streams'": ({"epoch": 3}, r"epoch 3 is not its streams' earliest \(0\)"),
+    # the probe's 339 bytes: another layout (2 workers) with a stream 10**6 epochs on; walked epoch by epoch
+    # it cost seconds per 10**5 epochs and a bitmap of every row per epoch
+    "streams far apart": ({"num_workers": 2, "streams": [[0, 0], [10**6, 0]]},
+                          r"epochs 0 to 1000000: resuming on another layout takes streams at most 64 epochs apart"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(STATE_CASES))
+def test_a_state_outside_the_epoch_plan_is_refused_by_its_o1_check(digits_dataset, monkeypatch, case):
+    from pinstorm.pipeline.positions import ResumeStateError
+
+    url, result = digits_dataset
+    assert result.rows == 323
+    _, _, state = _take(_loader(url), 0)
+    change, match = STATE_CASES[case]
+    loader = _loader(url)
+    _no_work(monkeypatch)
+    with pytest.raises(ResumeStateError, match=match):
+        loader.load_state_dict({**state, **change})
+
+
+def test_the_tensorflow_reader_refuses_the_same_states(digits_dataset, monkeypatch):
+    from pinstorm.pipeline.positions import ResumeStateError
+    from pinstorm.pipeline.reader import dataset_position
+
+    url, _ = digits_dataset
+    _, _, state = _take(_loader(url), 0)
+    _no_work(monkeypatch)
+    for change, match in (STATE_CASES["huge epoch"], STATE_CASES["negative received"]):
+        with pytest.raises(ResumeStateError, match=match):
+            dataset_position(url, batch_size=BATCH, seed=11, state={**state, **change})
+
+
+def test_samples_received_past_the_streams_epoch_are_refused(digits_dataset):
+    """Within the dataset's rows, but more than that worker's slice of the epoch holds (O(row groups))."""
+    from pinstorm.pipeline.positions import ResumeStateError
+
+    url, _ = digits_dataset
+    _, _, state = _take(_loader(url, num_workers=2), 0)
+    for workers in (2, 0):   # the same layout, and another (`consumed_by`)
+        with pytest.raises(ResumeStateError, match=r"stream 1 has received 300 samples of epoch 0, more than that "
+                                                   r"epoch of the stream holds \(\d+\)"):
+            _loader(url, num_workers=workers).load_state_dict({**state, "streams": [[0, 0], [0, 300]]})
+
+
+def _walked(states, info):
+    """The samples each epoch's streams had received, as `consumed_by` marked them before issue 31: every
+    epoch of every stream walked sample by sample (linear in the epochs, and in the rows)."""
+    from pinstorm.pipeline.positions import unpack_bits
+
+    first = min(e for s in states for e, _ in s["streams"])
+    last = max(e for s in states for e, _ in s["streams"])
+    marked = {e: np.zeros(info["rows"], dtype=bool) for e in range(first, last + 1)}
+    for s in states:
+        groups = shard_row_groups(info, s["shard"])
+        earlier = {int(e): unpack_bits(b, info["rows"]) for e, b in s["consumed"].items()}
+        for e, bits in earlier.items():
+            marked[e] |= bits
+        for stream, (at, received) in enumerate(s["streams"]):
+            split = (stream, s["num_workers"]) if s["num_workers"] else None
+            for e in range(first, at + 1):
+                ids = list(stream_ids(info, groups, seed=epoch_seed(s["seed"], e), shuffle=s["shuffle"],
+                                      shuffle_buffer=s["shuffle_buffer"], split=split, consumed=earlier.get(e)))
+                marked[e][ids[:received] if e == at else ids] = True
+    return marked
+
+
+def test_another_layout_across_epochs_skips_what_the_sample_walk_skipped(digits_dataset):
+    """`consumed_by` marks an epoch a stream finished by its row groups (O(row groups)), not sample by sample:
+    the same samples, for streams epochs apart, with bitmaps from an earlier layout."""
+    from pinstorm.pipeline.positions import check_state, consumed_by, info_digest, pack_bits
+
+    url, _ = digits_dataset
+    info = dataset_info(url)
+    _, _, state = _take(_loader(url, num_workers=2), 0)
+    rng = np.random.default_rng(0)
+    earlier = {"1": pack_bits(rng.random(info["rows"]) < 0.3), "2": pack_bits(rng.random(info["rows"]) < 0.1)}
+    for streams, consumed in (([[0, 37], [3, 11]], {}), ([[1, 0], [2, 20]], earlier), ([[2, 5], [2, 0]], {})):
+        s = check_state({**state, "epoch": min(e for e, _ in streams), "streams": streams, "consumed": consumed},
+                        info, info_digest(info))
+        position = consumed_by([s], info, 1)
+        expected = _walked([s], info)
+        assert sorted(position.consumed) == sorted(expected)
+        for e, bits in expected.items():
+            assert (position.consumed[e] == bits).all(), (streams, e)
+
+    # A run resumed on another layout from streams in two epochs: each sample of both epochs once.
+    kw = dict(num_workers=2, num_epochs=2, training=False)
+    for steps in range(4, 16):
+        first, _, state = _take(_loader(url, **kw), steps)
+        if len({e for e, _ in state["streams"]}) == 2:   # one worker's stream is an epoch ahead of the other's
+            break
+    else:
+        pytest.fail("no state with its streams in two epochs")
+    alone = _loader(url, num_workers=0, num_epochs=2, training=False)
+    alone.load_state_dict(state)
+    rest, _, _ = _take(alone)
+    assert _once(first, rest, rows=info["rows"], times=2)

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import signal
 import socket
 import sys
 import textwrap
+import zipfile
 
 import numpy as np
 import pytest
@@ -86,6 +88,61 @@ def test_backup_every_needs_a_checkpoint_dir(digits_parquet):
         train_torch("alexnet", digits_parquet["train"], backup_every=3)
     with pytest.raises(TrainingError, match="backup_every"):
         train_torch("alexnet", digits_parquet["train"], backup_every=0, checkpoint_dir=sys.prefix)
+
+
+# --------------------------------------------------------------------------- a checkpoint's pickle (issue 31)
+
+def _pickle_bomb(path, body: bytes) -> None:
+    """A torch.save zip (a small checkpoint written by torch.save) whose ``<archive>/data.pkl`` is `body`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"format": 2, "epoch": 1, "model": {"w": torch.zeros(4)}}, path)
+    with zipfile.ZipFile(path) as source:
+        entries = [(info.filename, source.read(info)) for info in source.infolist()]
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED) as target:
+        for name, data in entries:
+            target.writestr(name, b"\x80\x02" + body + b"." if name.endswith("/data.pkl") else data)
+
+
+def test_an_8_mib_pickle_bomb_checkpoint_is_refused_before_the_run_resumes(digits_parquet, tmp_path, monkeypatch):
+    """8 MiB of one opcode as checkpoint.pt's pickle: torch.load(weights_only=True) built millions of
+    objects from it (~600 MB, seconds). train_torch refuses it from the bounded scan, naming the file and
+    the bound; reading the checkpoint traces a small peak (the 8 MiB read, nothing unpickled)."""
+    import tracemalloc
+
+    from pinstorm.training import torch_fit
+
+    peaks = []
+
+    def traced(*args, **kwargs):   # the checkpoint's read alone (not the imports and set-up before it)
+        tracemalloc.start()
+        try:
+            return load_checkpoint(*args, **kwargs)
+        finally:
+            peaks.append(tracemalloc.get_traced_memory()[1])
+            tracemalloc.stop()
+
+    monkeypatch.setattr(torch_fit, "load_checkpoint", traced)
+    path = tmp_path / "ckpt" / "checkpoint.pt"
+    _pickle_bomb(path, b"}" * (8 << 20))
+    with pytest.raises(TrainingError, match=rf"refused to resume from {re.escape(str(path))}: "
+                                            r"checkpoint/data\.pkl: a pickle stack 4,097 deep .*max_stack=4,096"):
+        train_torch("alexnet", digits_parquet["train"], epochs=1, batch_size=8, image_size=32, model_kwargs=MODEL,
+                    checkpoint_dir=str(tmp_path / "ckpt"), output_dir=str(tmp_path / "run"))
+    assert len(peaks) == 1 and peaks[0] < 32 << 20, f"{peaks} bytes traced refusing an 8 MiB checkpoint pickle"
+
+
+def test_a_checkpoint_pickle_beyond_its_bounds_is_a_training_error_naming_the_bound(tmp_path):
+    """Bounds proportional to the model's tensors: opcodes (dicts made and dropped), the data.pkl entry's
+    size (from the zip's directory, before a byte is read), nesting."""
+    path = tmp_path / "checkpoint.pt"
+    cases = [(b"]" + b"]a" * 300_000, 100, "more pickle opcodes than max_opcodes="),   # a list of lists
+             (b"]" + b"]a" * 300_000, None, "more pickle opcodes than max_opcodes=167,936"),   # CHECKPOINT_TENSORS'
+             (b"N" * (40 << 20), None, r"data\.pkl is 41,943,043 bytes.*max_pickle_bytes="),
+             (b"(" * 100, 100, "marks nested 65 deep")]
+    for body, tensors, match in cases:
+        _pickle_bomb(path, body)
+        with pytest.raises(TrainingError, match=rf"refused to resume from {re.escape(str(path))}: .*{match}"):
+            load_checkpoint(tmp_path, tensors=tensors)
 
 
 # --------------------------------------------------------------------------- the sample IDs (issue 20, part 3)

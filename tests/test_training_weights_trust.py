@@ -11,10 +11,12 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
 import textwrap
+import zipfile
 from pathlib import Path
 
 import h5py
@@ -231,6 +233,143 @@ def test_the_application_bound_is_not_below_the_real_count(name):
 
     kwargs = {"alpha": 1.4} if name == "mobilenet_v2" else {}
     assert parameter_count(name, 32, 3000, kwargs) >= build_model(name, (32, 32, 3), 3000, **kwargs).count_params()
+
+
+# ---- a torch run's pickle (issue 31, item 5) ----------------------------------------------------
+TORCH_LINEAGE = {"format": 1, "model": {"name": "alexnet", "image_size": 32, "num_classes": 10,
+                                        "kwargs": {"width": 0.5}, "framework": "torch"}}   # 28.6 MiB of tensors
+PICKLE_BOMBS = {   # ~60 kB of opcodes torch's weights-only unpickler runs -> the bound that refuses them
+    "stack": (b"}" * 60_000, "max_stack=4,096"),                   # EMPTY_DICT: dicts piling up on the stack
+    "opcodes": (b"]" + b"]a" * 30_000, "max_opcodes="),            # a list of lists: the stack stays flat
+    "memo": (b"]" + b"".join(b"]r" + i.to_bytes(4, "little") + b"a" for i in range(8_000)),   # LONG_BINPUT
+             "max_opcodes="),                                      # each list kept in the memo too
+    "marks": (b"(" * 60_000, "max_marks=64"),                      # MARK: a stack per mark
+}
+
+
+def _torch_pickle_bomb(path: Path, body: bytes) -> None:
+    """``torch.save`` of a small state, then its ``<archive>/data.pkl`` replaced by `body` (stored, as
+    torch.save stores it): torch.save's zip layout, well within the model's file-size limit."""
+    import torch
+
+    torch.save({"w": torch.zeros(4)}, path)
+    with zipfile.ZipFile(path) as source:
+        entries = [(info.filename, source.read(info)) for info in source.infolist()]
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED) as target:
+        for name, data in entries:
+            target.writestr(name, b"\x80\x02" + body + b"." if name.endswith("/data.pkl") else data)
+
+
+def _pinned_torch_run(board: str, tmp_path: Path, name: str, write) -> str:
+    """A torch run folder as ``pin_run`` stages it (``final.pt`` written by `write`), pinned to the local
+    `board`: the experiment ``load_experiment`` reads."""
+    folder = tmp_path / "runs" / name
+    folder.mkdir(parents=True)
+    write(folder / "final.pt")
+    (folder / "lineage.json").write_text(json.dumps(TORCH_LINEAGE))
+    boards.pin(str(folder), name=name, board=board)
+    return f"{board}/{name}"
+
+
+def test_an_8_mib_pickle_bomb_in_a_torch_experiment_is_refused_before_unpickling(board, tmp_path):
+    """8 MiB of one opcode as final.pt's data.pkl, within the file-size check of a model of 28.6 MiB of
+    tensors: it made torch.load(weights_only=True) allocate ~600 MB over seconds. The pickle is refused
+    from the zip's directory (its size), never unpickled: the traced peak stays small."""
+    import tracemalloc
+
+    torch = pytest.importorskip("torch")
+    from pinstorm.training import load_experiment
+    from pinstorm.training.experiments import ExperimentError
+    from pinstorm.training.torch_models import build_torch_model
+
+    target = _pinned_torch_run(board, tmp_path, "bomb", lambda path: _torch_pickle_bomb(path, b"}" * (8 << 20)))
+    with torch.device("meta"):   # torch's meta device loads its Python tables (~66 MB traced) on first use
+        build_torch_model("alexnet", 10, 32, width=0.125)
+    tracemalloc.start()
+    try:
+        with pytest.raises(ExperimentError, match=r"weights of experiment 'bomb' refused: .*final\.pt: "
+                                                  r"final/data\.pkl is 8,388,611 bytes.*max_pickle_bytes=") as caught:
+            load_experiment(target)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert "16 tensors" not in str(caught.value)
+    assert peak < 64 << 20, f"{peak:,} bytes traced refusing an 8 MiB pickle"
+
+
+@pytest.mark.parametrize("case", sorted(PICKLE_BOMBS))
+def test_a_small_pickle_bomb_in_a_torch_experiment_is_refused_by_its_bound(board, tmp_path, case):
+    """Within the size bound (~64 KiB), still far more opcodes, memo, stack or marks than 16 tensors need."""
+    from pinstorm.training import load_experiment
+    from pinstorm.training.experiments import ExperimentError
+
+    pytest.importorskip("torch")
+    body, bound = PICKLE_BOMBS[case]
+    target = _pinned_torch_run(board, tmp_path, f"small-{case}", lambda path: _torch_pickle_bomb(path, body))
+    with pytest.raises(ExperimentError, match=rf"experiment 'small-{case}' refused: .*final/data\.pkl: .*"
+                                              rf"{re.escape(bound)}"):
+        load_experiment(target)
+
+
+def test_genuine_torch_pickles_pass_the_scan_far_within_its_bounds(tmp_path):
+    """What the bounds are proportional to: a state dict, and a torch_fit checkpoint with Adam's slots, a
+    metric history and an input position, of this project's models."""
+    torch = pytest.importorskip("torch")
+    from pinstorm.training.torch_checkpoint import bounds_for, check_torch_pickle, load_checked
+    from pinstorm.training.torch_fit import CHECKPOINT_EXTRA_BYTES, checkpoint_tensors
+    from pinstorm.training.torch_models import build_torch_model
+
+    for name, kwargs in (("alexnet", {"width": 0.125}), ("resnet_small", {})):
+        model = build_torch_model(name, 10, 32, **kwargs)
+        state = model.state_dict()
+        torch.save(state, tmp_path / "final.pt")
+        summary = check_torch_pickle(tmp_path / "final.pt", tensors=len(state))
+        bounds = bounds_for(len(state))
+        assert summary.opcodes < bounds["max_opcodes"] / 1.3 and summary.bytes < bounds["max_pickle_bytes"] / 4
+        loaded = load_checked(tmp_path / "final.pt", tensors=len(state))
+        assert all(torch.equal(loaded[k], v) for k, v in state.items())
+
+        optim = torch.optim.Adam(model.parameters())
+        model(torch.zeros(2, 3, 32, 32)).sum().backward()
+        optim.step()
+        checkpoint = {"format": 2, "epoch": 90, "model": state, "optimizer": optim.state_dict(),
+                      "history": {k: [0.5] * 90 for k in ("loss", "accuracy", "val_loss", "val_accuracy")},
+                      "partial": {"step": 3, "world": 8, "sums": [1.0, 2.0], "positions": "x" * (2 << 20),
+                                  "rng": torch.get_rng_state()}}
+        torch.save(checkpoint, tmp_path / "checkpoint.pt")
+        # within the tensors' own opcode bound, without the history's allowance (CHECKPOINT_EXTRA_OPCODES)
+        check_torch_pickle(tmp_path / "checkpoint.pt", tensors=checkpoint_tensors(model),
+                           extra_bytes=CHECKPOINT_EXTRA_BYTES, max_string=CHECKPOINT_EXTRA_BYTES)
+
+
+@pytest.mark.parametrize("layout", ["duplicate", "outside", "no-data-pkl", "legacy", "trailing", "deflated"])
+def test_zips_torch_could_read_otherwise_are_refused(tmp_path, layout):
+    """The pickle scanned is the one torch.load unpickles: one archive folder, each name once (torch
+    ignores case), data.pkl present and whole, nothing compressed (torch would inflate a record whole); a
+    pre-1.6 (legacy) file is refused outright."""
+    torch = pytest.importorskip("torch")
+    from pinstorm.training.torch_checkpoint import UnsafeCheckpoint, check_torch_pickle
+
+    path = tmp_path / "final.pt"
+    torch.save({"w": torch.zeros(4)}, path, _use_new_zipfile_serialization=layout != "legacy")
+    if layout != "legacy":
+        with zipfile.ZipFile(path) as source:
+            entries = [(info.filename, source.read(info)) for info in source.infolist()]
+        deflate = zipfile.ZIP_DEFLATED if layout == "deflated" else zipfile.ZIP_STORED
+        with zipfile.ZipFile(path, "w", compression=deflate) as target:
+            for name, data in entries:
+                if layout == "no-data-pkl" and name.endswith("/data.pkl"):
+                    continue
+                target.writestr(name, data + b"\0" * 8 if layout == "trailing" and name.endswith("data.pkl") else data)
+            if layout == "duplicate":
+                target.writestr("final/DATA.PKL", b"\x80\x02" + b"}" * 100_000 + b".")
+            elif layout == "outside":
+                target.writestr("other/data.pkl", b"\x80\x02}.")
+    match = {"duplicate": "duplicate entry names", "outside": "outside the archive folder 'final'",
+             "no-data-pkl": "no final/data.pkl", "legacy": "legacy \\(pre-1.6\\) format",
+             "trailing": "8 bytes after the pickle's STOP", "deflated": "entry 'final/data.pkl' is compressed"}[layout]
+    with pytest.raises(UnsafeCheckpoint, match=match):
+        check_torch_pickle(path, tensors=1)
 
 
 # ---- malformed lineages ----------------------------------------------------------------------

@@ -591,7 +591,7 @@ def _load_torch(files: dict, lineage: dict, name: str, max_parameters: int):
     try:   # its pickle scanned first, bounded by the tensors expected (torch_checkpoint), then unpickled
         state = load_checked(path, tensors=len(expected))
     except UnsafeCheckpoint as error:
-        raise ExperimentError(f"weights of experiment {name!r} refused: {path.name}: {error}") from None
+        raise ExperimentError(f"weights of experiment {name!r} refused: {error}") from None
     except Exception as error:   # noqa: BLE001 - an unpickling refusal, a broken zip: all one answer
         raise ExperimentError(f"weights of experiment {name!r} refused: {type(error).__name__}: {error}") from None
     wrong = (not isinstance(state, dict) or set(state) != set(expected)

@@ -6,6 +6,8 @@ and iterates a fresh iterator). So the input must start where the saved weights 
 this callback writes the input's position next to it (`pipeline.reader.DatasetPosition.state`, the
 steps run since the dataset's start, JSON, atomic rename), and `train` hands that state to
 ``make_dataset(state=...)`` when it restarts. The position counts steps, not what tf.data prefetched.
+The file is read back bounded (`MAX_STATE_BYTES`) and checked (`ResumeStateError`); the reader then checks
+the position against its epoch plan (`pipeline.positions.check_state`).
 """
 
 from __future__ import annotations
@@ -16,10 +18,13 @@ import json
 import os
 from pathlib import Path
 
+from pinstorm.pipeline.positions import ResumeStateError
+
 tf = tensorflow()
 import tf_keras as keras  # noqa: E402
 
 STATE_FILE = "input-position{}.json"
+MAX_STATE_BYTES = 64 << 20   # per input: the position and the bitmaps of at most 65 epochs (ImageNet: ~160 kB each)
 
 
 def state_path(checkpoint_dir, rank: int = 0) -> Path:
@@ -51,8 +56,33 @@ def load_state(checkpoint_dir, rank: int = 0) -> dict | None:
     path, counters = state_path(checkpoint_dir, rank), saved_counters(checkpoint_dir)
     if counters is None or not path.exists():
         return None
-    saved = json.loads(path.read_text())
-    return saved if saved.get("counters") == list(counters) else None
+    saved = read_state(path)
+    return saved if saved["counters"] == list(counters) else None
+
+
+def read_state(path) -> dict:
+    """An input-position file `ResumeState` wrote, checked: bounded in size, JSON, ``counters`` two
+    integers, ``steps`` a count, ``input`` a non-empty list of reader states (checked by the reader), or
+    `ResumeStateError` naming the file and what is wrong."""
+    with open(path, "rb") as handle:
+        data = handle.read(MAX_STATE_BYTES + 1)
+    if len(data) > MAX_STATE_BYTES:
+        raise ResumeStateError(f"{path}: more than {MAX_STATE_BYTES:,} bytes, not an input position")
+    try:
+        saved = json.loads(data)
+    except (ValueError, RecursionError) as error:
+        raise ResumeStateError(f"{path}: not an input position ({type(error).__name__}: {str(error)[:200]})") from None
+    if not isinstance(saved, dict):
+        raise ResumeStateError(f"{path}: not an input position (a JSON {type(saved).__name__})")
+    counters, steps, states = saved.get("counters"), saved.get("steps"), saved.get("input")
+    if (not isinstance(counters, list) or len(counters) != 2
+            or not all(isinstance(c, int) and not isinstance(c, bool) and -1 <= c < 2**53 for c in counters)):
+        raise ResumeStateError(f"{path}: counters must be [epoch, batch], two integers from -1")
+    if not isinstance(steps, int) or isinstance(steps, bool) or not 0 <= steps < 2**53:
+        raise ResumeStateError(f"{path}: steps must be a count of steps, not {str(steps)[:40]}")
+    if not isinstance(states, list) or not states or not all(isinstance(s, dict) for s in states):
+        raise ResumeStateError(f"{path}: input must be a list of reader states")
+    return saved
 
 
 class ResumeState(keras.callbacks.BackupAndRestore):

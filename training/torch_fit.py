@@ -15,7 +15,8 @@ directly.
 
 ``checkpoint_dir`` holds one ``checkpoint.pt`` (model, optimizer, finished epochs, the metric
 history): written by rank 0 after every epoch, read back with ``torch.load(weights_only=True)``
-(tensors and plain containers only, never arbitrary objects), removed after a finished run. With
+(tensors and plain containers only, never arbitrary objects) after its pickle was scanned within bounds
+set by the model's tensors (``torch_checkpoint``), removed after a finished run. With
 ``backup_every=N`` it is also written every N steps, with every rank's input position, so a resumed
 run goes on with exactly the samples not yet trained on. Every write is synced, then renamed.
 Outputs, as ``train`` writes them: ``metrics.csv``, ``curves.png``, ``final.pt`` (a state dict);
@@ -57,6 +58,9 @@ _GROUP: dict = {}   # the BackendChoice of the group init_distributed made, whil
 CHECKPOINT_FILE = "checkpoint.pt"
 WEIGHTS_FILE = "final.pt"
 CHECKPOINT_FORMAT = 2   # 2: mid-epoch backups (step, partial sums, RNG, every rank's input position)
+CHECKPOINT_TENSORS = 2048             # load_checkpoint without a model: ResNet-50 with Adam's slots holds ~1,000
+CHECKPOINT_EXTRA_OPCODES = 1 << 15    # the metric history (a float per metric per epoch: 6,000 epochs of 5)
+CHECKPOINT_EXTRA_BYTES = 32 << 20     # every rank's input position (JSON; ImageNet's bitmap ~160 kB per epoch)
 _LOADER_OPTIONS = ("flip", "crop_area", "eval_crop", "shuffle_buffer", "dct_scale", "verify", "retries",
                    "storage_options", "max_pixels", "prefetch_factor", "multiprocessing_context")
 
@@ -248,12 +252,31 @@ def _backup(checkpoint_dir: Path, rank: int, distributed: bool, *, model, optim,
         dist.barrier()
 
 
-def load_checkpoint(checkpoint_dir) -> dict | None:
-    """The last epoch's checkpoint (tensors and plain containers only: ``weights_only=True``), or None."""
+def checkpoint_tensors(model) -> int:
+    """Tensors a checkpoint of `model` holds at most: its state, up to 4 optimizer slots per parameter
+    (Adam's step, moments, AMSGrad's max), the random state."""
+    parameters = sum(1 for _ in model.parameters())
+    return len(model.state_dict()) + 4 * parameters + 8
+
+
+def load_checkpoint(checkpoint_dir, *, tensors: int | None = None) -> dict | None:
+    """The last epoch's checkpoint (tensors and plain containers only: ``weights_only=True``), or None.
+
+    Its pickle is scanned first (`torch_checkpoint.check_torch_pickle`), bounded by `tensors` (what
+    `checkpoint_tensors` counts for the model; None: `CHECKPOINT_TENSORS`, any model here) plus room for
+    the metric history and every rank's input position; a refusal is a `TrainingError` naming the file.
+    """
+    from .torch_checkpoint import UnsafeCheckpoint, load_checked
+
     path = Path(checkpoint_dir) / CHECKPOINT_FILE
     if not path.exists():
         return None
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        state = load_checked(path, tensors=CHECKPOINT_TENSORS if tensors is None else tensors,
+                             extra_opcodes=CHECKPOINT_EXTRA_OPCODES, extra_bytes=CHECKPOINT_EXTRA_BYTES,
+                             max_string=CHECKPOINT_EXTRA_BYTES)
+    except UnsafeCheckpoint as error:
+        raise TrainingError(f"refused to resume from {error}") from None
     if not isinstance(state, dict) or state.get("format") not in (1, CHECKPOINT_FORMAT):
         raise TrainingError(f"{path} is not a pinstorm torch checkpoint (format {CHECKPOINT_FORMAT})")
     return state
@@ -419,7 +442,7 @@ def _train(model_name, url, validation_data, *, choice, epochs, batch_size, imag
         torch.manual_seed(seed)
     model = build_torch_model(model_name, num_classes, image_size, **model_kwargs).to(device)
     optim = _optimizer(optimizer, model.parameters(), learning_rate)
-    state = load_checkpoint(checkpoint_dir) if checkpoint_dir else None
+    state = load_checkpoint(checkpoint_dir, tensors=checkpoint_tensors(model)) if checkpoint_dir else None
     initial_epoch, history, partial = 0, {}, None
     if state is not None:
         model.load_state_dict(state["model"])
