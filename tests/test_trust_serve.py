@@ -1,5 +1,7 @@
 """serve_board as an attacker meets it (issue 17, case 8): only regular files inside its folder, correct
-answers on one keep-alive connection, idle connections timed out, connections bounded.
+answers on one keep-alive connection, idle connections timed out, connections bounded. And (issue 31)
+slow clients: heads and responses have deadlines, slow or idle clients cannot lock others out, and
+malformed requests get a status and one log line, never a traceback.
 
 Every request goes over a real socket to a real server on 127.0.0.1; clients carry a timeout, so a
 server that blocks (a FIFO) or miscounts a body (keep-alive) fails the test instead of hanging it.
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 import http.client
 import os
+import select
 import socket
 import stat
 import threading
@@ -230,12 +233,14 @@ def test_idle_connections_are_timed_out(tmp_path):
     with boards.serve_board(folder, idle_timeout=0.5) as url:
         port = _port(url)
         talked = socket.create_connection(("127.0.0.1", port))
+        talked.settimeout(CLIENT_TIMEOUT)
         talked.sendall(b"GET /a.txt HTTP/1.1\r\nHost: x\r\n\r\n")  # one request, then silence
+        first = talked.recv(65536)  # answered before the crowd comes (at the limit, it replaces waiters)
         clients = [talked] + [socket.create_connection(("127.0.0.1", port)) for _ in range(199)]
         try:
             for s in clients:
                 s.settimeout(CLIENT_TIMEOUT)  # a server that never hangs up fails here, not hangs
-                answer = b""
+                answer = first if s is talked else b""
                 while chunk := s.recv(65536):
                     answer += chunk
                 if s is talked:
@@ -249,25 +254,237 @@ def test_idle_connections_are_timed_out(tmp_path):
         assert _get(port, "/a.txt") == (200, b"public")  # and it still serves
 
 
-def test_connections_beyond_the_limit_get_503_until_one_closes(tmp_path):
+# ---- issue 31: slow clients, capacity, malformed requests ------------------------------------------
+def _small_folder(tmp_path):
     folder = tmp_path / "served"
     folder.mkdir()
     (folder / "a.txt").write_text("public")
+    return folder
+
+
+def _raw(port: int, request: bytes) -> bytes:
+    """Everything the server sends back for `request` on a fresh connection, until it closes it."""
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.settimeout(CLIENT_TIMEOUT)  # a server that never closes fails the test here
+        s.sendall(request)
+        answer = b""
+        try:
+            while chunk := s.recv(65536):
+                answer += chunk
+        except ConnectionResetError:
+            pass
+        return answer
+
+
+class _SlowLoris:
+    """A client that sends its request head one header line at a time, as long as the server lets it."""
+
+    def __init__(self, port: int):
+        self.sock = socket.create_connection(("127.0.0.1", port))
+        self.sock.sendall(b"GET /a.txt HTTP/1.1\r\nHost: x\r\n")
+        self.opened, self.dropped_at, self.answer = time.monotonic(), None, b""
+
+    def poll(self) -> bool:
+        """One more header line; False once the server has dropped the connection."""
+        if self.dropped_at is None:
+            try:
+                while select.select([self.sock], [], [], 0)[0]:
+                    chunk = self.sock.recv(65536)
+                    if not chunk:
+                        raise ConnectionResetError("closed by the server")
+                    self.answer += chunk
+                self.sock.sendall(b"X-Slow: 1\r\n")
+            except OSError:
+                self.dropped_at = time.monotonic()
+        return self.dropped_at is None
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_slow_loris_heads_are_cut_off_at_the_header_deadline(tmp_path, capfd):
+    """Per-read timeouts never fire on a head sent a line every 0.4 s; the head's deadline does."""
+    with boards.serve_board(_small_folder(tmp_path), header_timeout=1.5) as url:
+        port = _port(url)
+        keep_alive = http.client.HTTPConnection("127.0.0.1", port, timeout=CLIENT_TIMEOUT)
+        keep_alive.request("GET", "/a.txt")
+        assert keep_alive.getresponse().read() == b"public"
+        slow = [_SlowLoris(port) for _ in range(5)]
+        try:
+            deadline = time.monotonic() + 40  # the deadline is 1.5 s: generous for a loaded machine
+            while any([c.poll() for c in slow]) and time.monotonic() < deadline:
+                assert _get(port, "/a.txt") == (200, b"public")  # well-behaved clients are served meanwhile
+                time.sleep(0.4)
+            for c in slow:
+                assert c.dropped_at is not None, "a head trickling in was never cut off"
+                assert c.dropped_at - c.opened < 20, "cut off, but long after its 1.5 s deadline"
+                assert c.answer == b"" or c.answer.startswith(b"HTTP/1.1 408"), c.answer[:100]
+            # between requests a connection keeps the idle timeout (30 s), not the head's deadline
+            keep_alive.request("GET", "/a.txt")
+            assert keep_alive.getresponse().read() == b"public"
+        finally:
+            keep_alive.close()
+            for c in slow:
+                c.close()
+    assert capfd.readouterr().err == ""  # timeouts are not logged
+
+
+def test_a_server_full_of_slow_clients_still_serves_new_ones(tmp_path):
+    """At the limit a new connection replaces the one waiting longest for its head, not a 503."""
+    with boards.serve_board(_small_folder(tmp_path), max_connections=16) as url:
+        port = _port(url)
+        slow = [_SlowLoris(port) for _ in range(16)]
+        try:
+            deadline = time.monotonic() + 60
+            while len(_handler_threads()) < 16 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert len(_handler_threads()) >= 16  # the server is full of slow clients
+            for _ in range(5):
+                time.sleep(0.5)  # their threads have read all they sent: they wait on their clients
+                assert _get(port, "/a.txt") == (200, b"public")
+                # the slow clients send a line more, and come back as soon as they are dropped
+                slow = [c if c.poll() else (c.close(), _SlowLoris(port))[1] for c in slow]
+            assert len(_handler_threads()) <= 2 * 16  # replaced connections end: threads stay bounded
+        finally:
+            for c in slow:
+                c.close()
+
+
+def test_at_the_limit_idle_connections_are_replaced_and_503_comes_only_when_all_are_busy(tmp_path):
+    folder = _small_folder(tmp_path)
+    with open(folder / "big.bin", "wb") as f:
+        f.truncate(64 << 20)  # sparse: more than socket buffers hold, so a client that does not read blocks it
     with boards.serve_board(folder, max_connections=4) as url:
         port = _port(url)
-        held = [socket.create_connection(("127.0.0.1", port)) for _ in range(4)]
+        idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(4)]
         try:
-            for s in held:  # each is being served (a request answered) before the next opens
+            for s in idle:  # each answered, then idle on keep-alive
                 s.settimeout(CLIENT_TIMEOUT)
                 s.sendall(b"HEAD /a.txt HTTP/1.1\r\nHost: x\r\n\r\n")
                 assert s.recv(4096).startswith(b"HTTP/1.1 200")
-            status, _ = _get(port, "/a.txt")
-            assert status == 503
+            assert _get(port, "/a.txt") == (200, b"public")
+            assert idle[0].recv(4096) == b""  # the connection idle longest made room
         finally:
-            held.pop().close()
-        deadline = time.monotonic() + 60  # the freed slot is seen once its thread ends
-        while (status := _get(port, "/a.txt")[0]) == 503 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert status == 200
-        for s in held:
-            s.close()
+            for s in idle:
+                s.close()
+        _wait_no_handler_threads()
+        busy = []
+        try:
+            for _ in range(4):  # each mid-response: a big file to a client that does not read
+                s = socket.socket()
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                s.settimeout(CLIENT_TIMEOUT)
+                s.connect(("127.0.0.1", port))
+                s.sendall(b"GET /big.bin HTTP/1.1\r\nHost: x\r\n\r\n")
+                assert s.recv(100).startswith(b"HTTP/1.1 200")
+                busy.append(s)
+            assert _get(port, "/a.txt")[0] == 503
+            busy.pop().close()
+            deadline = time.monotonic() + 60  # the freed slot is seen once its thread ends
+            while (status := _get(port, "/a.txt")[0]) == 503 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert status == 200
+        finally:
+            for s in busy:
+                s.close()
+
+
+def test_a_slow_reader_is_cut_off_by_the_minimum_send_rate(tmp_path):
+    """Reading a little just often enough beat the per-write timeout; the average rate does not."""
+    folder = _small_folder(tmp_path)
+    size = 64 << 20
+    with open(folder / "big.bin", "wb") as f:
+        f.truncate(size)
+    with boards.serve_board(folder, idle_timeout=1.0, min_send_rate=32 << 20) as url:
+        with socket.create_connection(("127.0.0.1", _port(url))) as s:
+            s.settimeout(CLIENT_TIMEOUT)
+            s.sendall(b"GET /big.bin HTTP/1.1\r\nHost: x\r\n\r\n")
+            received, started = 0, time.monotonic()
+            try:  # at most ~4 MiB/s: every 1 MiB write succeeds within the 1 s idle timeout
+                while (chunk := s.recv(65536)) and time.monotonic() - started < 60:
+                    received += len(chunk)
+                    time.sleep(0.016)
+            except ConnectionResetError:
+                pass
+    assert received < size, "a reader slower than the minimum rate got the whole file"
+
+
+MALFORMED = {
+    "%00 in the path": (b"GET /a%00.txt HTTP/1.1\r\nHost: x\r\n\r\n", 400),
+    "a NUL byte in the path": (b"GET /a\x00.txt HTTP/1.1\r\nHost: x\r\n\r\n", 400),
+    "a lone surrogate in the path": (b"GET /%ed%a0%80 HTTP/1.1\r\nHost: x\r\n\r\n", 400),
+    "a bad request line": (b"GET /\x1b[2J HTTP/1.1 more\r\nHost: x\r\n\r\n", 400),
+    "a bad version": (b"GET /a.txt HTTP/x.y\r\nHost: x\r\n\r\n", 400),
+    "a TLS hello": (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03\r\n\r\n", 400),
+    "a bad Content-Length": (b"GET /a.txt HTTP/1.1\r\nHost: x\r\nContent-Length: 1x\r\n\r\n", 400),
+    "a head over 64 KiB": (b"GET /a.txt HTTP/1.1\r\n" + (b"X-Filler: " + b"y" * 1000 + b"\r\n") * 70 + b"\r\n", 431),
+    "a request line over 64 KiB": (b"GET /" + b"a" * 70000 + b" HTTP/1.1\r\n\r\n", 414),
+}
+
+
+@pytest.mark.parametrize("case", list(MALFORMED))
+def test_malformed_requests_get_a_status_and_one_log_line(tmp_path, capfd, case):
+    request, status = MALFORMED[case]
+    with boards.serve_board(_small_folder(tmp_path)) as url:
+        port = _port(url)
+        capfd.readouterr()
+        answer = _raw(port, request)
+        assert answer.startswith(b"HTTP/1.1 %d " % status), answer[:200]
+        err = capfd.readouterr().err
+        assert _get(port, "/a.txt") == (200, b"public")  # and it still serves
+    lines = err.splitlines()
+    assert len(lines) == 1 and f" {status} " in lines[0] and "Traceback" not in err, err[:2000]
+    assert all(" " <= ch < "\x7f" for ch in lines[0]), lines[0]  # control characters escaped
+    assert len(lines[0]) < 1000
+
+
+def test_an_unexpected_exception_is_a_500_and_one_log_line(tmp_path, capfd, monkeypatch):
+    def broken(self, *args):
+        raise RuntimeError("boom\nforged log line\x1b[2J")
+
+    monkeypatch.setattr(serve.RangeRequestHandler, "_file_head", broken)
+    with boards.serve_board(_small_folder(tmp_path)) as url:
+        capfd.readouterr()
+        answer = _raw(_port(url), b"GET /a.txt HTTP/1.1\r\nHost: x\r\n\r\n")
+        err = capfd.readouterr().err
+    assert answer.startswith(b"HTTP/1.1 500 ") and b"boom" not in answer, answer[:300]
+    assert err.count("\n") == 1 and "RuntimeError: boom\\x0aforged log line\\x1b[2J" in err, err
+    assert "Traceback" not in err
+
+
+def test_a_range_of_thousands_of_digits_is_answered_per_rfc_9110(tmp_path, capfd):
+    """RFC 9110 14.1.1: positions are 1*DIGIT. A first position past the end is unsatisfiable (416);
+    a last position or a suffix length past it is clamped to the file (206)."""
+    folder = tmp_path / "served"
+    folder.mkdir()
+    (folder / "d.bin").write_bytes(b"0123456789")
+    huge = "9" * 5000  # int() refuses over 4,300 digits
+    with boards.serve_board(folder) as url:
+        conn = http.client.HTTPConnection("127.0.0.1", _port(url), timeout=CLIENT_TIMEOUT)
+        try:
+            for spec, status, body, content_range in [
+                    (f"bytes={huge}-", 416, b"", "bytes */10"),
+                    (f"bytes=0-{huge}", 206, b"0123456789", "bytes 0-9/10"),
+                    (f"bytes=-{huge}", 206, b"0123456789", "bytes 0-9/10"),
+                    (f"bytes={'0' * 5000}7-", 206, b"789", "bytes 7-9/10")]:
+                conn.request("GET", "/d.bin", headers={"Range": spec})
+                response = conn.getresponse()
+                assert (response.status, response.read(), response.getheader("Content-Range")) == \
+                    (status, body, content_range), spec[:20]
+        finally:
+            conn.close()
+    assert capfd.readouterr().err == ""  # a valid if odd request: nothing to log
+
+
+def test_a_request_declaring_a_body_is_answered_and_its_connection_closed(tmp_path):
+    """The server reads no bodies: what follows the head is not taken for the next request."""
+    with boards.serve_board(_small_folder(tmp_path)) as url:
+        for request, status in [
+                (b"GET /a.txt HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello", 200),
+                (b"GET /a.txt HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n", 200),
+                (b"POST /a.txt HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello", 501)]:
+            answer = _raw(_port(url), request)
+            head, _, body = answer.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 %d " % status) and b"\r\nConnection: close" in head, answer[:300]
+            if status == 200:
+                assert body == b"public"
