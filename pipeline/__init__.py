@@ -13,6 +13,7 @@ from .images import UndecodableImage, check_image
 from .info import dataset_info
 from .layout import EmptyClassesWarning, Layout, LayoutError, scan
 from .metadata import IncompleteDatasetError, MalformedDatasetError, UntrustedSchemaError
+from .options import ReaderOptionError, ReaderOptions
 from .reader import DatasetPosition, IncompleteEpochError, dataset_position, make_dataset
 from .repartition import imagenet_partition, repartition
 from .samples import digits_quirks, imagenet_size_jpegs, make_digits_tree, make_imagenet_size_tree
@@ -24,7 +25,7 @@ __all__ = [
     "Layout", "LayoutError", "ConvertResult", "DatasetExistsError", "IncompleteDatasetError",
     "IncompleteEpochError", "UndecodableImage", "check_image", "digits_quirks", "imagenet_size_jpegs",
     "make_imagenet_size_tree", "EmptyClassesWarning", "CorruptPartError", "MissingPartError", "verify_dataset",
-    "MalformedDatasetError", "UntrustedSchemaError",
+    "MalformedDatasetError", "UntrustedSchemaError", "ReaderOptions", "ReaderOptionError",
 ]
 
 

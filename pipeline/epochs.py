@@ -17,6 +17,7 @@ import warnings
 import numpy as np
 
 from .metadata import check_petastorm_metadata, petastorm_guard, read_info
+from .options import ReaderOptionError, ReaderOptions
 from .storage import locate, petastorm_filesystem
 from .verify import CHECKSUMMED, CorruptPartError, check_parts, open_part, read_row_group, rows_digest, verified
 from pinstorm.errors import PinstormError
@@ -64,19 +65,19 @@ def epoch_order(groups: list[int], seed: int | None, shuffle: bool, split=None) 
     return order
 
 
-def check_arguments(batch_size, num_epochs, image_size, crop_area) -> tuple[tuple[int, int], tuple[float, float]]:
-    """The arguments every reader takes, checked: (image_size as (height, width), crop_area)."""
-    if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-    if num_epochs is not None and num_epochs < 1:
-        raise ValueError(f"num_epochs must be None or at least 1, got {num_epochs!r}")
-    image_size = (int(image_size),) * 2 if isinstance(image_size, (int, np.integer)) else tuple(map(int, image_size))
+def check_arguments(batch_size, image_size, arguments) -> tuple[tuple[int, int], ReaderOptions]:
+    """What every reader takes, checked: (image_size as (height, width), the `ReaderOptions` among a
+    reader's `arguments`, its `locals()`)."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+        raise ReaderOptionError(f"batch_size must be a positive integer, got {batch_size!r}")
+    try:
+        image_size = (int(image_size),) * 2 if isinstance(image_size, (int, np.integer)) \
+            else tuple(map(int, image_size))
+    except (TypeError, ValueError):
+        image_size = ()
     if len(image_size) != 2 or min(image_size) < 1:
-        raise ValueError(f"image_size must be (height, width), got {image_size!r}")
-    crop_area = tuple(float(v) for v in crop_area)
-    if not 0 < crop_area[0] <= crop_area[1] <= 1:
-        raise ValueError(f"crop_area must satisfy 0 < low <= high <= 1, got {crop_area!r}")
-    return image_size, crop_area
+        raise ReaderOptionError(f"image_size must be a size or (height, width), got {image_size!r}")
+    return image_size, ReaderOptions.pick(arguments)
 
 
 def open_epochs(url, shard, *, shuffle: bool, seed: int | None, engine: str = "pyarrow", retries: int = 2,

@@ -47,6 +47,7 @@ import numpy as np
 from .epochs import EpochSource as _EpochSource  # noqa: F401 (kept importable from here)
 from .epochs import IncompleteEpochError, shard_row_groups  # noqa: F401 (public names of this module)
 from .epochs import check_arguments, default_shuffle_buffer, open_epochs
+from .options import ASPECT_RANGE, CROP_ATTEMPTS, DEFAULTS as READER, ReaderOptionError
 from .epochs import check_jpegs as _check_jpegs  # noqa: F401 (kept importable from here)
 from .epochs import epoch_order, epoch_seed
 from .epochs import epoch_seed as _epoch_seed  # noqa: F401
@@ -99,7 +100,7 @@ def _preprocess_fns(tf, image_size, training, crop_area, flip, eval_crop, dct_sc
         shape = tf.io.extract_jpeg_shape(jpeg)
         begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
             shape, bounding_boxes=full_box, seed=seed, min_object_covered=crop_area[0],
-            aspect_ratio_range=(3 / 4, 4 / 3), area_range=crop_area, max_attempts=10,
+            aspect_ratio_range=ASPECT_RANGE, area_range=crop_area, max_attempts=CROP_ATTEMPTS,
             use_image_if_no_bounding_boxes=True)
         window = tf.stack([begin[0], begin[1], size[0], size[1]])
         image = _decode_crop(tf, jpeg, shape, window, (height, width), dct_scale)
@@ -124,8 +125,8 @@ def _preprocess_fns(tf, image_size, training, crop_area, flip, eval_crop, dct_sc
     return train_fn if training else eval_fn
 
 
-def preprocess_fn(image_size=(224, 224), *, training=True, crop_area=(0.25, 1.0), flip=True, eval_crop=0.875,
-                  dct_scale=True):
+def preprocess_fn(image_size=(224, 224), *, training=READER.training, crop_area=READER.crop_area, flip=READER.flip,
+                  eval_crop=READER.eval_crop, dct_scale=READER.dct_scale):
     """The per-image function `make_dataset` maps: (jpeg string, label, seed[2]) -> (float32 image, label).
 
     Exposed so benchmarks can run the very same work over bytes held in memory.
@@ -248,13 +249,15 @@ def dataset_position(url, *, batch_size: int, shard=None, shuffle: bool = True, 
                            num_epochs=num_epochs, drop_remainder=drop_remainder, state=state)
 
 
-def make_dataset(url, *, batch_size: int, image_size=(224, 224), training: bool = True, shard=None,
-                 num_epochs: int | None = 1, shuffle: bool = True, seed: int | None = None,
-                 parallel: int | None = None, drop_remainder: bool = False, shuffle_buffer: int | None = None,
-                 crop_area=(0.25, 1.0), flip: bool = True, eval_crop: float = 0.875, engine: str = "pyarrow",
-                 reader_workers: int = 0, prefetch_rows: int | None = None, retries: int = 2,
-                 storage_options: dict | None = None, verify: bool = True, dct_scale: bool = True,
-                 state=None, return_ids: bool = False):
+def make_dataset(url, *, batch_size: int, image_size=(224, 224), training: bool = READER.training,
+                 shard=READER.shard, num_epochs: int | None = READER.num_epochs, shuffle: bool = READER.shuffle,
+                 seed: int | None = READER.seed, parallel: int | None = None,
+                 drop_remainder: bool = READER.drop_remainder, shuffle_buffer: int | None = READER.shuffle_buffer,
+                 crop_area=READER.crop_area, flip: bool = READER.flip, eval_crop: float = READER.eval_crop,
+                 engine: str = "pyarrow", reader_workers: int = 0, prefetch_rows: int | None = None,
+                 retries: int = READER.retries, storage_options: dict | None = READER.storage_options,
+                 verify: bool = READER.verify, dct_scale: bool = READER.dct_scale, state=None,
+                 return_ids: bool = READER.return_ids):
     """A ``tf.data.Dataset`` of ``(images, labels)`` batches from a converted dataset.
 
     images: float32 ``[B, H, W, 3]`` with values in [0, 1]; labels: int32 ``[B]`` class indexes
@@ -302,8 +305,9 @@ def make_dataset(url, *, batch_size: int, image_size=(224, 224), training: bool 
     tf = tensorflow()
 
     if engine not in ENGINES:
-        raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
-    image_size, crop_area = check_arguments(batch_size, num_epochs, image_size, crop_area)
+        raise ReaderOptionError(f"engine must be one of {ENGINES}, got {engine!r}")
+    image_size, options = check_arguments(batch_size, image_size, locals())   # the checks both readers share
+    crop_area = options.crop_area
     source = open_epochs(url, shard, shuffle=shuffle, seed=seed, engine=engine, retries=retries,
                          workers=reader_workers, storage_options=storage_options, verify=verify)
     shard = source.shard

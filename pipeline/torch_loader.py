@@ -46,6 +46,7 @@ from PIL import Image
 from pinstorm.extras import require
 
 from .epochs import check_arguments, epoch_order, epoch_seed, open_epochs
+from .options import ASPECT_RANGE, CROP_ATTEMPTS, DEFAULTS as READER, ReaderOptionError
 from .images import DEFAULT_MAX_PIXELS, UndecodableImage, _draft_factor
 from .positions import (STATE_FORMAT, Position, ResumeStateError, planned_rows, resume_position,  # noqa: F401
                         row_starts, state_dict, stream_ids)
@@ -54,17 +55,15 @@ torch = require("torch", "torch", "pinstorm.pipeline.make_torch_loader")
 simplejpeg = require("simplejpeg", "torch", "pinstorm.pipeline.make_torch_loader")
 
 DCT_RATIOS = (1, 2, 4, 8)
-_ASPECTS = (3 / 4, 4 / 3)
-_ATTEMPTS = 10   # crop samples before the whole image is taken (tf.image.sample_distorted_bounding_box's default)
 
 
 def train_window(width: int, height: int, rng: random.Random, crop_area) -> tuple[int, int, int, int]:
     """A random (x, y, w, h) covering `crop_area` of the image with aspect 3/4..4/3, or the whole image
-    when `_ATTEMPTS` samples do not fit (as ``sample_distorted_bounding_box`` falls back)."""
+    when `CROP_ATTEMPTS` samples do not fit (as ``sample_distorted_bounding_box`` falls back)."""
     area = width * height
-    for _ in range(_ATTEMPTS):
+    for _ in range(CROP_ATTEMPTS):
         target = area * rng.uniform(*crop_area)
-        aspect = rng.uniform(*_ASPECTS)
+        aspect = rng.uniform(*ASPECT_RANGE)
         w, h = round(math.sqrt(target * aspect)), round(math.sqrt(target / aspect))
         if 0 < w <= width and 0 < h <= height and crop_area[0] * area <= w * h:
             return rng.randint(0, width - w), rng.randint(0, height - h), w, h
@@ -561,14 +560,16 @@ class TorchLoader(torch.utils.data.DataLoader):
 
 
 
-def make_torch_loader(url, *, batch_size: int, image_size=224, training: bool = True, shard=None,
-                      num_epochs: int | None = 1, seed: int | None = None, num_workers: int = 0,
-                      shuffle: bool = True, drop_remainder: bool = False, shuffle_buffer: int | None = None,
-                      crop_area=(0.25, 1.0), flip: bool = True, eval_crop: float = 0.875, dct_scale: bool = True,
-                      retries: int = 2, storage_options: dict | None = None, verify: bool = True,
+def make_torch_loader(url, *, batch_size: int, image_size=224, training: bool = READER.training,
+                      shard=READER.shard, num_epochs: int | None = READER.num_epochs, seed: int | None = READER.seed,
+                      num_workers: int = 0, shuffle: bool = READER.shuffle,
+                      drop_remainder: bool = READER.drop_remainder, shuffle_buffer: int | None = READER.shuffle_buffer,
+                      crop_area=READER.crop_area, flip: bool = READER.flip, eval_crop: float = READER.eval_crop,
+                      dct_scale: bool = READER.dct_scale, retries: int = READER.retries,
+                      storage_options: dict | None = READER.storage_options, verify: bool = READER.verify,
                       max_pixels: int | None = DEFAULT_MAX_PIXELS, prefetch_factor: int | None = None,
-                      pin_memory: bool = False, multiprocessing_context=None, return_ids: bool = False, dtype=None,
-                      decode_threads: int | None = None):
+                      pin_memory: bool = False, multiprocessing_context=None, return_ids: bool = READER.return_ids,
+                      dtype=None, decode_threads: int | None = None):
     """A ``torch.utils.data.DataLoader`` (`TorchLoader`) of ``(images, labels)`` batches from a converted dataset.
 
     images: float32 ``[B, 3, H, W]`` in [0, 1]; labels: int64 ``[B]`` class indexes. The arguments
@@ -602,11 +603,12 @@ def make_torch_loader(url, *, batch_size: int, image_size=224, training: bool = 
     ``loader.dataset.set_epoch(n)`` before a pass starts it at epoch n (for ``num_epochs=1`` loops).
     ``loader.state_dict()`` / ``loader.load_state_dict(state)``: resume mid-epoch (`TorchLoader`).
     """
-    image_size, crop_area = check_arguments(batch_size, num_epochs, image_size, crop_area)
+    image_size, options = check_arguments(batch_size, image_size, locals())   # the checks both readers share
+    crop_area = options.crop_area
     if not isinstance(num_workers, (int, np.integer)) or num_workers < 0:
-        raise ValueError(f"num_workers must be a non-negative integer, got {num_workers!r}")
+        raise ReaderOptionError(f"num_workers must be a non-negative integer, got {num_workers!r}")
     if decode_threads is not None and (not isinstance(decode_threads, (int, np.integer)) or decode_threads < 1):
-        raise ValueError(f"decode_threads must be a positive integer or None, got {decode_threads!r}")
+        raise ReaderOptionError(f"decode_threads must be a positive integer or None, got {decode_threads!r}")
     source = open_epochs(url, shard, shuffle=shuffle, seed=seed, retries=retries, storage_options=storage_options,
                          verify=verify)
     dataset = ParquetImages(source, batch_size=int(batch_size), image_size=image_size, training=training,

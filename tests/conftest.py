@@ -19,7 +19,8 @@ sys.path.insert(0, str(Path(__file__).parent))  # so tests can import the `serve
 # modules of a layer whose extra is missing are not collected, and the header says so.
 from extras_support import has_extra  # noqa: E402
 
-_LAYER_TESTS = {"pipeline": ["test_pipeline_*.py", "test_trust_parquet.py"], "training": ["test_training_*.py"]}
+_LAYER_TESTS = {"pipeline": ["test_pipeline_*.py", "test_trust_parquet.py"],
+                "training": ["test_training_*.py", "test_trust_secrets.py"]}
 MISSING_LAYERS = [layer for layer in _LAYER_TESTS if not has_extra(layer)]
 collect_ignore_glob = [pattern for layer in MISSING_LAYERS for pattern in _LAYER_TESTS[layer]]
 

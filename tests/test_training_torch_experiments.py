@@ -72,6 +72,25 @@ def test_the_cli_pins_a_torch_run_and_it_loads_back(digits_parquet, board, tmp_p
     assert bad.exit_code == 1 and not (tmp_path / "run2" / "final.pt").exists()   # refused before the fit
 
 
+def test_train_torch_pins_as_train_does(digits_parquet, board, tmp_path):
+    """`train_torch(pin=..., lineage=...)` pins in Python as `train(pin=...)` does; a bad target fails before the fit."""
+    from pinstorm.training import train_torch
+
+    result = train_torch("alexnet", digits_parquet["train"], epochs=1, batch_size=8, image_size=32, seed=0,
+                         model_kwargs={"width": 0.125}, steps_per_epoch=2, output_dir=tmp_path / "run",
+                         pin=f"{board}/py-torch", lineage={"note": "python"})
+    assert result.experiment["pin"] == f"{board}/py-torch"
+    lineage = experiment_lineage(f"{board}/py-torch")
+    assert lineage["lineage"] == {"note": "python"} and lineage["arguments"]["steps_per_epoch"] == 2
+    assert lineage["data"]["rows"] == digits_parquet["rows"]
+    assert all(torch.equal(load_experiment(f"{board}/py-torch").state_dict()[k], v)
+               for k, v in result.model.state_dict().items())
+    with pytest.raises(boards.BoardError, match="no-such-board"):
+        train_torch("alexnet", digits_parquet["train"], epochs=1, batch_size=8, image_size=32,
+                    output_dir=tmp_path / "run2", pin="no-such-board/x")
+    assert not (tmp_path / "run2" / "final.pt").exists()
+
+
 def test_a_genuine_remote_torch_experiment_loads(http_board, tmp_path, genuine):
     model = load_experiment(served_experiment(http_board, _experiment(tmp_path, "genuine", genuine)))
     assert all(torch.equal(model.state_dict()[k], v) for k, v in genuine.items())

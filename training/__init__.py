@@ -22,6 +22,7 @@ _EXPORTS = {
     "train": "fit",
     "TrainResult": "results",
     "TrainingError": "results",
+    "FitOptions": "runs",
     "build_model": "models",
     "spark_train": "spark",
     "run_demo": "demo",
@@ -44,6 +45,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time `__getattr__` 
     from .models import build_model
     from .profiling import profile
     from .results import TrainingError, TrainResult
+    from .runs import FitOptions
     from .spark import spark_train
     from .strategy import make_strategy, strategy_choice
     from .torch_fit import init_distributed, train_torch

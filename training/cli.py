@@ -9,11 +9,12 @@ from . import keras_env  # noqa: F401  (before anything can import TensorFlow)
 import json
 import logging
 import os
-import time
 from pathlib import Path
 
 import click
 
+from pinstorm.pipeline.options import DEFAULTS as READER
+from .runs import DEFAULTS as FIT, OPTIMIZERS
 from .strategy import STRATEGY_KINDS   # a plain tuple: importing it does not load TensorFlow
 
 MODEL_NAMES = ("alexnet", "resnet50", "mobilenet_v2")
@@ -56,16 +57,26 @@ def fit_options(command):
     """The options of the fit itself, one definition for `train` and `spark-train`: the same flags mean
     the same there."""
     options = [
-        click.option("--learning-rate", type=POSITIVE_FLOAT, default=1e-3, show_default=True),
-        click.option("--optimizer", type=click.Choice(["adam", "sgd"]), default="adam", show_default=True),
+        click.option("--learning-rate", type=POSITIVE_FLOAT, default=FIT.learning_rate, show_default=True),
+        click.option("--optimizer", type=click.Choice(OPTIMIZERS), default=FIT.optimizer, show_default=True),
         click.option("--seed", type=int, default=None),
         click.option("--no-flip", is_flag=True, help="No random left-right flips (for digits, text, ...)."),
         click.option("--crop-min", type=click.FloatRange(0, 1, min_open=True), default=None,
-                     help="Smallest random-crop area (0-1]."),
+                     help=f"Smallest random-crop area (0-1], default {READER.crop_area[0]}."),
     ]
     for option in reversed(options):   # decorators apply bottom-up: keep the --help order as listed
         command = option(command)
     return command
+
+
+def reader_options(no_flip: bool, crop_min: float | None) -> dict:
+    """The reader's `input_options` the fit flags ask for (only what differs from `ReaderOptions`' defaults)."""
+    options: dict = {}
+    if no_flip:
+        options["flip"] = False
+    if crop_min is not None:
+        options["crop_area"] = (crop_min, READER.crop_area[1])
+    return options
 
 
 def _refuse_finished(output_dir, marker: str, overwrite: bool) -> None:
@@ -86,9 +97,10 @@ def _log_to_console(verbose: bool) -> None:
 @click.option("--framework", type=click.Choice(FRAMEWORKS), default="tensorflow", show_default=True,
               help="torch: PyTorch (DDP when launched by torchrun; --cross-device-ops auto, nccl or gloo).")
 @click.option("--val", "validation", default=None, help="Validation dataset (Parquet URL or folder).")
-@click.option("--epochs", type=POSITIVE, default=10, show_default=True)
-@click.option("--batch-size", type=POSITIVE, default=32, show_default=True, help="Per replica; global = x replicas.")
-@click.option("--image-size", default="224", show_default=True, callback=lambda c, p, v: _image_size(v),
+@click.option("--epochs", type=POSITIVE, default=FIT.epochs, show_default=True)
+@click.option("--batch-size", type=POSITIVE, default=FIT.batch_size, show_default=True,
+              help="Per replica; global = x replicas.")
+@click.option("--image-size", default=str(FIT.image_size), show_default=True, callback=lambda c, p, v: _image_size(v),
               help="A size, or a progressive schedule EPOCH:SIZE,... such as 0:128,6:192,12:224.")
 @click.option("--width", type=POSITIVE_FLOAT, default=1.0, show_default=True, help="AlexNet width multiplier.")
 @click.option("--strategy", "kind", type=click.Choice(STRATEGY_KINDS),
@@ -126,11 +138,7 @@ def train(model, data, framework, validation, epochs, batch_size, image_size, wi
         raise click.UsageError(f"{model} is a PyTorch model: add --framework torch")
     _refuse_finished(output_dir, "**/final.pt" if framework == "torch" else "**/final.weights.h5", overwrite)
     _log_to_console(verbose)
-    input_options = {}
-    if no_flip:
-        input_options["flip"] = False
-    if crop_min is not None:
-        input_options["crop_area"] = (crop_min, 1.0)
+    input_options = reader_options(no_flip, crop_min)
     if framework == "torch":
         _train_torch(model, data, validation, epochs=epochs, batch_size=batch_size, image_size=image_size,
                      width=width, pin=pin, backend=cross_device_ops.lower(), fallback=not no_fallback,
@@ -178,25 +186,11 @@ def _check_torch_arguments(model, image_size, kind, devices, cross_device_ops) -
 
 
 def _train_torch(model, data, validation, *, width, as_json, pin, **options) -> None:
-    from datetime import datetime, timezone
-
-    from . import experiments
     from .torch_fit import train_torch
 
-    if pin is not None:
-        experiments.check_target(pin)   # a bad target fails now, not after the fit
-    started_at, wall = datetime.now(timezone.utc), time.perf_counter()
-    result = train_torch(model, data, validation, model_kwargs={"width": width}, **options)
+    result = train_torch(model, data, validation, model_kwargs={"width": width}, pin=pin, **options)
     if not result.is_chief:   # one line per run, from rank 0
         return
-    if pin is not None:
-        arguments = {k: options.get(k) for k in ("epochs", "batch_size", "learning_rate", "optimizer", "seed",
-                                                 "num_workers", "backend", "input_options", "output_dir")}
-        record = experiments.run_lineage(
-            result, model_name=model, image_size=options["image_size"], model_kwargs={"width": width}, data=data,
-            validation_data=validation, train_url=None, val_url=None, arguments=arguments, strategy=None,
-            started_at=started_at, wall_seconds=time.perf_counter() - wall, lineage=None)
-        result.experiment = experiments.pin_finished_run(result, pin, record)
     if as_json:
         click.echo(json.dumps(result.summary()))
         return
@@ -263,9 +257,10 @@ def _spark_conf(pairs) -> dict:
               help="Instead of DATA: each worker fetches its own 1/N of the categories from this board "
                    "(a data.txt URL or a registered board), converts and trains on them.")
 @click.option("--val", "validation", default=None, help="Validation dataset (Parquet URL every executor can read).")
-@click.option("--epochs", type=POSITIVE, default=10, show_default=True)
-@click.option("--batch-size", type=POSITIVE, default=32, show_default=True, help="Per replica; global = x replicas.")
-@click.option("--image-size", type=POSITIVE, default=224, show_default=True)
+@click.option("--epochs", type=POSITIVE, default=FIT.epochs, show_default=True)
+@click.option("--batch-size", type=POSITIVE, default=FIT.batch_size, show_default=True,
+              help="Per replica; global = x replicas.")
+@click.option("--image-size", type=POSITIVE, default=FIT.image_size, show_default=True)
 @click.option("--width", type=POSITIVE_FLOAT, default=1.0, show_default=True, help="AlexNet width multiplier.")
 @click.option("--checkpoint-dir", default=None, help="Shared BackupAndRestore folder: a relaunch resumes from it.")
 @click.option("--backup-every", type=POSITIVE, default=None, metavar="STEPS",
@@ -307,11 +302,7 @@ def spark_train_cmd(model, data, framework, master, workers, partition_board, va
     from .spark import spark_train
     from .spark_session import spark_session
 
-    input_options = {}
-    if no_flip:
-        input_options["flip"] = False
-    if crop_min is not None:
-        input_options["crop_area"] = (crop_min, 1.0)
+    input_options = reader_options(no_flip, crop_min)
     args = dict(model_name=model, data=data, validation_data=validation, epochs=epochs, batch_size=batch_size,
                 image_size=image_size, checkpoint_dir=checkpoint_dir, output_dir=output_dir,
                 learning_rate=learning_rate, optimizer=optimizer, seed=seed,
@@ -356,7 +347,7 @@ def spark_train_cmd(model, data, framework, master, workers, partition_board, va
               help="With --demo: the demo's size.")
 @click.option("--model", type=click.Choice(MODEL_NAMES, case_sensitive=False), default="alexnet", show_default=True)
 @click.option("--image-size", type=POSITIVE, default=None, help="Default 224 (32 with --demo).")
-@click.option("--batch-size", type=POSITIVE, default=32, show_default=True, help="Per replica.")
+@click.option("--batch-size", type=POSITIVE, default=FIT.batch_size, show_default=True, help="Per replica.")
 @click.option("--width", type=POSITIVE_FLOAT, default=None,
               help="AlexNet width multiplier (default 1.0; 0.25 with --demo).")
 @click.option("--steps", type=POSITIVE, default=20, show_default=True, help="Training steps per timed epoch.")

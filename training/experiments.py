@@ -296,6 +296,18 @@ def pin_run(result, target, lineage: dict) -> ExperimentRecord:
                             files=sizes)
 
 
+def pin_fit(result, target, *, model_name: str, image_size, model_kwargs, data, validation_data, arguments: dict,
+            started_at, wall_started: float, train_url=None, val_url=None, strategy=None,
+            lineage: dict | None = None) -> ExperimentRecord:
+    """What every fit does with ``pin=`` once it finished (``train``, ``train_torch``): its lineage record
+    (`run_lineage`, ``wall_started`` a ``time.perf_counter()`` reading) pinned as a new version of ``target``."""
+    record = run_lineage(result, model_name=model_name, image_size=image_size, model_kwargs=model_kwargs, data=data,
+                         validation_data=validation_data, train_url=train_url, val_url=val_url, arguments=arguments,
+                         strategy=strategy, started_at=started_at, wall_seconds=time.perf_counter() - wall_started,
+                         lineage=lineage)
+    return pin_finished_run(result, target, record)
+
+
 def pin_finished_run(result, target, lineage: dict) -> ExperimentRecord:
     """`pin_run` at the end of a fit: a failure names where the fit's outputs are (the fit is not lost)."""
     try:

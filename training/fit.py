@@ -26,6 +26,7 @@ import tf_keras as keras
 
 from . import multiworker, resume
 from .results import TrainResult
+from .runs import DEFAULTS as FIT, SGD_MOMENTUM, FitOptions, check_optimizer, default_output_dir
 from .inputs import TrainingError, is_data_map, map_classes, resolve_input
 from .models import build_model
 from .plots import plot_curves, read_metrics_csv
@@ -80,13 +81,6 @@ def _backup_callback(checkpoint_dir: Path, backup_every, strategy, train_input, 
                               origin=saved["steps"] if saved else 0, rank=rank)
 
 
-def _default_output_dir(model_name: str) -> Path:
-    from pinstorm.boards.meta import TIME_FORMAT
-
-    stamp = datetime.now(timezone.utc).strftime(TIME_FORMAT)
-    return Path("runs") / f"{model_name}-{stamp}"
-
-
 # --------------------------------------------------------------------------- entry points
 
 def train(
@@ -95,25 +89,25 @@ def train(
     validation_data=None,
     *,
     strategy: tf.distribute.Strategy | None = None,
-    epochs: int = 10,
-    batch_size: int = 32,
-    image_size: int | list = 224,
-    num_classes: int | None = None,
+    epochs: int = FIT.epochs,
+    batch_size: int = FIT.batch_size,
+    image_size: int | list = FIT.image_size,
+    num_classes: int | None = FIT.num_classes,
     parallel: int | None = None,
-    checkpoint_dir=None,
-    output_dir=None,
+    checkpoint_dir=FIT.checkpoint_dir,
+    output_dir=FIT.output_dir,
     cache_dir=None,
-    learning_rate: float = 1e-3,
-    optimizer: str = "adam",
-    model_kwargs: dict | None = None,
-    steps_per_epoch: int | None = None,
+    learning_rate: float = FIT.learning_rate,
+    optimizer: str = FIT.optimizer,
+    model_kwargs: dict | None = FIT.model_kwargs,
+    steps_per_epoch: int | None = FIT.steps_per_epoch,
     mixed_precision: str | bool = "auto",
-    seed: int | None = None,
+    seed: int | None = FIT.seed,
     callbacks: list | None = None,
-    input_options: dict | None = None,
+    input_options: dict | None = FIT.input_options,
     verbose: int | str = 2,
-    pin: str | tuple | None = None,
-    lineage: dict | None = None,
+    pin: str | tuple | None = FIT.pin,
+    lineage: dict | None = FIT.lineage,
     backup_every: int | str = "epoch",
 ) -> TrainResult:
     """Fit ``model_name`` on ``data``; return the history and the final validation metrics.
@@ -146,8 +140,7 @@ def train(
     wall_started, started_at = time.perf_counter(), datetime.now(timezone.utc)
     if data is None:
         raise TrainingError("train() needs data: a Parquet URL, a data map or a tf.data.Dataset")
-    if epochs < 1 or batch_size < 1:
-        raise TrainingError(f"epochs and batch_size must be positive (got {epochs}, {batch_size})")
+    FitOptions.pick(locals())   # the checks every fit shares (training/runs.py)
     sizes = ImageSizeSchedule(image_size, epochs)   # an int, or progressive resizing [(epoch, size), ...]
     image_size = sizes.final
     strategy = strategy or make_strategy("auto")
@@ -157,7 +150,7 @@ def train(
     if pin is not None and chief:   # a bad target fails now, not after hours of training
         from .experiments import check_target
         check_target(pin)
-    output_dir = Path(output_dir) if output_dir else _default_output_dir(model_name)
+    output_dir = Path(output_dir) if output_dir else default_output_dir(model_name)
     write_dir = multiworker.worker_output_dir(output_dir, config)
     write_dir.mkdir(parents=True, exist_ok=True)
     cache_dir = Path(cache_dir) if cache_dir else write_dir / "data"
@@ -272,8 +265,8 @@ def train(
     if pin is not None and chief:
         from . import experiments
 
-        record = experiments.run_lineage(
-            result, model_name=model_name, image_size=image_size, model_kwargs=model_kwargs, data=data,
+        result.experiment = experiments.pin_fit(
+            result, pin, model_name=model_name, image_size=image_size, model_kwargs=model_kwargs, data=data,
             validation_data=validation_data, train_url=train_input.url, val_url=val_input.url if val_input else None,
             arguments={"epochs": epochs, "batch_size": batch_size,
                        "image_size": sizes.as_list() if sizes.progressive else image_size,
@@ -281,9 +274,7 @@ def train(
                        "mixed_precision": mixed_precision, "seed": seed, "parallel": parallel,
                        "input_options": dict(input_options or {}), "output_dir": str(output_dir),
                        "checkpoint_dir": str(checkpoint_dir) if checkpoint_dir else None},
-            strategy=strategy, started_at=started_at, wall_seconds=time.perf_counter() - wall_started,
-            lineage=lineage)
-        result.experiment = experiments.pin_finished_run(result, pin, record)
+            strategy=strategy, started_at=started_at, wall_started=wall_started, lineage=lineage)
     return result
 
 
@@ -304,12 +295,9 @@ def _seed_python_and_numpy(seed: int) -> None:
 
 
 def _optimizer(name: str, learning_rate: float):
-    name = name.lower()
-    if name == "adam":
-        return keras.optimizers.Adam(learning_rate)
-    if name == "sgd":  # the paper's choice: momentum 0.9
-        return keras.optimizers.SGD(learning_rate, momentum=0.9)
-    raise TrainingError(f"unknown optimizer {name!r}: use 'adam' or 'sgd'")
+    if check_optimizer(name) == "sgd":
+        return keras.optimizers.SGD(learning_rate, momentum=SGD_MOMENTUM)
+    return keras.optimizers.Adam(learning_rate)
 
 
 def alexnet_train(

@@ -43,6 +43,7 @@ from typing import Any, Callable
 from .spark_session import (REQUIRED_MODULES, SparkTrainError, available_slots, local_spark_session, probe_executors,
                             session_settings, spark_error_message, spark_session, wait_for_slots)
 from pinstorm.boards import secrets
+from .runs import FitOptions, default_output_dir
 
 __all__ = ["Attempt", "SparkTrainError", "SparkTrainResult", "WorkerResult", "available_slots",
            "local_spark_session", "probe_executors", "session_settings", "spark_error_message", "spark_session",
@@ -305,12 +306,10 @@ def _check_args(train_fn_or_args, num_workers, framework: str = "tensorflow") ->
         args["partition_board"] = _partition_board_spec(args["partition_board"])
     elif args.get("data") is None:
         raise SparkTrainError("spark_train needs data (a Parquet URL every executor can read) or partition_board")
+    FitOptions.pick(args)   # the fit's own checks, on the driver before any executor starts (training/runs.py)
     if not args.get("output_dir"):
         # chosen once, here: every rank and every relaunch must write (and append metrics) to the same place
-        from pinstorm.boards.meta import TIME_FORMAT
-
-        stamp = time.strftime(TIME_FORMAT, time.gmtime())
-        args["output_dir"] = os.path.abspath(os.path.join("runs", f"{args.get('model_name', 'alexnet')}-{stamp}"))
+        args["output_dir"] = os.path.abspath(default_output_dir(args.get("model_name", "alexnet")))
     return args
 
 

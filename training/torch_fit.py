@@ -43,6 +43,7 @@ from pinstorm.extras import require
 from .fallback import error_line, fallback_warning, probe_failure, probe_outcome
 from .plots import plot_curves, read_metrics_csv
 from .results import TrainingError, TrainResult
+from .runs import DEFAULTS as FIT, SGD_MOMENTUM, FitOptions, check_optimizer, default_output_dir
 from .torch_models import build_torch_model
 from pinstorm.boards import secrets
 
@@ -282,19 +283,10 @@ def load_checkpoint(checkpoint_dir, *, tensors: int | None = None) -> dict | Non
     return state
 
 
-def _default_output_dir(model_name: str) -> Path:
-    from pinstorm.boards.meta import TIME_FORMAT
-
-    return Path("runs") / f"{model_name}-{datetime.now(timezone.utc).strftime(TIME_FORMAT)}"
-
-
 def _optimizer(name: str, parameters, learning_rate: float):
-    name = name.lower()
-    if name == "adam":
-        return torch.optim.Adam(parameters, lr=learning_rate)
-    if name == "sgd":  # the paper's choice: momentum 0.9
-        return torch.optim.SGD(parameters, lr=learning_rate, momentum=0.9)
-    raise TrainingError(f"unknown optimizer {name!r}: use 'adam' or 'sgd'")
+    if check_optimizer(name) == "sgd":
+        return torch.optim.SGD(parameters, lr=learning_rate, momentum=SGD_MOMENTUM)
+    return torch.optim.Adam(parameters, lr=learning_rate)
 
 
 def _shard_rows(info: dict, world: int) -> list[int]:
@@ -336,19 +328,19 @@ def train_torch(
     data=None,
     validation_data=None,
     *,
-    epochs: int = 10,
-    batch_size: int = 32,
-    image_size: int = 224,
-    num_classes: int | None = None,
-    learning_rate: float = 1e-3,
-    optimizer: str = "adam",
-    model_kwargs: dict | None = None,
-    seed: int | None = None,
-    output_dir=None,
-    checkpoint_dir=None,
-    input_options: dict | None = None,
+    epochs: int = FIT.epochs,
+    batch_size: int = FIT.batch_size,
+    image_size: int = FIT.image_size,
+    num_classes: int | None = FIT.num_classes,
+    learning_rate: float = FIT.learning_rate,
+    optimizer: str = FIT.optimizer,
+    model_kwargs: dict | None = FIT.model_kwargs,
+    seed: int | None = FIT.seed,
+    output_dir=FIT.output_dir,
+    checkpoint_dir=FIT.checkpoint_dir,
+    input_options: dict | None = FIT.input_options,
     num_workers: int = 0,
-    steps_per_epoch: int | None = None,
+    steps_per_epoch: int | None = FIT.steps_per_epoch,
     backend: str = "auto",
     probe_timeout: float = 60.0,
     fallback: bool = True,
@@ -356,6 +348,8 @@ def train_torch(
     callbacks: list[Callable[[int, dict], None]] | None = None,
     backup_every: int | None = None,
     on_batch: Callable[[int, int, "torch.Tensor"], None] | None = None,
+    pin: str | tuple | None = FIT.pin,
+    lineage: dict | None = FIT.lineage,
 ) -> TrainResult:
     """Train ``model_name`` (``alexnet``, ``resnet_small``) with PyTorch on the Parquet dataset ``data``.
 
@@ -378,13 +372,18 @@ def train_torch(
     the weights an uninterrupted run ends with. ``on_batch``: a function called on every rank after
     each training step as ``fn(epoch, step, ids)``, ``ids`` the step's samples (int64 ``[B]``, the
     loader's ``return_ids``), before that step's backup: which samples trained, for audits and tests.
+    ``pin`` and ``lineage``: as ``train``'s (rank 0 pins the finished run; ``load_experiment`` returns the
+    module).
     """
     from pinstorm import pipeline
 
+    wall_started, started_at = time.perf_counter(), datetime.now(timezone.utc)
     if data is None or not isinstance(data, (str, os.PathLike)):
         raise TrainingError("train_torch needs data as a Parquet dataset URL or folder (convert it first)")
-    if epochs < 1 or batch_size < 1:
-        raise TrainingError(f"epochs and batch_size must be positive (got {epochs}, {batch_size})")
+    FitOptions.pick(locals())   # the checks every fit shares (training/runs.py)
+    if pin is not None:   # a bad target fails now, not after the fit
+        from .experiments import check_target
+        check_target(pin)
     if backup_every is not None and (int(backup_every) < 1 or checkpoint_dir is None):
         raise TrainingError(f"backup_every must be a positive number of steps, with a checkpoint_dir (got "
                             f"{backup_every!r}, checkpoint_dir={checkpoint_dir!r})")
@@ -392,7 +391,7 @@ def train_torch(
     own_group = distributed and not dist.is_initialized()
     choice = init_distributed(backend, probe_timeout=probe_timeout, fallback=fallback) if distributed else None
     try:
-        return _train(model_name, os.fspath(data), validation_data, choice=choice, epochs=epochs,
+        result = _train(model_name, os.fspath(data), validation_data, choice=choice, epochs=epochs,
                       batch_size=batch_size, image_size=int(image_size), num_classes=num_classes,
                       learning_rate=learning_rate, optimizer=optimizer, model_kwargs=dict(model_kwargs or {}),
                       seed=seed, output_dir=output_dir, checkpoint_dir=checkpoint_dir,
@@ -403,6 +402,18 @@ def train_torch(
     finally:
         if own_group and dist.is_initialized():
             dist.destroy_process_group()
+    if pin is not None and result.is_chief:
+        from . import experiments
+
+        result.experiment = experiments.pin_fit(
+            result, pin, model_name=model_name, image_size=int(image_size), model_kwargs=dict(model_kwargs or {}),
+            data=data, validation_data=validation_data, arguments={
+                "epochs": epochs, "batch_size": batch_size, "learning_rate": learning_rate, "optimizer": optimizer,
+                "steps_per_epoch": steps_per_epoch, "seed": seed, "num_workers": num_workers, "backend": backend,
+                "input_options": dict(input_options or {}), "output_dir": result.output_dir,
+                "checkpoint_dir": str(checkpoint_dir) if checkpoint_dir else None},
+            started_at=started_at, wall_started=wall_started, lineage=lineage)
+    return result
 
 
 def _train(model_name, url, validation_data, *, choice, epochs, batch_size, image_size, num_classes,
@@ -417,7 +428,7 @@ def _train(model_name, url, validation_data, *, choice, epochs, batch_size, imag
         threads = max(1, (os.cpu_count() or 1) // max(local_world, 1))
     if threads:
         torch.set_num_threads(int(threads))
-    output_dir = Path(output_dir) if output_dir else _default_output_dir(model_name)
+    output_dir = Path(output_dir) if output_dir else default_output_dir(model_name)
     write_dir = output_dir if rank == 0 else output_dir / "workers" / f"rank{rank}"
     write_dir.mkdir(parents=True, exist_ok=True)
     checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
