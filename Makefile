@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-modern test-core test-fast test-distributor bench bench-peers clean r-pins
+.PHONY: install demo test test-modern test-core test-fast test-distributor bench bench-peers clean r-pins gpu-wheels gpu-check
 
 # .venv: everything, petastorm included (numpy < 2, pyarrow 14.0.x, as petastorm 0.13.1 needs), on PY.
 # .venv-modern: every extra but petastorm, on a current numpy and pyarrow, on MODERN_PY (CI: the newest
@@ -76,3 +76,17 @@ r-pins:  ## R and R pins 0.4.5 / 1.1.0 for the interoperability tests (.venv/r-l
 
 clean:
 	rm -rf $(VENV) $(MODERN) .venv-py3.* .venv-peers .pytest_cache build *.egg-info demo-output
+
+# The prepared GPU check (bench/gpu_check.py). The lent GPU machine has torch, torchvision, pyarrow, fsspec, numpy,
+# pandas, Pillow... but not pinstorm's small pure dependencies below: `make gpu-wheels` fetches them here (for
+# its Python 3.12, x86-64) into .whl/, which travels with the working tree; `make gpu-check` runs there.
+GPU_WHEELS := simplejpeg platformdirs flatbuffers
+gpu-wheels:  ## the wheels the GPU machine lacks, into .whl/ (carry .whl when running gpu-check there)
+	mkdir -p .whl
+	for w in $(GPU_WHEELS); do python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+	  --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+	  --platform manylinux2014_x86_64 --platform any -d .whl $$w || exit 1; done
+
+gpu-check:  ## on a GPU machine: ResNet-50 / AlexNet fed by make_torch_loader, CPU vs GPU decode (JSON in bench/results/gpu/)
+	python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/pinstorm-site .whl/*.whl
+	PYTHONPATH=/tmp/pinstorm-site python3 bench/gpu_check.py $(ARGS)

@@ -47,6 +47,7 @@ from pinstorm.extras import require
 
 from .epochs import check_arguments, epoch_order, epoch_seed, open_epochs
 from .options import ASPECT_RANGE, CROP_ATTEMPTS, DEFAULTS as READER, ReaderOptionError
+from .device_decode import DeviceDecoder, JpegBatch, check_pixels, resolve as resolve_decode
 from .images import DEFAULT_MAX_PIXELS, UndecodableImage, _draft_factor
 from .positions import (STATE_FORMAT, Position, ResumeStateError, planned_rows, resume_position,  # noqa: F401
                         row_starts, state_dict, stream_ids)
@@ -152,6 +153,11 @@ def _decode(image: JpegImage, ratio: int) -> np.ndarray:
     return pixels
 
 
+def decode_whole(data, where: str) -> np.ndarray:
+    """RGB pixels [h, w, 3] of a whole JPEG at full scale (the device path's stand-in for nvJPEG on a CPU)."""
+    return _decode(open_jpeg(data, where), 1)
+
+
 def decode_window(image: JpegImage, window, size, *, dct_scale: bool = True,
                   max_pixels: int | None = DEFAULT_MAX_PIXELS, where: str | None = None):
     """(`window` (x, y, w, h) of `image` resized to `size` (height, width): a uint8 tensor [3, H, W], the
@@ -184,6 +190,19 @@ def decode_window(image: JpegImage, window, size, *, dct_scale: bool = True,
     out = torch.nn.functional.interpolate(crop[None], size=tuple(size), mode="bilinear", align_corners=False,
                                           antialias=False)
     return out[0], ratio
+
+
+def full_size_window(window, ratio: int, width: int, height: int) -> tuple[int, int, int, int]:
+    """The full-resolution pixels `decode_window` reads for `window` at 1/`ratio` DCT scale (its window,
+    mapped into the scaled image and clipped there, mapped back): what a device decoding at full size
+    crops, so both paths see the same part of the image."""
+    if ratio == 1:
+        return tuple(window)
+    x, y, w, h = window
+    scaled_w, scaled_h = math.ceil(width / ratio), math.ceil(height / ratio)
+    x, y = x // ratio, y // ratio
+    w, h = min(max(1, w // ratio), scaled_w - x), min(max(1, h // ratio), scaled_h - y)
+    return x * ratio, y * ratio, min(w * ratio, width - x * ratio), min(h * ratio, height - y * ratio)
 
 
 def sample_rng(seed: int, sample_id: int) -> random.Random:
@@ -353,7 +372,8 @@ class ParquetImages(torch.utils.data.IterableDataset):
     """
 
     def __init__(self, source, *, batch_size, image_size, training, num_epochs, shuffle, shuffle_buffer,
-                 crop_area, flip, eval_crop, dct_scale, drop_remainder, max_pixels, streams=1, decode_threads=1):
+                 crop_area, flip, eval_crop, dct_scale, drop_remainder, max_pixels, streams=1, decode_threads=1,
+                 deferred=False):
         self.source, self.batch_size, self.size = source, batch_size, image_size
         self.training, self.num_epochs, self.shuffle = training, num_epochs, shuffle
         self.shuffle_buffer = shuffle_buffer
@@ -364,6 +384,7 @@ class ParquetImages(torch.utils.data.IterableDataset):
         self.resume = None                           # a Position the next pass starts from (load_state_dict)
         self.memory = BatchMemory(keep=PREFETCH_BATCHES + 4)   # batches made here (no workers)
         self.dtype = torch.uint8   # of batches made in the calling process (`TorchLoader` sets it); workers': uint8
+        self.deferred = deferred   # decode="gpu": batches of JPEG bytes, windows and flips (`device_decode`)
 
     def set_epoch(self, epoch: int) -> None:
         """The next pass starts at epoch `epoch`; a position loaded for another epoch is dropped."""
@@ -406,7 +427,11 @@ class ParquetImages(torch.utils.data.IterableDataset):
             while end is None or epoch < end:
                 seed = epoch_seed(self.source.base_seed, epoch)
                 for sample, jpeg, label in self._planned_rows(epoch, split, count, start.consumed.get(epoch)):
-                    if images is None:   # workers: uint8, a quarter of float32's memory to hand over
+                    if images is None and self.deferred:
+                        images = JpegBatch(self.batch_size)
+                        labels = torch.empty((self.batch_size,), dtype=torch.int64)
+                        ids = torch.empty((self.batch_size,), dtype=torch.int64)
+                    elif images is None:   # workers: uint8, a quarter of float32's memory to hand over
                         images = (_empty((self.batch_size, 3, *self.size), torch.uint8, shared) if shared
                                   else self.memory.empty((self.batch_size, 3, *self.size), self.dtype))
                         labels = _empty((self.batch_size,), torch.int64, shared)
@@ -458,6 +483,12 @@ class ParquetImages(torch.utils.data.IterableDataset):
             window = train_window(width, height, rng, self.crop_area)
         else:
             window = eval_window(width, height, self.size, self.eval_crop)
+        if self.deferred:   # decoded on the device (`device_decode`): the same window and flip, drawn here
+            check_pixels(width, height, self.max_pixels, where)
+            ratio = dct_ratio(window, self.size, self.dct_scale)
+            planes.fill(jpeg, full_size_window(window, ratio, width, height), ratio,
+                        self.training and self.flip and rng.random() < 0.5, where)
+            return
         decoded, _ = decode_window(image, window, self.size, dct_scale=self.dct_scale, max_pixels=self.max_pixels,
                                    where=where)
         if self.training and self.flip and rng.random() < 0.5:
@@ -476,7 +507,7 @@ class TorchLoader(torch.utils.data.DataLoader):
     resume on another shard layout or `num_workers`: then no sample of the epoch comes twice or never.
     """
 
-    def __init__(self, dataset: ParquetImages, *, return_ids: bool = False, dtype=None, **kwargs):
+    def __init__(self, dataset: ParquetImages, *, return_ids: bool = False, dtype=None, device=None, **kwargs):
         super().__init__(dataset, batch_size=None, **kwargs)
         self.return_ids, self.dtype = return_ids, torch.float32 if dtype is None else dtype
         if self.dtype not in (torch.float32, torch.uint8):
@@ -484,6 +515,9 @@ class TorchLoader(torch.utils.data.DataLoader):
         self.memory = BatchMemory(pin=bool(kwargs.get("pin_memory")))
         # Without workers, the batches are made in this process: float32 ones straight away.
         dataset.dtype = self.dtype if self.num_workers == 0 else torch.uint8
+        # decode="gpu": batches are decoded on `device` as they are handed out, and arrive there
+        self.device_decoder = (DeviceDecoder(device, dataset.size, self.dtype, cpu_decode=decode_whole)
+                               if device is not None else None)
 
     def __iter__(self):
         dataset = self.dataset
@@ -514,7 +548,11 @@ class TorchLoader(torch.utils.data.DataLoader):
             turns.rotate(-1)
             position.streams[stream] = (int(epoch), int(count))
             position.next_stream = turns[0]
-            images = self._scaled(images)
+            if self.device_decoder is not None:
+                images = self.device_decoder(images)
+                labels = labels.to(self.device_decoder.device, non_blocking=True)
+            else:
+                images = self._scaled(images)
             yield (images, labels, ids) if self.return_ids else (images, labels)
 
     def _scaled(self, images):
@@ -569,7 +607,7 @@ def make_torch_loader(url, *, batch_size: int, image_size=224, training: bool = 
                       storage_options: dict | None = READER.storage_options, verify: bool = READER.verify,
                       max_pixels: int | None = DEFAULT_MAX_PIXELS, prefetch_factor: int | None = None,
                       pin_memory: bool = False, multiprocessing_context=None, return_ids: bool = READER.return_ids,
-                      dtype=None, decode_threads: int | None = None):
+                      dtype=None, decode_threads: int | None = None, decode: str = "cpu", device=None):
     """A ``torch.utils.data.DataLoader`` (`TorchLoader`) of ``(images, labels)`` batches from a converted dataset.
 
     images: float32 ``[B, 3, H, W]`` in [0, 1]; labels: int64 ``[B]`` class indexes. The arguments
@@ -600,6 +638,12 @@ def make_torch_loader(url, *, batch_size: int, image_size=224, training: bool = 
       is made in the calling process, in memory reused once the caller holds no part of an earlier
       batch (`BatchMemory`); without workers, the decoding threads write float32 pixels into it.
 
+    * `decode="gpu"`: JPEGs are decoded on `device` (default ``"cuda"``) by nvJPEG, batched, and cropped,
+      resized, flipped and scaled there: batches arrive on the device. The threads and workers only read
+      rows, check headers and pixels and draw the same windows and flips as ``decode="cpu"``
+      (`pipeline.device_decode`). Without CUDA or torchvision it warns once and decodes on the CPU;
+      ``device="cpu"`` runs the device path on the CPU (libjpeg-turbo standing in for nvJPEG).
+
     ``loader.dataset.set_epoch(n)`` before a pass starts it at epoch n (for ``num_epochs=1`` loops).
     ``loader.state_dict()`` / ``loader.load_state_dict(state)``: resume mid-epoch (`TorchLoader`).
     """
@@ -609,6 +653,7 @@ def make_torch_loader(url, *, batch_size: int, image_size=224, training: bool = 
         raise ReaderOptionError(f"num_workers must be a non-negative integer, got {num_workers!r}")
     if decode_threads is not None and (not isinstance(decode_threads, (int, np.integer)) or decode_threads < 1):
         raise ReaderOptionError(f"decode_threads must be a positive integer or None, got {decode_threads!r}")
+    target = resolve_decode(decode, device)   # None: decode on the CPU
     source = open_epochs(url, shard, shuffle=shuffle, seed=seed, retries=retries, storage_options=storage_options,
                          verify=verify)
     dataset = ParquetImages(source, batch_size=int(batch_size), image_size=image_size, training=training,
@@ -616,8 +661,9 @@ def make_torch_loader(url, *, batch_size: int, image_size=224, training: bool = 
                             crop_area=crop_area, flip=flip, eval_crop=eval_crop, dct_scale=dct_scale,
                             drop_remainder=drop_remainder, max_pixels=max_pixels, streams=max(1, int(num_workers)),
                             decode_threads=default_decode_threads(num_workers) if decode_threads is None
-                            else decode_threads)
+                            else decode_threads, deferred=target is not None)
     extra = {} if num_workers == 0 else {"prefetch_factor": prefetch_factor,
                                          "multiprocessing_context": multiprocessing_context}
-    return TorchLoader(dataset, return_ids=return_ids, dtype=dtype, num_workers=int(num_workers), pin_memory=pin_memory,
+    return TorchLoader(dataset, return_ids=return_ids, dtype=dtype, device=target, num_workers=int(num_workers),
+                       pin_memory=pin_memory,
                        **extra)

@@ -227,7 +227,7 @@ def test_train_command_with_framework_torch(digits_parquet, tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["resnet50", "--framework", "torch"], "--framework torch trains alexnet, resnet_small"),
+    (["mobilenet_v2", "--framework", "torch"], "--framework torch trains alexnet, resnet_small, resnet50"),
     (["alexnet", "--framework", "torch", "--strategy", "mirrored"], "launch one process per device with torchrun"),
     (["alexnet", "--framework", "torch", "--cross-device-ops", "ring"], "one of auto, nccl, gloo"),
     (["alexnet", "--framework", "torch", "--image-size", "0:24,1:32"], "not a progressive schedule"),
@@ -241,7 +241,7 @@ def test_train_command_refuses_flags_the_framework_does_not_have(args, message, 
 
 @pytest.mark.parametrize("args, message", [
     (["resnet_small", "DATA"], "add --framework torch"),
-    (["resnet50", "DATA", "--framework", "torch"], "--framework torch trains alexnet, resnet_small"),
+    (["mobilenet_v2", "DATA", "--framework", "torch"], "--framework torch trains alexnet, resnet_small, resnet50"),
     (["alexnet", "DATA", "--framework", "torch", "--backup-every", "3"], "--backup-every needs --checkpoint-dir"),
     (["alexnet", "DATA", "--backup-every", "3"], "--backup-every needs --checkpoint-dir"),
 ])

@@ -19,7 +19,7 @@ from .strategy import STRATEGY_KINDS   # a plain tuple: importing it does not lo
 
 MODEL_NAMES = ("alexnet", "resnet50", "mobilenet_v2")
 FRAMEWORKS = ("tensorflow", "torch")
-TORCH_MODELS = ("alexnet", "resnet_small")        # training/torch_models.py
+TORCH_MODELS = ("alexnet", "resnet_small", "resnet50")        # training/torch_models.py
 TORCH_ONLY_MODELS = tuple(m for m in TORCH_MODELS if m not in MODEL_NAMES)
 TORCH_BACKENDS = ("auto", "nccl", "gloo")
 POSITIVE = click.IntRange(min=1)
@@ -188,7 +188,8 @@ def _check_torch_arguments(model, image_size, kind, devices, cross_device_ops) -
 def _train_torch(model, data, validation, *, width, as_json, pin, **options) -> None:
     from .torch_fit import train_torch
 
-    result = train_torch(model, data, validation, model_kwargs={"width": width}, pin=pin, **options)
+    result = train_torch(model, data, validation, model_kwargs={"width": width} if model != "resnet50" else {},
+                         pin=pin, **options)
     if not result.is_chief:   # one line per run, from rank 0
         return
     if as_json:
@@ -198,7 +199,10 @@ def _train_torch(model, data, validation, *, width, as_json, pin, **options) -> 
     if strategy.get("kind") == "ddp":
         from .torch_fit import BackendChoice
 
-        click.echo("strategy: " + BackendChoice(**{k: v for k, v in strategy.items() if k != "kind"}).describe())
+        import dataclasses
+
+        fields = {f.name for f in dataclasses.fields(BackendChoice)}
+        click.echo("strategy: " + BackendChoice(**{k: v for k, v in strategy.items() if k in fields}).describe())
     click.echo(f"validation: {json.dumps(result.val_metrics)}")
     click.echo(f"{result.images_per_second:,.0f} images/s, global batch {result.global_batch_size}; "
                f"outputs in {result.output_dir}")

@@ -446,6 +446,7 @@ _KWARGS = {
 _TORCH_KWARGS = {
     "alexnet": {k: v for k, v in _KWARGS["alexnet"].items() if k != "name"},
     "resnet_small": {"width": _number(0, 8), "blocks": _number(0, 64, integer=True)},
+    "resnet50": {},
 }
 
 

@@ -63,7 +63,9 @@ CHECKPOINT_TENSORS = 2048             # load_checkpoint without a model: ResNet-
 CHECKPOINT_EXTRA_OPCODES = 1 << 15    # the metric history (a float per metric per epoch: 6,000 epochs of 5)
 CHECKPOINT_EXTRA_BYTES = 32 << 20     # every rank's input position (JSON; ImageNet's bitmap ~160 kB per epoch)
 _LOADER_OPTIONS = ("flip", "crop_area", "eval_crop", "shuffle_buffer", "dct_scale", "verify", "retries",
-                   "storage_options", "max_pixels", "prefetch_factor", "multiprocessing_context")
+                   "storage_options", "max_pixels", "prefetch_factor", "multiprocessing_context", "decode",
+                   "decode_threads")
+PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 
 
 class BackendProbeError(PinstormError, RuntimeError):
@@ -298,6 +300,14 @@ def _shard_rows(info: dict, world: int) -> list[int]:
     return [sum(info["row_group_rows"][g] for g in shard_row_groups(info, (r, world))) for r in range(world)]
 
 
+def _autocast_dtype(precision: str, device):
+    """The autocast dtype of `precision` on `device` (None: fp32, no autocast). "auto": bf16 on a CUDA GPU
+    that has it (Ampere and later), else fp32, so CPU runs keep their results."""
+    if precision == "auto":
+        precision = "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+
+
 def _sum_across(values: list[float], distributed: bool) -> list[float]:
     if not distributed:
         return values
@@ -306,18 +316,20 @@ def _sum_across(values: list[float], distributed: bool) -> list[float]:
     return tensor.tolist()
 
 
-def _evaluate(model, loader, device, distributed: bool) -> dict[str, float]:
+def _evaluate(model, loader, device, distributed: bool, amp=None, layout=None) -> dict[str, float]:
     """Mean loss and accuracy over every row ``loader`` yields (summed over ranks when each read a shard)."""
     model.eval()
-    loss_sum, correct, count = 0.0, 0.0, 0.0
+    sums = torch.zeros(3, dtype=torch.float64, device=device)
     with torch.no_grad():
         for images, labels in loader:
-            images, labels = images.to(device), labels.to(device)
-            logits = model(images)
-            loss_sum += float(torch.nn.functional.cross_entropy(logits, labels, reduction="sum"))
-            correct += float((logits.argmax(1) == labels).sum())
-            count += len(labels)
-    loss_sum, correct, count = _sum_across([loss_sum, correct, count], distributed)
+            images = images.to(device, non_blocking=True, memory_format=layout or torch.contiguous_format)
+            labels = labels.to(device, non_blocking=True)
+            with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
+                logits = model(images).float()
+            sums += torch.stack([torch.nn.functional.cross_entropy(logits, labels, reduction="sum").double(),
+                                 (logits.argmax(1) == labels).sum().double(),
+                                 torch.tensor(float(len(labels)), dtype=torch.float64, device=device)])
+    loss_sum, correct, count = _sum_across(sums.tolist(), distributed)
     return {"loss": loss_sum / max(count, 1), "accuracy": correct / max(count, 1)}
 
 
@@ -350,6 +362,9 @@ def train_torch(
     on_batch: Callable[[int, int, "torch.Tensor"], None] | None = None,
     pin: str | tuple | None = FIT.pin,
     lineage: dict | None = FIT.lineage,
+    precision: str = "auto",
+    channels_last: bool | None = None,
+    compile: bool = False,
 ) -> TrainResult:
     """Train ``model_name`` (``alexnet``, ``resnet_small``) with PyTorch on the Parquet dataset ``data``.
 
@@ -374,6 +389,13 @@ def train_torch(
     loader's ``return_ids``), before that step's backup: which samples trained, for audits and tests.
     ``pin`` and ``lineage``: as ``train``'s (rank 0 pins the finished run; ``load_experiment`` returns the
     module).
+
+    On a GPU: ``precision="auto"`` trains under bf16 autocast where the GPU supports it (else fp32), ``"fp16"``
+    with a gradient scaler, ``"fp32"`` without autocast; the CPU keeps fp32 unless asked. ``channels_last``
+    (default: on CUDA) stores images and weights NHWC, what tensor cores want; ``compile=True`` runs the
+    model through ``torch.compile``; batches come from pinned memory with ``non_blocking`` copies and cuDNN
+    picks its fastest kernels (``cudnn.benchmark``). ``input_options={"decode": "gpu"}`` decodes the JPEGs
+    on the training device (`pipeline.device_decode`).
     """
     from pinstorm import pipeline
 
@@ -381,6 +403,8 @@ def train_torch(
     if data is None or not isinstance(data, (str, os.PathLike)):
         raise TrainingError("train_torch needs data as a Parquet dataset URL or folder (convert it first)")
     FitOptions.pick(locals())   # the checks every fit shares (training/runs.py)
+    if precision not in PRECISIONS:
+        raise TrainingError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     if pin is not None:   # a bad target fails now, not after the fit
         from .experiments import check_target
         check_target(pin)
@@ -398,7 +422,7 @@ def train_torch(
                       input_options=dict(input_options or {}), num_workers=num_workers,
                       steps_per_epoch=steps_per_epoch, threads=threads, callbacks=list(callbacks or []),
                       backup_every=int(backup_every) if backup_every else None, on_batch=on_batch,
-                      pipeline=pipeline)
+                      pipeline=pipeline, precision=precision, channels_last=channels_last, compiled=compile)
     finally:
         if own_group and dist.is_initialized():
             dist.destroy_process_group()
@@ -418,7 +442,8 @@ def train_torch(
 
 def _train(model_name, url, validation_data, *, choice, epochs, batch_size, image_size, num_classes,
            learning_rate, optimizer, model_kwargs, seed, output_dir, checkpoint_dir, input_options, num_workers,
-           steps_per_epoch, threads, callbacks, backup_every, on_batch, pipeline) -> TrainResult:
+           steps_per_epoch, threads, callbacks, backup_every, on_batch, pipeline, precision="fp32",
+           channels_last=None, compiled=False) -> TrainResult:
     distributed = choice is not None
     rank, world = (choice.rank, choice.world_size) if distributed else (0, 1)
     device = _device_for(choice.backend) if distributed else torch.device("cuda" if torch.cuda.is_available()
@@ -451,7 +476,13 @@ def _train(model_name, url, validation_data, *, choice, epochs, batch_size, imag
     if seed is not None:
         random.seed(seed)
         torch.manual_seed(seed)
-    model = build_torch_model(model_name, num_classes, image_size, **model_kwargs).to(device)
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.backends.cudnn.benchmark = True   # fixed shapes: cuDNN's fastest kernels, found once
+    amp = _autocast_dtype(precision, device)
+    channels_last = cuda if channels_last is None else bool(channels_last)
+    layout = torch.channels_last if channels_last else torch.contiguous_format
+    model = build_torch_model(model_name, num_classes, image_size, **model_kwargs).to(device, memory_format=layout)
     optim = _optimizer(optimizer, model.parameters(), learning_rate)
     state = load_checkpoint(checkpoint_dir, tensors=checkpoint_tensors(model)) if checkpoint_dir else None
     initial_epoch, history, partial = 0, {}, None
@@ -466,10 +497,15 @@ def _train(model_name, url, validation_data, *, choice, epochs, batch_size, imag
     if distributed:   # DDP broadcasts rank 0's parameters: every rank starts from the same weights
         trained = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None)
+    step_model = torch.compile(trained) if compiled else trained
+    scaler = torch.amp.GradScaler(device.type) if amp == torch.float16 else None
+    decode_on_device = options.get("decode") == "gpu"
 
+    loader_device = {"device": device} if decode_on_device else {"pin_memory": cuda}
     loader = pipeline.make_torch_loader(url, batch_size=batch_size, image_size=image_size, training=True,
                                         shard=shard, num_epochs=None, seed=seed, num_workers=num_workers,
-                                        drop_remainder=True, return_ids=on_batch is not None, **options)
+                                        drop_remainder=True, return_ids=on_batch is not None, **loader_device,
+                                        **options)
     loader.dataset.set_epoch(initial_epoch)
     first_step = 0
     if partial:   # the samples every rank had received, so the epoch goes on with exactly the rest
@@ -491,9 +527,11 @@ def _train(model_name, url, validation_data, *, choice, epochs, batch_size, imag
         val_shard = (rank, world) if world > 1 and int(val_info["row_groups"]) >= world else None
         eval_options = {k: v for k, v in options.items() if k in ("eval_crop", "dct_scale", "verify", "retries",
                                                                   "storage_options", "max_pixels")}
+        if decode_on_device:
+            eval_options.update(decode="gpu")
         val_loader = pipeline.make_torch_loader(os.fspath(validation_data), batch_size=batch_size,
                                                 image_size=image_size, training=False, shard=val_shard,
-                                                num_epochs=1, shuffle=False, **eval_options)
+                                                num_epochs=1, shuffle=False, **loader_device, **eval_options)
         val_sharded = val_shard is not None
 
     metrics_csv = write_dir / "metrics.csv"
@@ -508,32 +546,41 @@ def _train(model_name, url, validation_data, *, choice, epochs, batch_size, imag
         for epoch in range(initial_epoch, epochs):
             trained.train()
             epoch_started = time.perf_counter()
-            loss_sum, correct, count = 0.0, 0.0, 0.0
+            # loss, correct, count summed on the device: read once an epoch (or backup), not once a step
+            sums = torch.zeros(3, dtype=torch.float64, device=device)
             if partial and epoch == initial_epoch and rank == 0:   # the epoch's sums before the backup
-                loss_sum, correct, count = (float(v) for v in partial["sums"])
+                sums += torch.tensor([float(v) for v in partial["sums"]], dtype=torch.float64, device=device)
             for step in range(first_step if epoch == initial_epoch else 0, steps):
                 images, labels, *ids = next(batches)
-                images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+                images = images.to(device, non_blocking=True, memory_format=layout)
+                labels = labels.to(device, non_blocking=True)
                 optim.zero_grad(set_to_none=True)
-                logits = trained(images)
-                loss = torch.nn.functional.cross_entropy(logits, labels)
-                loss.backward()
-                optim.step()
-                loss_sum += float(loss.detach()) * len(labels)
-                correct += float((logits.detach().argmax(1) == labels).sum())
-                count += len(labels)
+                with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
+                    logits = step_model(images)
+                    loss = torch.nn.functional.cross_entropy(logits.float(), labels)
+                if scaler is not None:
+                    scaler.scale(loss).backward()
+                    scaler.step(optim)
+                    scaler.update()
+                else:
+                    loss.backward()
+                    optim.step()
+                with torch.no_grad():
+                    sums += torch.stack([loss.detach().double() * len(labels),
+                                         (logits.argmax(1) == labels).sum().double(),
+                                         torch.tensor(float(len(labels)), dtype=torch.float64, device=device)])
                 if on_batch is not None:
                     on_batch(epoch, step, ids[0])
                 if backup_every and (step + 1) % backup_every == 0 and step + 1 < steps:
                     _backup(checkpoint_dir, rank, distributed, model=model, optim=optim, epoch=epoch, step=step + 1,
                             world=world, history=history, model_name=model_name, loader=loader,
-                            sums=_sum_across([loss_sum, correct, count], distributed))
+                            sums=_sum_across(sums.tolist(), distributed))
             epoch_seconds.append(time.perf_counter() - epoch_started)
-            loss_sum, correct, count = _sum_across([loss_sum, correct, count], distributed)
+            loss_sum, correct, count = _sum_across(sums.tolist(), distributed)
             logs = {"loss": loss_sum / count, "accuracy": correct / count}
             if val_loader is not None:
                 logs.update({f"val_{k}": v for k, v in
-                             _evaluate(model, val_loader, device, distributed and val_sharded).items()})
+                             _evaluate(model, val_loader, device, distributed and val_sharded, amp, layout).items()})
             for name, value in logs.items():
                 history.setdefault(name, []).append(float(value))
             _write_csv(metrics_csv, history)
@@ -576,7 +623,10 @@ def _train(model_name, url, validation_data, *, choice, epochs, batch_size, imag
         epochs=ran,
         initial_epoch=ran[0] if ran else epochs, global_batch_size=batch_size * world, replicas=world,
         steps_per_epoch=steps, seconds=fit_seconds, images_per_second=images / train_seconds if train_seconds else 0.0,
-        strategy=choice.as_dict() if choice else {"kind": "single-process", "device": str(device)},
+        strategy={**(choice.as_dict() if choice else {"kind": "single-process", "device": str(device)}),
+                  "precision": {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(amp, "fp32"),
+                  "channels_last": channels_last, "compiled": bool(compiled),
+                  "decode": "gpu" if decode_on_device else "cpu"},
         output_dir=str(write_dir), metrics_csv=str(metrics_csv), plot_png=str(plot_png) if plot_png else None,
         checkpoint_dir=str(checkpoint_dir) if checkpoint_dir else None, weights_path=str(weights_path),
         num_classes=num_classes, is_chief=rank == 0, input_shards=[list(shard) if shard else None],

@@ -6,6 +6,7 @@ overlapping 3x3/2 pooling, two dropout-regularised dense layers. Weights start a
 (Glorot-uniform, zero biases), so the two frameworks train the same network from the same kind of
 start. Models return logits ([B, classes]); the loss applies the softmax. Inputs are [B, 3, H, W].
 
+``resnet50`` is torchvision's ResNet-50 where torchvision is installed, else `ResNet50` of the same shape.
 ``resnet_small`` is a CIFAR-style ResNet (He et al. 2016, section 4.2): a 3x3 stem, three stages of
 basic blocks at 16/32/64 x ``width`` filters, global average pooling; any input from 8 px up.
 Importing this module imports torch (``pinstorm.training`` loads it only when asked for).
@@ -136,12 +137,68 @@ class ResNetSmall(nn.Module):
         return self.classifier(self.features(images))
 
 
-TORCH_MODELS: dict[str, Callable[..., nn.Module]] = {"alexnet": AlexNet, "resnet_small": ResNetSmall}
+class Bottleneck(nn.Module):
+    """ResNet-50's block: 1x1 reduce, 3x3 (stride here, as torchvision's "v1.5"), 1x1 expand by 4."""
+
+    def __init__(self, channels_in: int, width: int, stride: int = 1):
+        super().__init__()
+        out = width * 4
+        self.body = nn.Sequential(
+            nn.Conv2d(channels_in, width, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True),
+            nn.Conv2d(width, width, 3, stride=stride, padding=1, bias=False), nn.BatchNorm2d(width),
+            nn.ReLU(inplace=True), nn.Conv2d(width, out, 1, bias=False), nn.BatchNorm2d(out))
+        self.shortcut = nn.Identity()
+        if stride != 1 or channels_in != out:
+            self.shortcut = nn.Sequential(nn.Conv2d(channels_in, out, 1, stride=stride, bias=False),
+                                          nn.BatchNorm2d(out))
+
+    def forward(self, x):
+        return torch.relu(self.body(x) + self.shortcut(x))
+
+
+class ResNet50(nn.Module):
+    """ResNet-50 (He et al. 2016) in torchvision's layout ("v1.5": stride in the 3x3), 25,557,032 parameters
+    at 1,000 classes: the field's reference model, used when torchvision is not installed."""
+
+    def __init__(self, num_classes: int = 1000, image_size: int = 224):
+        super().__init__()
+        if int(image_size) < 32:
+            raise TorchModelError(f"resnet50 needs inputs of at least 32x32 pixels, got {image_size}")
+        layers: list[nn.Module] = [nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False), nn.BatchNorm2d(64),
+                                   nn.ReLU(inplace=True), nn.MaxPool2d(3, stride=2, padding=1)]
+        previous = 64
+        for stage, (width, blocks) in enumerate(((64, 3), (128, 4), (256, 6), (512, 3))):
+            for block in range(blocks):
+                layers.append(Bottleneck(previous, width, stride=2 if stage and not block else 1))
+                previous = width * 4
+        self.features = nn.Sequential(*layers)
+        self.classifier = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(previous, num_classes))
+        for module in self.modules():
+            if isinstance(module, nn.Conv2d):
+                nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
+
+    def forward(self, images):
+        return self.classifier(self.features(images))
+
+
+def resnet50(num_classes: int = 1000, image_size: int = 224) -> nn.Module:
+    """torchvision's ResNet-50 where torchvision imports, else `ResNet50` (the same shape and parameters)."""
+    try:
+        from torchvision.models import resnet50 as torchvision_resnet50
+    except Exception:   # noqa: BLE001 - not installed, or built for another torch
+        return ResNet50(num_classes, image_size)
+    if int(image_size) < 32:
+        raise TorchModelError(f"resnet50 needs inputs of at least 32x32 pixels, got {image_size}")
+    return torchvision_resnet50(num_classes=num_classes)
+
+
+TORCH_MODELS: dict[str, Callable[..., nn.Module]] = {"alexnet": AlexNet, "resnet_small": ResNetSmall,
+                                                     "resnet50": resnet50}
 
 
 def build_torch_model(name: str, num_classes: int, image_size: int = 224, **kwargs) -> nn.Module:
-    """Build a torch model by name (``alexnet``, ``resnet_small``); kwargs go to its constructor."""
-    key = name.lower().replace("-", "_")
+    """Build a torch model by name (``alexnet``, ``resnet_small``, ``resnet50``); kwargs go to its constructor."""
+    key = name.lower().replace("-", "_").replace("resnet_50", "resnet50")
     if key not in TORCH_MODELS:
         raise TorchModelError(f"unknown torch model {name!r}; choose one of {sorted(TORCH_MODELS)}")
     if num_classes < 2:

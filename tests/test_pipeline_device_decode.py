@@ -1,0 +1,104 @@
+"""`make_torch_loader(decode="gpu")`: the device path run on the CPU (``device="cpu"``, libjpeg-turbo standing
+in for nvJPEG), compared with ``decode="cpu"`` for the same seed: the same rows, labels, sample IDs, windows and
+flips; pixels within the stated tolerance; the same named errors and bounds. Without CUDA, ``decode="gpu"``
+says so once and decodes on the CPU. (nvJPEG itself runs in `bench/gpu_check.py` on a lent GPU.)"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from pinstorm.pipeline import (UndecodableImage, convert, make_imagenet_size_tree, make_torch_loader,  # noqa: E402
+                               scan)
+from pinstorm.pipeline.options import ReaderOptionError  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory):
+    """24 ImageNet-size JPEGs (~500x375): crops large enough for the CPU path's DCT reduction."""
+    base = tmp_path_factory.mktemp("device-decode")
+    layout = scan(make_imagenet_size_tree(base / "tree", classes=2, per_class=12, seed=0))
+    return convert(layout, str(base / "ds"), split="train", progress=False).url
+
+
+def _both(url, **options):
+    cpu = list(make_torch_loader(url, return_ids=True, **options))
+    device = list(make_torch_loader(url, return_ids=True, decode="gpu", device="cpu", **options))
+    assert len(cpu) == len(device) > 0
+    for (_, labels, ids), (_, device_labels, device_ids) in zip(cpu, device):
+        assert torch.equal(labels, device_labels) and torch.equal(ids, device_ids)   # the same rows, in order
+    return (torch.cat([b[0] for b in cpu]), torch.cat([b[0] for b in device]))
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_without_dct_reduction_every_pixel_agrees_within_one_level(photos, training):
+    cpu, device = _both(photos, batch_size=8, image_size=96, seed=3, training=training, dct_scale=False)
+    assert device.dtype == torch.float32 and device.shape == cpu.shape
+    assert float((cpu - device).abs().max()) <= 1.01 / 255   # the same window and flip; rounding alone
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_with_dct_reduction_the_same_window_is_read_and_pixels_agree_on_average(photos, training):
+    """The CPU path decodes a crop twice the target or more at 1/2..1/8 DCT scale; a device decodes it whole
+    and resizes it antialiased: the same part of the image, pixels within a mean of 3 levels of 255."""
+    cpu, device = _both(photos, batch_size=8, image_size=96, seed=3, training=training)
+    difference = (cpu - device).abs() * 255
+    assert float(difference.mean()) <= 3.0
+    flipped = (cpu - device.flip(-1)).abs().mean() * 255   # a flip or a shifted window would show
+    assert float(flipped) > 4 * float(difference.mean())
+
+
+def test_uint8_batches_and_workers(photos):
+    cpu = torch.cat([b[0] for b in make_torch_loader(photos, batch_size=8, image_size=64, seed=1, dtype=torch.uint8,
+                                                        dct_scale=False)])
+    device = torch.cat([b[0] for b in make_torch_loader(photos, batch_size=8, image_size=64, seed=1,
+                                                           dtype=torch.uint8, dct_scale=False, decode="gpu",
+                                                           device="cpu")])
+    assert device.dtype == torch.uint8 and int((cpu.int() - device.int()).abs().max()) <= 1
+    with_workers = list(make_torch_loader(photos, batch_size=8, image_size=64, seed=1, num_workers=2, decode="gpu",
+                                          device="cpu", return_ids=True))
+    assert sorted(int(i) for b in with_workers for i in b[2]) == list(range(24))
+
+
+def test_without_cuda_gpu_decode_says_so_once_and_decodes_on_the_cpu(photos):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        loader = make_torch_loader(photos, batch_size=8, image_size=32, seed=0, decode="gpu")
+    assert [str(w.message) for w in seen] == ["decode='gpu': no CUDA device here; decoding on the CPU"]
+    plain = make_torch_loader(photos, batch_size=8, image_size=32, seed=0)
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(loader, plain))
+    with pytest.raises(ReaderOptionError, match="decode must be one of"):
+        make_torch_loader(photos, batch_size=8, decode="nvjpeg")
+
+
+def test_a_jpeg_whose_body_is_broken_is_an_undecodable_image_naming_it():
+    """The header parses (the loader's threads accept it), the body is cut: the device decode names the image."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from pinstorm.pipeline.device_decode import DeviceDecoder, JpegBatch
+
+    buffer = io.BytesIO()
+    Image.fromarray((np.random.default_rng(0).random((64, 64, 3)) * 255).astype("uint8")).save(buffer, "JPEG")
+    good, cut = buffer.getvalue(), buffer.getvalue()[:300]
+    batch = JpegBatch(2)
+    batch[0].fill(good, (0, 0, 64, 64), 1, False, "ds part-00000 row group 0: an image")
+    batch[1].fill(cut, (0, 0, 64, 64), 1, False, "ds part-00000 row group 1: an image")
+    from pinstorm.pipeline.torch_loader import decode_whole
+
+    decoder = DeviceDecoder("cpu", (32, 32), torch.float32, cpu_decode=decode_whole)
+    assert decoder(batch[:1]).shape == (1, 3, 32, 32)
+    with pytest.raises(UndecodableImage, match="ds part-00000 row group 1: an image"):
+        decoder(batch)
+
+
+def test_an_image_over_max_pixels_is_refused_before_it_is_decoded(photos):
+    with pytest.raises(UndecodableImage, match="too large to decode on the device: .* over max_pixels 0.1 MP"):
+        list(make_torch_loader(photos, batch_size=8, image_size=32, decode="gpu", device="cpu", max_pixels=100_000))

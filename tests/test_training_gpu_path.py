@@ -1,0 +1,53 @@
+"""The GPU path of `train_torch`, run on the CPU so it never rots: bf16 autocast, channels_last, device-side
+JPEG decode (libjpeg-turbo standing in for nvJPEG), ResNet-50 of the reference shape, and the prepared GPU
+check (`bench/gpu_check.py --smoke`), which a lent GPU machine runs at full size."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from pinstorm.training import TrainingError, train_torch  # noqa: E402
+from pinstorm.training.torch_models import build_torch_model  # noqa: E402
+
+pytest_plugins = ["conftest_training"]
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_bf16_channels_last_and_device_decode_train_on_the_cpu(digits_parquet, tmp_path):
+    result = train_torch("resnet_small", digits_parquet["train"], digits_parquet["val"], epochs=1, batch_size=8,
+                         image_size=32, seed=0, steps_per_epoch=3, output_dir=tmp_path / "run", precision="bf16",
+                         channels_last=True, input_options={"decode": "gpu", "flip": False})
+    assert {k: result.strategy[k] for k in ("precision", "channels_last", "compiled", "decode")} == {
+        "precision": "bf16", "channels_last": True, "compiled": False, "decode": "gpu"}
+    assert set(result.val_metrics) == {"loss", "accuracy"} and result.images_per_second > 0
+    plain = train_torch("resnet_small", digits_parquet["train"], epochs=1, batch_size=8, image_size=32, seed=0,
+                        steps_per_epoch=2, output_dir=tmp_path / "plain")
+    assert plain.strategy["precision"] == "fp32" and plain.strategy["channels_last"] is False   # CPU: as before
+    with pytest.raises(TrainingError, match="precision must be one of"):
+        train_torch("alexnet", digits_parquet["train"], precision="int8")
+
+
+def test_resnet50_has_the_reference_shape():
+    model = build_torch_model("resnet50", 1000, 224)
+    assert sum(p.numel() for p in model.parameters()) == 25_557_032   # torchvision's resnet50
+    assert model(torch.zeros(1, 3, 64, 64)).shape == (1, 1000)
+
+
+def test_the_prepared_gpu_check_runs_its_code_paths_at_toy_size(tmp_path):
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--smoke", "--out", str(tmp_path),
+                           "--quiet"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    data = json.loads((tmp_path / "gpu_check_smoke.json").read_text())
+    measures = {(r["model"], r["measure"]) for r in data["runs"]}
+    assert {("resnet50", "synthetic"), ("resnet50", "fed, cpu decode"), ("resnet50", "fed, gpu decode"),
+            ("alexnet", "fed, gpu decode"), ("-", "decode alone, cpu"), ("-", "decode alone, gpu")} <= measures
+    assert not [r for r in data["runs"] if "error" in r], data["runs"]
+    assert all(r["images_per_second"] > 0 for r in data["runs"])
+    assert data["summary"]["resnet50"]["synthetic_img_s"] > 0 and data["device"]
