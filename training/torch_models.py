@@ -101,13 +101,18 @@ class BasicBlock(nn.Module):
             nn.BatchNorm2d(channels_out), nn.ReLU(inplace=True),
             nn.Conv2d(channels_out, channels_out, 3, padding=1, bias=False), nn.BatchNorm2d(channels_out),
         )
-        self.shortcut = nn.Identity()
-        if stride != 1 or channels_in != channels_out:
-            self.shortcut = nn.Sequential(nn.Conv2d(channels_in, channels_out, 1, stride=stride, bias=False),
-                                          nn.BatchNorm2d(channels_out))
+        self.shortcut = _shortcut(channels_in, channels_out, stride)
 
     def forward(self, x):
         return torch.relu(self.body(x) + self.shortcut(x))
+
+
+def _shortcut(channels_in: int, channels_out: int, stride: int) -> nn.Module:
+    """A residual block's shortcut: the identity, or a strided 1x1 projection where the shape changes."""
+    if stride == 1 and channels_in == channels_out:
+        return nn.Identity()
+    return nn.Sequential(nn.Conv2d(channels_in, channels_out, 1, stride=stride, bias=False),
+                         nn.BatchNorm2d(channels_out))
 
 
 class ResNetSmall(nn.Module):
@@ -147,13 +152,9 @@ class Bottleneck(nn.Module):
             nn.Conv2d(channels_in, width, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True),
             nn.Conv2d(width, width, 3, stride=stride, padding=1, bias=False), nn.BatchNorm2d(width),
             nn.ReLU(inplace=True), nn.Conv2d(width, out, 1, bias=False), nn.BatchNorm2d(out))
-        self.shortcut = nn.Identity()
-        if stride != 1 or channels_in != out:
-            self.shortcut = nn.Sequential(nn.Conv2d(channels_in, out, 1, stride=stride, bias=False),
-                                          nn.BatchNorm2d(out))
+        self.shortcut = _shortcut(channels_in, out, stride)
 
-    def forward(self, x):
-        return torch.relu(self.body(x) + self.shortcut(x))
+    forward = BasicBlock.forward
 
 
 class ResNet50(nn.Module):
