@@ -213,11 +213,19 @@ def board_repair_cmd(name, older_than):
 @click.argument("path", type=click.Path(exists=True, file_okay=False))
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="0: any free port.")
-def board_serve_cmd(path, host, port):
+@click.option("--max-age", default=0, show_default=True, type=click.IntRange(0), metavar="SECONDS",
+              help="Cache-Control max-age of what is served: readers skip re-reading data.txt for that long.")
+@click.option("--max-connections", default=None, type=click.IntRange(1), help="Connections served at once "
+              "(default 128); at the limit a new one replaces the one waiting longest for its request.")
+@click.option("--header-timeout", default=None, type=click.FloatRange(0, min_open=True), metavar="SECONDS",
+              help="Time a client has to send a whole request head (default 10).")
+def board_serve_cmd(path, host, port, max_age, max_connections, header_timeout):
     """Serve a board folder over HTTP (Range-aware) as a read-only datatxt board."""
     from .serve import serve_board
 
-    with serve_board(path, host=host, port=port) as url:
+    limits = {k: v for k, v in (("max_connections", max_connections), ("header_timeout", header_timeout))
+              if v is not None}
+    with serve_board(path, host=host, port=port, max_age=max_age, **limits) as url:
         click.echo(f"serving {path} at {url}  (register with: pinstorm board register {url} --name NAME)")
         try:
             import threading

@@ -38,3 +38,25 @@ def test_clients_dropping_mid_transfer_print_no_traceback(tmp_path, capfd):
         assert requests.get(f"{url}/big.bin", headers={"Range": "bytes=0-9"}, timeout=30).content == b"x" * 10
     err = capfd.readouterr().err
     assert "Traceback" not in err and "ConnectionResetError" not in err and "BrokenPipe" not in err, err
+
+
+def test_the_serve_command_sets_max_age_and_its_limits(tmp_path):
+    """`pinstorm board serve --max-age 60`: readers may keep data.txt a minute (docs/cloud.md's advice)."""
+    import re
+    import shutil
+    import subprocess
+    import sys
+    import urllib.request
+    from pathlib import Path as _Path
+
+    (tmp_path / "data.txt").write_text("[]\n")
+    script = shutil.which("pinstorm", path=str(_Path(sys.executable).parent))
+    server = subprocess.Popen([script, "board", "serve", str(tmp_path), "--port", "0", "--max-age", "60",
+                               "--max-connections", "8", "--header-timeout", "5"], stdout=subprocess.PIPE, text=True)
+    try:
+        url = re.search(r"at (http://\S+)", server.stdout.readline()).group(1)
+        with urllib.request.urlopen(f"{url}/data.txt", timeout=30) as response:
+            assert response.headers["Cache-Control"] == "max-age=60" and response.read() == b"[]\n"
+    finally:
+        server.terminate()
+        server.wait(30)
