@@ -116,7 +116,19 @@ def test_metadata_that_costs_as_much_as_the_fetch_is_named():
                          board_kind="datatxt")
     assert any("3.00 s of the 4.00 s fetch is metadata" in a and "index_max_age" in a for a in advice), advice
     said = next(a for a in advice if "index_max_age" in a)
-    assert "board_datatxt(url, index_max_age=60)" in said and "-o index_max_age=60" in said   # Python and CLI
+    assert "board_datatxt(url, index_max_age=60)" in said   # the Python advice, and the command, which runs:
+    import re
+    import shlex
+
+    from click.testing import CliRunner
+
+    from pinstorm.boards import registry
+    from pinstorm.cli import cli
+
+    command = re.search(r"pinstorm (board register [^)]*)", said).group(1).replace("URL", "http://127.0.0.1:9/b")
+    outcome = CliRunner().invoke(cli, [*shlex.split(command), "--name", "advised", "--no-check"])
+    assert outcome.exit_code == 0, outcome.output
+    assert registry._specs["advised"]["index_max_age"] in (60, "60")
 
 
 @pytest.mark.parametrize("kind", ["local", "folder", "s3"])

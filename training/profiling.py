@@ -449,7 +449,7 @@ def _fetch_advice(fetch: StageTime, by_name: dict, fetch_ratio, fetch_parallel: 
         if board_kind in INDEX_KINDS:
             text += (" (listing versions, reading data.txt): raise index_max_age so data.txt is re-read at most "
                      "once a minute (board_datatxt(url, index_max_age=60); pinstorm board register datatxt "
-                     "--url URL -o index_max_age=60), and use fewer, larger pins")
+                     "--url URL --option index_max_age=60), and use fewer, larger pins")
         elif local:
             text += (" (a local board is read in place: fetching is listing versions and checking files); "
                      "use fewer, larger pins")
