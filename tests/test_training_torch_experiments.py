@@ -51,7 +51,7 @@ def test_the_cli_pins_a_torch_run_and_it_loads_back(digits_parquet, board, tmp_p
     outcome = CliRunner().invoke(cli, [
         "train", "alexnet", digits_parquet["train"], "--framework", "torch", "--val", digits_parquet["val"],
         "--epochs", "1", "--batch-size", "8", "--image-size", "32", "--width", "0.125", "-o", str(tmp_path / "run"),
-        "--pin", f"{board}/digits-torch"])
+        "--pin", f"{board}/digits-torch", "--steps-per-epoch", "3"])
     assert outcome.exit_code == 0, outcome.output
     assert f"pinned as {board}/digits-torch version " in outcome.output
     files = sorted(Path(p).name for p in boards.pin_get("digits-torch", board=board, files=True))
@@ -61,6 +61,7 @@ def test_the_cli_pins_a_torch_run_and_it_loads_back(digits_parquet, board, tmp_p
     assert lineage["model"]["parameters"] == sum(p.numel() for p in build_torch_model(
         "alexnet", 10, 32, width=0.125).parameters())
     assert lineage["packages"]["torch"] and set(lineage["val_metrics"]) == {"loss", "accuracy"}
+    assert lineage["steps_per_epoch"] == 3 and lineage["arguments"]["steps_per_epoch"] == 3   # --steps-per-epoch
 
     model = load_experiment(f"{board}/digits-torch")
     trained = torch.load(tmp_path / "run" / "final.pt", weights_only=True)

@@ -98,6 +98,8 @@ def _log_to_console(verbose: bool) -> None:
               help="torch: PyTorch (DDP when launched by torchrun; --cross-device-ops auto, nccl or gloo).")
 @click.option("--val", "validation", default=None, help="Validation dataset (Parquet URL or folder).")
 @click.option("--epochs", type=POSITIVE, default=FIT.epochs, show_default=True)
+@click.option("--steps-per-epoch", type=POSITIVE, default=FIT.steps_per_epoch,
+              help="Steps per epoch (default: one pass over the data): a short trial run.")
 @click.option("--batch-size", type=POSITIVE, default=FIT.batch_size, show_default=True,
               help="Per replica; global = x replicas.")
 @click.option("--image-size", default=str(FIT.image_size), show_default=True, callback=lambda c, p, v: _image_size(v),
@@ -124,9 +126,9 @@ def _log_to_console(verbose: bool) -> None:
               help="Pin the finished run (weights, metrics, curves, TensorBoard, lineage) as a new version.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result summary as JSON.")
 @click.option("--verbose", "-v", is_flag=True)
-def train(model, data, framework, validation, epochs, batch_size, image_size, width, kind, devices, cross_device_ops,
-          no_fallback, probe_timeout, checkpoint_dir, backup_every, output_dir, overwrite, parallel, learning_rate, optimizer, seed,
-          no_flip, crop_min, pin, as_json, verbose):
+def train(model, data, framework, validation, epochs, steps_per_epoch, batch_size, image_size, width, kind, devices,
+          cross_device_ops, no_fallback, probe_timeout, checkpoint_dir, backup_every, output_dir, overwrite, parallel,
+          learning_rate, optimizer, seed, no_flip, crop_min, pin, as_json, verbose):
     """Train MODEL on the Parquet dataset DATA (with TF_CONFIG set: one worker of a multi-worker run; with
     --framework torch under torchrun: one rank of a DDP run)."""
     model = model.lower()
@@ -140,7 +142,8 @@ def train(model, data, framework, validation, epochs, batch_size, image_size, wi
     _log_to_console(verbose)
     input_options = reader_options(no_flip, crop_min)
     if framework == "torch":
-        _train_torch(model, data, validation, epochs=epochs, batch_size=batch_size, image_size=image_size,
+        _train_torch(model, data, validation, epochs=epochs, steps_per_epoch=steps_per_epoch,
+                     batch_size=batch_size, image_size=image_size,
                      width=width, pin=pin, backend=cross_device_ops.lower(), fallback=not no_fallback,
                      probe_timeout=probe_timeout, checkpoint_dir=checkpoint_dir, backup_every=backup_every,
                      output_dir=output_dir,
@@ -155,7 +158,8 @@ def train(model, data, framework, validation, epochs, batch_size, image_size, wi
     if not as_json:
         click.echo(f"strategy: {strategy_choice(strategy).describe()}")
     model_kwargs = {"width": width} if model == "alexnet" else {}
-    result = run_training(model, data, validation, strategy=strategy, epochs=epochs, batch_size=batch_size,
+    result = run_training(model, data, validation, strategy=strategy, epochs=epochs,
+                          steps_per_epoch=steps_per_epoch, batch_size=batch_size,
                           image_size=image_size, parallel=parallel, checkpoint_dir=checkpoint_dir,
                           output_dir=output_dir, learning_rate=learning_rate, optimizer=optimizer, seed=seed,
                           model_kwargs=model_kwargs, input_options=input_options, pin=pin,
