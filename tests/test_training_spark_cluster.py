@@ -93,8 +93,9 @@ def test_cli_partitions_from_the_board_and_a_killed_worker_resumes(cluster, digi
     assert run["restarts"] == 1, run["attempts"]
     first, second = run["attempts"]
     # The attempt is named by whichever task Spark saw fail first: the killed one, or its peer, whose
-    # collective op the kill aborted (the order is a race; CI saw the second once, on PySpark 3.5).
-    causes = ("Python worker exited unexpectedly", "Collective ops is aborted")
+    # collective op the kill aborted or whose link to it broke (the order is a race; CI saw the second once,
+    # on PySpark 3.5, and the third, UnavailableError, once: what a worker raises when its peer is killed).
+    causes = ("Python worker exited unexpectedly", "Collective ops is aborted", "UnavailableError")
     assert any(cause in first["error"] for cause in causes), first["error"]
     assert second["error"] is None
     assert run["resumed_from_epoch"] >= 1
