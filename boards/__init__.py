@@ -10,16 +10,19 @@ from .api import (batch, pin, pin_delete, pin_download, pin_exists, pin_find, pi
                   pin_versions_prune, pin_write, write_board_manifest)
 from .board import Board
 from .cache import Cache, StaleCacheWarning
-from .constructors import (board_datatxt, board_folder, board_from_spec, board_gcs, board_kaggle, board_local,
-                           board_s3, board_temp, board_url)
+from .constructors import (board_azure, board_datatxt, board_folder, board_from_spec, board_gcs, board_kaggle,
+                           board_local, board_s3, board_temp, board_url)
 from .errors import (BoardError, BoardNotRegistered, CredentialsError, DownloadError, IndexNotWritten, IntegrityError,
                      InvalidPinName, MalformedMetadata, PinNotFound, ReadOnlyBoard, UnsafeArchive,
                      VersionNotFound)
-from .errors import ArchiveTooLarge, DiskFull, LimitExceeded, UnsafePath
+from .errors import AddressInUse, ArchiveTooLarge, DiskFull, LimitExceeded, UnsafePath
 from .metadata import PinMetadata, VersionInfo
 from .parquet_limits import MalformedParquet, ParquetLimitExceeded
 from .archive import ExtractLimits
 from .pruning import cache_prune
+from .errors import NotSupported, PinsError, PinsInsecureReadError, PinsVersionError
+from .pins_python import BaseBoard, board_deparse, cache_info
+from . import pins_python as _pins_python
 from .registry import board_deregister, board_get, board_list, board_names, board_register
 from .parallel import PinFetchError, pin_get_many
 from .serve import serve_board
@@ -29,11 +32,11 @@ from .storage import Storage, StorageBase
 __all__ = [
     "Board", "BoardError", "batch", "BoardNotRegistered", "Cache", "CredentialsError", "DownloadError",
     "IndexNotWritten", "IntegrityError", "InvalidPinName", "MalformedMetadata", "PinNotFound", "ReadOnlyBoard",
-    "PinFetchError", "StaleCacheWarning", "UnsafeArchive", "VersionNotFound", "board_deregister", "board_get",
+    "AddressInUse", "PinFetchError", "StaleCacheWarning", "UnsafeArchive", "VersionNotFound", "board_deregister", "board_get",
     "board_list", "board_register", "pin", "pin_find", "pin_get", "pin_get_many", "pin_info",
     "pin_remove", "pin_versions", "serve_board", "board_names",
     # constructors (no registration) and the storage protocol behind every board
-    "board_datatxt", "board_folder", "board_from_spec", "board_gcs", "board_kaggle", "board_local", "board_s3",
+    "board_azure", "board_datatxt", "board_folder", "board_from_spec", "board_gcs", "board_kaggle", "board_local", "board_s3",
     "board_temp", "board_url", "Storage", "StorageBase",
     # bounds and containment of untrusted boards (docs/boards.md, "Security model")
     "ArchiveTooLarge", "DiskFull", "ExtractLimits", "LimitExceeded", "MalformedParquet", "ParquetLimitExceeded",
@@ -42,4 +45,25 @@ __all__ = [
     "PinMetadata", "VersionInfo", "cache_prune", "pin_delete", "pin_download", "pin_exists", "pin_list", "pin_meta",
     "pin_read", "pin_search", "pin_upload", "pin_version_delete", "pin_versions_prune", "pin_write",
     "write_board_manifest",
+    # pins-python's module-level API and errors (`boards.board(protocol, path, ...)` is callable too: see below)
+    "BaseBoard", "NotSupported", "PinsError", "PinsInsecureReadError", "PinsVersionError", "board_deparse",
+    "cache_info",
 ]
+
+
+def _callable_board_module() -> None:
+    """`boards.board(protocol, path, ...)` is pins-python's `board()`, while `pinstorm.boards.board`
+    stays the module that defines `Board` (so imports and patches of it keep working)."""
+    import sys
+    import types
+
+    module = sys.modules[__name__ + ".board"]
+
+    class _BoardModule(types.ModuleType):
+        def __call__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            return _pins_python.board(*args, **kwargs)
+
+    module.__class__ = _BoardModule
+
+
+_callable_board_module()

@@ -38,7 +38,13 @@ _FILTER_ERROR = getattr(tarfile, "FilterError", ())  # Python >= 3.11.4 / 3.12
 
 @dataclass(frozen=True)
 class ExtractLimits:
-    """Bounds on one extraction. `None` switches a bound off (only do that for trusted archives)."""
+    """Bounds on one extraction. `None` switches a bound off (only do that for trusted archives).
+
+    Attributes:
+        max_bytes: Total bytes written, all members together (default 64 GiB).
+        max_ratio: Bytes written per byte of archive (default 200) ...
+        ratio_floor: ... checked once this many bytes were written (default 64 MiB; small files compress well).
+    """
 
     max_bytes: int | None = 64 << 30  # total bytes written, all members together
     max_ratio: float | None = 200.0  # bytes written / archive size ...
@@ -47,7 +53,12 @@ class ExtractLimits:
     @classmethod
     def of(cls, value: "ExtractLimits | dict[str, Any] | None" = None, **overrides: Any) -> "ExtractLimits":
         """Limits from an ExtractLimits, a dict of its fields, or None (defaults), then `overrides`
-        that are not None (board options `max_extract_bytes=`, `max_extract_ratio=`)."""
+        that are not None (board options `max_extract_bytes=`, `max_extract_ratio=`).
+
+        Args:
+            value: An `ExtractLimits`, a dict of its fields, or None for the defaults.
+            **overrides: Fields to set, where not None.
+        """
         base = value if isinstance(value, ExtractLimits) else cls(**(value or {}))
         limits = replace(base, **{k: v for k, v in overrides.items() if v is not None})
         # options may arrive as text (`pinstorm board register -o max_extract_bytes=...`)

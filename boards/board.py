@@ -14,7 +14,9 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import os
+import re
 import shutil
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -25,8 +27,8 @@ import pandas as pd
 from . import archive, drivers, paths, secrets
 from .cache import Cache, StaleCacheWarning, check_folder, stamp_path, verify
 from .diskspace import require_room, storage_errors
-from .errors import (BoardError, DownloadError, IntegrityError, InvalidPinName, LimitExceeded, PinNotFound,
-                     VersionNotFound)
+from .errors import (BoardError, DownloadError, IntegrityError, InvalidPinName, LimitExceeded, NotSupported,
+                     PinNotFound, PinsVersionError, VersionNotFound)
 from .meta import FILE_HASH_FIELD, TIME_FORMAT, PinMeta, format_created, hash_matches, parse_version, utc_now
 from .metadata import PinMetadata, VersionInfo, as_list, created_timestamp
 from .pruning import PRUNE_GRACE, check_prune_rules, version_age, versions_to_prune
@@ -35,10 +37,11 @@ from .tempnames import tmp_name
 from pinstorm.progress import progress_bar
 
 FIND_COLUMNS = ["name", "description", "type", "board"]
-SEARCH_COLUMNS = ["name", "type", "title", "description", "created", "file_size", "tags", "board"]
+SEARCH_COLUMNS = ["name", "type", "title", "created", "file_size", "meta"]  # pins-python's
 VERSION_COLUMNS = ["version", "created", "hash"]
 EXTRACTED = "_extracted"
-BOARD_OPTIONS = ("versions", "max_extract_bytes", "max_extract_ratio")  # the Board's own; the rest go to storage
+# the Board's own options; the rest go to storage
+BOARD_OPTIONS = ("versions", "max_extract_bytes", "max_extract_ratio", "allow_pickle_read")
 
 
 class Board:
@@ -47,12 +50,28 @@ class Board:
     `versions=False` keeps only the newest version of each pin (R's `versions = FALSE`, pins-python's
     `versioned=False`). `max_extract_bytes` / `max_extract_ratio` bound archive extraction.
     Backend-specific extras (a folder board's `rebuild_index()`, `fs`, `root`) are reached through
-    the board too; they are documented on the backend class."""
+    the board too; they are documented on the backend class.
+
+    Boards are made by the constructors (`board_folder`, `board_s3`, ...), not directly.
+
+    Args:
+        storage: The backend (a `Storage`).
+        versions: Keep every version of a pin (False: only the newest).
+        max_extract_bytes: Bytes an archive may extract to (None: `ExtractLimits`' default).
+        max_extract_ratio: Bytes extracted per byte of archive (None: `ExtractLimits`' default).
+        spec: ``{"kind": ..., **options}``, what `board_from_spec` makes this board from (`Board.spec`).
+        allow_pickle_read: Whether `pin_read` may unpickle ``joblib`` pins (None: ``PINS_ALLOW_PICKLE_READ``).
+    """
+
+    board: str  # pins-python's `board.board`: where the board lives, as its constructor was given it
 
     def __init__(self, storage: Storage, *, versions: bool = True, max_extract_bytes: int | None = None,
-                 max_extract_ratio: float | None = None, spec: dict[str, Any] | None = None):
+                 max_extract_ratio: float | None = None, spec: dict[str, Any] | None = None,
+                 allow_pickle_read: bool | None = None):
         self.storage = storage
         self.versions = versions
+        # pins-python's: whether `type="joblib"` pins may be unpickled (None: $PINS_ALLOW_PICKLE_READ, else no)
+        self.allow_pickle_read = allow_pickle_read
         # bounds on archive extraction for this board (archive.ExtractLimits; None keeps the default)
         self.extract_limits = archive.ExtractLimits.of(max_bytes=max_extract_bytes, max_ratio=max_extract_ratio)
         self._spec = dict(spec) if spec is not None else {"kind": storage.kind}
@@ -82,16 +101,83 @@ class Board:
         return dict(self._spec)
 
     def with_cache(self, cache: str | os.PathLike[str] | Cache) -> "Board":
-        """The same board with another cache (a job that must not share the user's cache)."""
-        copy = Board(self.storage.with_cache(cache), versions=self.versions, spec={**self._spec, "cache": cache})
+        """The same board with another cache (a job that must not share the user's cache).
+
+        Args:
+            cache: A `Cache`, or the folder of one.
+        """
+        copy = Board(self.storage.with_cache(cache), versions=self.versions, spec={**self._spec, "cache": cache},
+                     allow_pickle_read=self.allow_pickle_read)
         copy.extract_limits = self.extract_limits
+        if "board" in self.__dict__:
+            copy.board = self.board
         return copy
 
     def __getattr__(self, attr: str) -> Any:
         """Backend extras (`rebuild_index`, `fs`, `root`, ...) come from the storage."""
-        if attr.startswith("__") or attr in ("storage", "_spec", "_written"):
+        if attr.startswith("__") or attr in ("storage", "_spec", "_written", "board", "allow_pickle_read"):
+            if attr == "board":  # pins-python's: where the board lives, as given to its constructor
+                return getattr(self.storage, "root", None) or getattr(self.storage, "url", None) or self.describe()
+            if attr == "allow_pickle_read":
+                return None
             raise AttributeError(attr)
         return getattr(self.storage, attr)
+
+    @property
+    def versioned(self) -> bool:
+        """pins-python's name for `versions`."""
+        return self.versions
+
+    @versioned.setter
+    def versioned(self, value: bool) -> None:
+        self.versions = value
+
+    def _get_cache_path(self, name: str, version: str) -> str:
+        """pins-python's: the cache folder of a version (on a local folder board: nothing is copied there)."""
+        return str(self.cache.version_dir(self.name, self.check_name(name), version))
+
+    def prepare_pin_version(self, pin_dir_path: str | os.PathLike[str], x: Any, name: str | None = None,
+                            type: str | None = None, title: str | None = None, description: str | None = None,
+                            metadata: dict[str, Any] | None = None, versioned: bool | None = None,
+                            created: _dt.datetime | None = None, object_name: Any = None) -> PinMetadata:
+        """pins-python's: write `x` and its data.txt into folder `pin_dir_path` (nothing on the board);
+        returns the metadata that version would have.
+
+        Args:
+            pin_dir_path: The folder to write into.
+            x: As `pin_write`'s.
+            name: As `pin_write`'s.
+            type: As `pin_write`'s.
+            title: As `pin_write`'s.
+            description: As `pin_write`'s.
+            metadata: As `pin_write`'s.
+            versioned: As `pin_write`'s.
+            created: As `pin_write`'s.
+            object_name: Accepted for pins-python's signature; not used.
+        """
+        name = self.check_name(name if name is not None else default_pin_name(x))
+        staging = Path(pin_dir_path)
+        files, pin_type, default_title, extra = self._stage(x, name, staging, type=drivers.feather_deprecated(type),
+                                                            zip=False)
+        meta = PinMeta.from_files(files, type=pin_type, title=title or default_title, description=description,
+                                  user=metadata)
+        meta.file = [f.relative_to(staging).as_posix() for f in files]
+        meta.extra.update(extra)
+        meta.created = format_created(_after(None, created))
+        (staging / "data.txt").write_text(meta.to_yaml())
+        out = PinMetadata(meta.to_dict())
+        out["file"] = meta.file[0] if len(meta.file) == 1 else list(meta.file)
+        out["file_size"] = meta.file_size[0] if len(meta.file_size) == 1 else list(meta.file_size)
+        out.update(name=name, version=meta.version_name)
+        return out
+
+    def path_to_pin(self, name: str) -> str:
+        """pins-python's: the pin's name after checking it (a ValueError says "Invalid pin name").
+
+        Args:
+            name: The pin's name.
+        """
+        return self.check_name(name)
 
     def __repr__(self) -> str:
         """Name, kind, location (secrets masked), access, cache and the first pins; never raises."""
@@ -114,17 +200,41 @@ class Board:
         return self.storage.list_entries()
 
     def list_versions(self, name: str) -> list[str]:
-        """Version names of a pin, oldest first (PinNotFound when there is no such pin)."""
+        """Version names of a pin, oldest first (PinNotFound when there is no such pin).
+
+        Args:
+            name: The pin's name.
+        """
         return self.storage.list_versions(name)
 
     def read_meta(self, name: str, version: str) -> PinMeta:
-        """A version's data.txt, as stored."""
+        """A version's data.txt, as stored.
+
+        Args:
+            name: The pin's name.
+            version: The full version name.
+        """
         return self.storage.read_meta(name, version)
 
     def check_name(self, name: str) -> str:
+        """`name` if it is a valid pin name on this board, else `InvalidPinName`.
+
+        Args:
+            name: The pin's name.
+        """
         return self.storage.check_name(name)
 
     def resolve_version(self, name: str, version: str | None, versions: list[str]) -> str:
+        """The full version name `version` means among `versions`.
+
+        Args:
+            name: The pin's name (for messages).
+            version: A full version name, a unique prefix, or None for the newest.
+            versions: The pin's versions, oldest first.
+
+        Raises:
+            VersionNotFound: No version, or more than one, matches.
+        """
         return self.storage.resolve_version(name, version, versions)
 
     def batch(self) -> ContextManager[Any]:
@@ -143,6 +253,16 @@ class Board:
         latest version's bytes with the same title, description and metadata stores nothing new (and
         repairs the stored bytes on a local board if they were damaged); the same bytes with a new
         title, description or metadata make a new version, so the change is never dropped.
+
+        Args:
+            x: A pandas DataFrame, a file or folder path, a list of paths, an http(s) URL or a JSON-able object.
+            name: The pin's name (None: derived from `x`).
+            description: The pin's description.
+            zip: Store the files as one zip archive.
+            metadata: A JSON-able dict stored with the version.
+            type: How a DataFrame or object is stored (``"parquet"``, ``"csv"``, ``"json"``, ...).
+            title: The pin's title (None: one made from `x`).
+            tags: Tags stored with the version.
         """
         name, version = self._store(x, name, description=description, zip=zip, metadata=metadata, type=type,
                                     title=title, tags=tags)
@@ -154,7 +274,8 @@ class Board:
     def _store(self, x: Any, name: str | None, *, description: str | None = None, zip: bool = False,
                metadata: dict[str, Any] | None = None, type: str | None = None, title: str | None = None,
                tags: Iterable[str] | None = None, created: _dt.datetime | None = None,
-               force_identical_write: bool = False, versioned: bool | None = None) -> tuple[str, str]:
+               force_identical_write: bool = False, versioned: bool | None = None,
+               inform: bool = False) -> tuple[str, str]:
         """Store one version; returns (pin name, version). The rules of `pin` live here."""
         if self.read_only:
             raise self.storage.refusal("pin", name)
@@ -179,6 +300,9 @@ class Board:
                     and _same_content(old, meta, staging) and _same_metadata(old, meta):
                 # identical content and metadata: keep the version (repairing its bytes if they rotted)
                 version = str(latest)
+                if inform:  # pins-python's message, on stderr
+                    print(f'The hash of pin "{name}" has not changed. Your pin will not be stored.',
+                          file=sys.stderr)
                 self.storage.repair_version(name, version, old, staging)
             else:  # new bytes, or the same bytes with a new title, description or metadata
                 meta.created = format_created(_after(latest, created))
@@ -254,6 +378,12 @@ class Board:
         folder, others the newest cached version. With `trust_cache=False` cached files are verified
         against their data.txt and re-downloaded if they were damaged. When the board cannot be
         reached, the newest cached version is served with a warning.
+
+        Args:
+            name: The pin's name.
+            version: A full version name or a unique prefix (None: the latest).
+            download: False: never touch the network.
+            trust_cache: False: verify cached files again.
         """
         direct = self.storage.direct_fetch(name, version, download=download)
         if direct is not None:
@@ -368,13 +498,22 @@ class Board:
         files (and re-downloads damaged ones) instead of trusting them. `download=False` never touches
         the network. `extract_limits` (a dict such as `{"max_bytes": 2**40, "max_ratio": 1000}`) raises
         or lowers this board's extraction bounds.
+
+        Args:
+            name: The pin's name.
+            cache: False: verify cached files again (re-downloading damaged ones).
+            extract: True: unpack archives; None: only what pinstorm zipped; False: never.
+            version: A full version name or a unique prefix (None: the latest).
+            files: Always return local paths.
+            download: False: never touch the network.
+            extract_limits: This call's extraction bounds (an `ExtractLimits` or a dict of its fields).
         """
         name = self.check_name(name)
         meta, folder = self.fetch(name, version, download=download, trust_cache=cache)
         found = [folder / f for f in meta.file]
         if not files:
             with self._reading(name, meta.version):
-                loaded = drivers.load_pin(meta.type, found)
+                loaded = drivers.load_pin(meta.type, found, allow_pickle=self._pickle_allowed())
             if loaded is not drivers.NOT_LOADED:
                 return loaded
         if extract is None:
@@ -397,7 +536,12 @@ class Board:
 
     def pin_versions(self, name: str, as_df: bool = True) -> pd.DataFrame | list[VersionInfo]:
         """Versions of a pin, oldest first: a DataFrame (version, created, hash), or with
-        `as_df=False` the versions themselves (`v.version`, `v.created`, `v.hash`)."""
+        `as_df=False` the versions themselves (`v.version`, `v.created`, `v.hash`).
+
+        Args:
+            name: The pin's name.
+            as_df: A DataFrame; False: the `VersionInfo` objects.
+        """
         versions = [VersionInfo(v) for v in self.list_versions(self.check_name(name))]
         if not as_df:
             return versions
@@ -406,7 +550,12 @@ class Board:
         return pd.DataFrame(rows, columns=VERSION_COLUMNS)
 
     def pin_info(self, name: str, version: str | None = None) -> dict[str, Any]:
-        """Everything known about a version (latest by default): its data.txt plus where it lives."""
+        """Everything known about a version (latest by default): its data.txt plus where it lives.
+
+        Args:
+            name: The pin's name.
+            version: A full version name or a unique prefix (None: the latest).
+        """
         name = self.check_name(name)
         versions = self.list_versions(name)
         v = self.resolve_version(name, version, versions)
@@ -417,7 +566,13 @@ class Board:
 
     def pin_find(self, text: str = "", name: str | None = None, extended: bool = False) -> pd.DataFrame:
         """Pins whose name, title or description contains `text` (case-insensitive; Kaggle searches
-        on its server)."""
+        on its server).
+
+        Args:
+            text: Found in a pin's name, title or description; empty: every pin.
+            name: Only pins of exactly this name.
+            extended: Every field the index holds.
+        """
         rows = []
         for e in self.storage.search(text or ""):
             if name is not None and e.get("name") != name:
@@ -431,7 +586,12 @@ class Board:
         return df if extended and rows else df.reindex(columns=FIND_COLUMNS)
 
     def pin_remove(self, name: str, version: str | None = None) -> None:
-        """Remove a pin with all its versions, or just one version."""
+        """Remove a pin with all its versions, or just one version.
+
+        Args:
+            name: The pin's name.
+            version: A full version name or a unique prefix (None: every version).
+        """
         if self.read_only:
             raise self.storage.refusal("remove", name)
         name = self.check_name(name)
@@ -440,18 +600,32 @@ class Board:
 
     # ---- pins 1.x: metadata, search, versions ---------------------------------------------
     def pin_meta(self, name: str, version: str | None = None) -> PinMetadata:
-        """All of a version's metadata (latest by default), incl. user metadata, tags and urls."""
+        """All of a version's metadata (latest by default), incl. user metadata, tags and urls.
+
+        Args:
+            name: The pin's name.
+            version: A full version name or a unique prefix (None: the latest).
+        """
         name = self.check_name(name)
         v = self.resolve_version(name, version, self.list_versions(name))
         meta = self.read_meta(name, v)
         out = PinMetadata(meta.to_dict())
+        # pins-python's shapes: a string and an int for a one-file pin, lists otherwise
         out["file"], out["file_size"] = list(meta.file), list(meta.file_size)
+        if len(meta.file) == 1:
+            out["file"] = meta.file[0]
+        if len(meta.file_size) == 1:
+            out["file_size"] = meta.file_size[0]
         out["user"] = dict(meta.user or {})
         out["tags"] = as_list(out.get("tags")) or None
         out["urls"] = as_list(out.get("urls")) or None
         local = self.storage.local_folder(name, v)
         cached = self.cache.version_dir(self.name, name, v)
         folder = local if local is not None else cached if (cached / "data.txt").is_file() else None
+        if folder is cached:  # a use of the cached copy: cache_prune keeps what was used lately (as pins-python)
+            with contextlib.suppress(OSError):
+                stat = (cached / "data.txt").stat()
+                os.utime(cached / "data.txt", (max(time.time(), stat.st_atime + 1e-3), stat.st_mtime))
         out.update(name=name, version=v, board=self.name,
                    local={"dir": str(folder) if folder is not None else None, "version": v, "board": self.name})
         return out
@@ -461,6 +635,11 @@ class Board:
         return sorted(str(e["name"]) for e in self.list_entries())
 
     def pin_exists(self, name: str) -> bool:
+        """Whether the board holds a pin of this name.
+
+        Args:
+            name: The pin's name.
+        """
         name = self.check_name(name)
         try:
             return bool(self.list_versions(name))
@@ -468,9 +647,20 @@ class Board:
             return False
 
     def pin_search(self, search: str | None = None, as_df: bool = True) -> pd.DataFrame | list[PinMetadata]:
-        """Pins whose name, title, description or tags contain `search` (case-insensitive), with
-        their latest metadata; `as_df=False` gives the `PinMetadata` objects."""
+        """Pins whose name, title, description or tags match `search`, a regular expression
+        (case-insensitive; as pins-python, which searches names and titles), with their latest
+        metadata: a DataFrame of pins-python's columns (name, type, title, created, file_size, meta),
+        or with `as_df=False` the `PinMetadata` objects.
+
+        Args:
+            search: A regular expression (None: every pin).
+            as_df: A DataFrame; False: the `PinMetadata` objects.
+        """
         needle = (search or "").lower()
+        try:  # pins-python's: a regular expression (a string that is not one is searched as text)
+            pattern: re.Pattern[str] | None = re.compile(search or "", re.IGNORECASE)
+        except re.error:
+            pattern = None
         found: list[PinMetadata] = []
         for name in self.pin_list():
             try:
@@ -479,30 +669,42 @@ class Board:
                 continue  # a pin without readable metadata is not searchable, and must not hide the others
             haystack = " ".join([name, str(meta.get("title") or ""), str(meta.get("description") or ""),
                                  *map(str, meta.get("tags") or [])]).lower()
-            if needle in haystack:
+            if (pattern.search(haystack) if pattern is not None else needle in haystack):
                 found.append(meta)
         if not as_df:
             return found
         rows = [{"name": m["name"], "type": m.get("type"), "title": m.get("title"),
-                 "description": m.get("description") or "", "created": created_timestamp(m.get("created")),
-                 "file_size": sum(m.get("file_size") or []), "tags": m.get("tags"), "board": self.name}
+                 "created": created_timestamp(m.get("created")), "file_size": m.get("file_size"), "meta": m}
                 for m in found]
         return pd.DataFrame(rows, columns=SEARCH_COLUMNS)
 
     def pin_version_delete(self, name: str, version: str) -> None:
-        """Delete one version of a pin (a full version name or a unique prefix)."""
+        """Delete one version of a pin (a full version name or a unique prefix).
+
+        Args:
+            name: The pin's name.
+            version: A full version name or a unique prefix.
+        """
         self.pin_remove(name, version=version)
 
     def pin_versions_prune(self, name: str, n: int | None = None, days: float | None = None, *,
                            grace: float = PRUNE_GRACE) -> list[str]:
         """Delete old versions, keeping the newest `n` and/or those created in the last `days`
-        (a version is kept if either rule keeps it). Returns the versions deleted.
+        (a version is kept if either rule keeps it), as pins-python does. Returns the versions deleted.
 
-        Whatever the rules say, the newest version is never deleted, nor one younger than `grace`
-        seconds (default 60): a writer that just stored a version is still checking it, and readers
-        that just listed it are about to read it. A version's age counts from the later of the time
-        in its name and the time its data.txt was stored (when the board can tell), so a slow upload
-        is young when it appears; a version of unknown age is kept (`grace=0` deletes it)."""
+        Whatever the rules say, the newest version is never deleted. A reader in the middle of a
+        version being deleted gets its complete, verified bytes or a `VersionNotFound` naming it,
+        never a torn read. `grace=` (seconds, default 0) also keeps versions younger than that, e.g.
+        a writer's version it is still checking: a version's age counts from the later of the time in
+        its name and the time its data.txt was stored (when the board can tell), so a slow upload is
+        young when it appears; with a grace period, a version of unknown age is kept.
+
+        Args:
+            name: The pin's name.
+            n: Keep the newest `n` versions.
+            days: Keep the versions created in the last `days` days.
+            grace: Seconds: also keep versions younger than this.
+        """
         check_prune_rules(n, days, grace)
         name = self.check_name(name)
         doomed = versions_to_prune(self.list_versions(name), n, days)
@@ -523,40 +725,110 @@ class Board:
         keeps only the new version (default: the board's setting). `created` sets the creation time
         (and so the version name). Writing what the newest version already holds stores nothing and
         returns that version, unless `force_identical_write=True`; unlike pins-python, a changed
-        title, description or metadata is a change, so it makes a new version."""
+        title, description or metadata is a change, so it makes a new version.
+
+        Args:
+            x: A DataFrame, a JSON-able object, or file path(s) with ``type="file"``.
+            name: The pin's name.
+            type: ``"parquet"``, ``"csv"``, ``"arrow"``, ``"json"``, ``"joblib"`` or ``"file"``.
+            title: The pin's title.
+            description: The pin's description.
+            metadata: A JSON-able dict stored with the version.
+            versioned: False: keep only the new version (None: the board's setting).
+            created: The creation time (and so the version name; None: now).
+            force_identical_write: Store a new version even when the newest holds the same.
+            tags: Tags stored with the version.
+        """
         if isinstance(x, Board) or (isinstance(name, Board)):
             raise TypeError("pin_write(x, name): the board comes first as the object you call, "
                             "board.pin_write(x, 'name'), or as board= in boards.pin_write(x, 'name', board=...)")
         if type == "file":
-            type = None
-        name, version = self._store(x, name, description=description, metadata=metadata, type=type, title=title,
-                                    tags=tags, created=created, force_identical_write=force_identical_write,
-                                    versioned=versioned)
-        return self.pin_meta(name, version)
+            raise NotSupported(".pin_write() does not support type='file'. Use .pin_upload() to save a file as a pin.")
+        return self._write(x, name, type=type, title=title, description=description, metadata=metadata,
+                           versioned=versioned, created=created, force_identical_write=force_identical_write, tags=tags)
+
+    def _write(self, x: Any, name: str | None, *, type: str | None, versioned: bool | None,
+               **options: Any) -> PinMetadata:
+        """pin_write and pin_upload: pins-python's rules for `versioned` and `type`, then `_store`.
+
+        `versioned=None` means the board's setting, except that a pin which already has several
+        versions stays versioned; `versioned=False` on such a pin raises PinsVersionError (delete
+        the pin first), and on a pin with one version replaces it."""
+        type = drivers.feather_deprecated(type)
+        if name is not None and not self.read_only:
+            try:
+                n_before = len(self.list_versions(self.check_name(name)))
+            except PinNotFound:
+                n_before = 0
+            if versioned is None:
+                versioned = True if n_before > 1 else self.versions
+            if versioned is False and n_before > 1:
+                raise PinsVersionError("Pin is versioned, but you have requested a write without versions."
+                                       "To un-version a pin, you must delete it")
+        name, version = self._store(x, name, type=type, versioned=versioned, inform=True, **options)
+        out = self.pin_meta(name, version)
+        out._fresh = True
+        return out
 
     def pin_upload(self, paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], name: str | None = None,
                    title: str | None = None, description: str | None = None, metadata: dict[str, Any] | None = None,
                    tags: Iterable[str] | None = None) -> PinMetadata:
-        """Store files (a path or a list of paths) as a `file` pin; returns its metadata."""
-        return self.pin_write(paths, name=name, title=title, description=description, metadata=metadata,
-                              tags=tags)
+        """Store files (a path or a list of paths) as a `file` pin; returns its metadata.
+
+        Args:
+            paths: A path or a list of paths.
+            name: The pin's name.
+            title: The pin's title.
+            description: The pin's description.
+            metadata: A JSON-able dict stored with the version.
+            tags: Tags stored with the version.
+        """
+        return self._write(paths, name, type=None, versioned=None, title=title, description=description,
+                           metadata=metadata, tags=tags)
+
+    def _pickle_allowed(self) -> bool:
+        from .config import get_allow_pickle_read
+
+        return get_allow_pickle_read(self.allow_pickle_read)
 
     def pin_read(self, name: str, version: str | None = None, hash: str | None = None) -> Any:
-        """The object stored in a pin (DataFrame, JSON value); `hash` must equal its `pin_hash`."""
+        """The object stored in a pin (DataFrame, JSON value); `hash` must equal its `pin_hash`.
+        A `joblib` pin (a pickle) is read only from a board built with `allow_pickle_read=True` (or
+        with PINS_ALLOW_PICKLE_READ=1): otherwise PinsInsecureReadError, before anything is read.
+
+        Args:
+            name: The pin's name.
+            version: A full version name or a unique prefix (None: the latest).
+            hash: When given, must equal the version's `pin_hash`.
+        """
         meta = self._check_hash(name, version, hash)
+        drivers.check_pickle(str(meta["type"]), self._pickle_allowed())
+        if meta["type"] == "rds" and drivers.rds_reader() is None:  # pins-python's answer
+            raise ModuleNotFoundError("Install the 'rdata' package to attempt to convert 'rds' files into Python "
+                                      "objects.")
         if meta["type"] in ("file", "files"):
-            raise BoardError(f"pin {name!r} holds files, not an object: use pin_download()")
+            raise NotSupported(f"pin {name!r} holds files, not an object: use pin_download()")
         return self.pin_get(name, version=meta["version"])
 
     def pin_download(self, name: str, version: str | None = None, hash: str | None = None) -> list[str]:
-        """Local paths of a pin's files (cached; verified against its data.txt)."""
+        """Local paths of a pin's files (cached; verified against its data.txt).
+
+        Args:
+            name: The pin's name.
+            version: A full version name or a unique prefix (None: the latest).
+            hash: When given, must equal the version's `pin_hash`.
+        """
         meta = self._check_hash(name, version, hash)
         paths: list[str] = self.pin_get(name, version=meta["version"], files=True, extract=False)
         return paths
 
     def pin_delete(self, names: str | Sequence[str]) -> None:
         """Delete one or more pins with all their versions (pins-python's name for `pin_remove`).
-        Every name is checked first: a missing pin deletes nothing."""
+        Every name is checked first: a missing pin deletes nothing.
+
+        Args:
+            names: A pin name or a list of them.
+        """
         names = [names] if isinstance(names, str) else list(names)
         for name in names:
             if not self.pin_exists(name):

@@ -57,7 +57,8 @@ class StaleCacheWarning(UserWarning):
 
 
 def default_cache_root() -> Path:
-    return Path(os.environ.get(ENV_CACHE) or platformdirs.user_cache_dir("pinstorm"))
+    return Path(os.environ.get(ENV_CACHE) or os.environ.get("PINS_CACHE_DIR")  # pins-python's variable
+                or platformdirs.user_cache_dir("pinstorm"))
 
 
 def _safe_segment(text: str) -> str:
@@ -142,7 +143,11 @@ def check_folder(meta: PinMeta, folder: Path, stamp: Path, *, full: bool, source
 
 
 class Cache:
-    """A cache folder. Cheap to create; safe to share between processes and threads."""
+    """A cache folder. Cheap to create; safe to share between processes and threads.
+
+    Args:
+        root: The folder (None: ``$PINSTORM_CACHE``, ``$PINS_CACHE_DIR``, else the user cache folder).
+    """
 
     def __init__(self, root: str | os.PathLike[str] | None = None):
         self.root = Path(root).expanduser().resolve() if root else default_cache_root()
@@ -152,15 +157,34 @@ class Cache:
 
     # -- immutable versions -------------------------------------------------------------------
     def version_dir(self, board: str, name: str, version: str) -> Path:
+        """The folder a version of a pin is cached in.
+
+        Args:
+            board: The board's name.
+            name: The pin's name.
+            version: The version's name.
+        """
         return self.root / _safe_segment(board) / _safe_segment(name) / _safe_segment(version)
 
     def board_stamp(self, board: str, name: str, version: str) -> Path:
         """The verification stamp of a version a board keeps on local disk (kept here, beside the
-        cached versions: the board's own folder may be read-only or shared)."""
+        cached versions: the board's own folder may be read-only or shared).
+
+        Args:
+            board: The board's name.
+            name: The pin's name.
+            version: The version's name.
+        """
         folder = self.version_dir(board, name, version)  # safe names, inside the cache
         return folder.parent / f".{folder.name}.board-verified.json"
 
     def cached_versions(self, board: str, name: str) -> list[str]:
+        """The versions of a pin in the cache (those whose data.txt is there).
+
+        Args:
+            board: The board's name.
+            name: The pin's name.
+        """
         folder = self.root / _safe_segment(board) / _safe_segment(name)
         if not folder.is_dir():
             return []
@@ -176,6 +200,15 @@ class Cache:
         `.<version>.partial` folder that outlives a crash or a dropped connection: the next fetch
         (under the same lock) keeps the files already there and resumes the one cut short, then
         verifies every byte once. The free space is checked against the declared sizes first.
+
+        Args:
+            board: The board's name.
+            name: The pin's name.
+            meta: The version's data.txt (its files, sizes and hashes).
+            download: ``download(file_name, dest_path, offset)``, as above.
+
+        Returns:
+            The version's cached folder.
         """
         dest = self.version_dir(board, name, meta.version or meta.version_name)
         if dest.is_dir():
@@ -221,7 +254,12 @@ class Cache:
         """Where the bytes of mutable `url` are cached: a readable tail of the URL plus a hash of the
         whole URL, so two URLs never share a file (`a?x=1` vs `a?x=2`, `a/b` vs `a_b`) and no URL
         can name a path outside `<root>/<board>/_urls/`. Credentials in the URL (`user:password@`,
-        `?token=`) are left out of both: a file name is no place for a secret, not even hashed."""
+        `?token=`) are left out of both: a file name is no place for a secret, not even hashed.
+
+        Args:
+            board: The board's name.
+            url: The URL.
+        """
         url = secrets.strip_url(url)
         tail = _safe_segment(url.split("://", 1)[-1].split("?", 1)[0])[-100:].lstrip(".") or "_"
         digest = xxhash.xxh64(url.encode()).hexdigest()[:12]
@@ -238,6 +276,19 @@ class Cache:
         stale copy. A body over `max_bytes` (else over the disk's free space) raises LimitExceeded and
         leaves nothing behind; a body slower than `limits` allow raises DownloadError. Messages and
         `.http.json` show the URL without its credentials.
+
+        Args:
+            url: The http(s) URL.
+            dest: The cached file (`url_path`).
+            session: The ``requests`` session to use (None: a new one).
+            headers: Sent with the request (to `url`'s origin only).
+            progress: Called with each block's size in bytes.
+            offline: Use the cached copy without revalidating (an error when there is none).
+            max_bytes: The largest body accepted (None: the disk's free space).
+            limits: Bounds on the transfer's time and rate (None: the defaults).
+
+        Returns:
+            `dest`.
         """
         shown = secrets.strip_url(url)
         info_path = dest.with_name(dest.name + ".http.json")

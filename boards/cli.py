@@ -78,7 +78,7 @@ def board() -> None:
 @click.option("--name", help="Name to register under (default: the kind, or a slug of the URL).")
 @click.option("--path", help="Folder of a local board, or prefix inside a bucket.")
 @click.option("--url", help="URL of a datatxt board.")
-@click.option("--bucket", help="Bucket of an s3 / gcs board.")
+@click.option("--bucket", help="Bucket of an s3 / gcs board (the container of an azure board).")
 @click.option("--endpoint-url", help="Endpoint of an S3/GCS-compatible server or Kaggle mirror.")
 @click.option("--cache", help="Cache folder for this board.")
 @click.option("--no-versions", is_flag=True, help="Keep only the latest version of each pin.")
@@ -87,7 +87,7 @@ def board() -> None:
 @click.option("--force", "-f", is_flag=True, help="Replace a board already registered under this name.")
 @click.option("--no-check", is_flag=True, help="Register without checking that the board answers.")
 def board_register_cmd(kind, name, path, url, bucket, endpoint_url, cache, no_versions, options, force, no_check):
-    """Register a board: KIND is local, datatxt, s3, gcs, kaggle, or an http(s) URL.
+    """Register a board: KIND is local, datatxt, s3, gcs, azure, kaggle, or an http(s) URL.
 
     The board must answer (its index or bucket can be listed; a local folder exists or can be made)
     unless --no-check. A name that is taken, including the default board `local`, is replaced only
@@ -113,7 +113,7 @@ def board_register_cmd(kind, name, path, url, bucket, endpoint_url, cache, no_ve
 
 # Options a kind cannot do without, as the flags that give them.
 _REQUIRED = {"datatxt": ("url", "--url URL"), "s3": ("bucket", "--bucket NAME"), "gcs": ("bucket", "--bucket NAME"),
-             "gcloud": ("bucket", "--bucket NAME")}
+             "gcloud": ("bucket", "--bucket NAME"), "azure": ("bucket", "--bucket CONTAINER")}
 
 
 def _require_options(kind: str, **given) -> None:
@@ -126,7 +126,7 @@ def _require_options(kind: str, **given) -> None:
 def _where(spec: dict) -> str:
     from .secrets import redact_text, secret_values
 
-    where = spec.get("url") or spec.get("path") or spec.get("bucket") or ""
+    where = spec.get("url") or spec.get("path") or spec.get("bucket") or spec.get("container") or ""
     if not where and spec.get("kind") in (None, "local"):
         where = str(registry.default_local_path())
     kind = str(spec.get("kind") or "local")
@@ -169,7 +169,7 @@ def board_list_cmd(as_json):
 
     rows = []
     for name, spec in registry.board_specs().items():
-        where = spec.get("url") or spec.get("path") or spec.get("bucket") or ""
+        where = spec.get("url") or spec.get("path") or spec.get("bucket") or spec.get("container") or ""
         if name == registry.DEFAULT_BOARD and not where:
             where = str(registry.default_local_path())
         hidden = secret_values(spec)  # registrations of this process still hold their secrets

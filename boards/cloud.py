@@ -1,4 +1,5 @@
-"""S3 and Google Cloud Storage: `BucketStorage`, an `FsStorage` on s3fs / gcsfs, with cloud errors made plain.
+"""S3 and Google Cloud Storage: `BucketStorage`, an `FsStorage` on s3fs / gcsfs, with cloud errors made plain
+(Azure Blob Storage's `AzureStorage`, on adlfs, builds on it in azure_board.py).
 
 A bucket board keeps exactly the local board's layout (`<pin>/<version>/{data.txt, files}` plus the
 root `data.txt` index), so a bucket written here with credentials is readable by anyone with a plain
@@ -39,17 +40,21 @@ from .meta import parse_version  # noqa: E402
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$")
 _CREDENTIAL_ERRORS = {"NoCredentialsError", "PartialCredentialsError", "NoAuthTokenError",
                       "CredentialRetrievalError", "UnauthorizedSSOTokenError", "SSOTokenLoadError",
-                      "DefaultCredentialsError", "RefreshError", "TransportError"}
+                      "DefaultCredentialsError", "RefreshError", "TransportError",
+                      "ClientAuthenticationError", "CredentialUnavailableError"}
 _CONNECTION_ERRORS = {"EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError",
                       "ConnectionClosedError", "ProxyConnectionError", "ServerDisconnectedError",
                       "ClientConnectorError", "ClientOSError", "ClientPayloadError", "ConnectionError",
-                      "TimeoutError", "ProxyError", "ChunkedEncodingError", "IncompleteRead"}
+                      "TimeoutError", "ProxyError", "ChunkedEncodingError", "IncompleteRead",
+                      "ServiceRequestError", "ServiceResponseError", "IncompleteReadError"}
 
 
 class BucketStorage(FsStorage):
     """A bucket (or a folder in one): files go to their final keys, data.txt last, so a version
     exists exactly when its data.txt does; no lock orders writers, so index writes are checked by
     re-reading (see fs_board). Storage-library errors become `CredentialsError` / `DownloadError`."""
+
+    bucket_word = "bucket"  # what messages call the top level (Azure: container)
 
     def __init__(self, name: str, fs, root: str, *, kind: str, bucket: str, endpoint: str | None = None,
                  secrets: tuple[str, ...] = (), cache: str | Path | Cache | None = None):
@@ -145,7 +150,8 @@ class BucketStorage(FsStorage):
             raise self._translate(e, action) from e
 
     def _translate(self, e: Exception, action: str) -> Exception:
-        where = f"{self.kind} board {self.name!r} (bucket {self.bucket!r}{', ' + self.endpoint if self.endpoint else ''})"
+        where = (f"{self.kind} board {self.name!r} ({self.bucket_word} {self.bucket!r}"
+                 f"{', ' + self.endpoint if self.endpoint else ''})")
         names = {c.__name__ for c in type(e).__mro__}
         reason = self._scrub(_first_line(e))
         status = _status_of(e)
@@ -153,14 +159,17 @@ class BucketStorage(FsStorage):
                 or reason.startswith("Forbidden"):
             return CredentialsError(
                 f"{where}: credentials missing or refused while trying to {action} ({type(e).__name__}: "
-                f"{reason}). Give credentials as board options or through the "
-                f"{'AWS' if self.kind == 's3' else 'Google Cloud'} library's usual chain (environment "
-                "variables, config files).")
+                f"{reason}). {self._credentials_hint()}.")
         if names & _CONNECTION_ERRORS:
             return DownloadError(f"{where}: cannot {action}: connection failed ({type(e).__name__}: {reason})",
                                  url=self.endpoint, status=status)
         label = f"HTTP {status}" if status else type(e).__name__
         return DownloadError(f"{where}: cannot {action}: {label}: {reason}", url=self.endpoint, status=status)
+
+    def _credentials_hint(self) -> str:
+        return ("Give credentials as board options or through the "
+                f"{'AWS' if self.kind == 's3' else 'Google Cloud'} library's usual chain (environment "
+                "variables, config files)")
 
     def _no_bucket(self) -> BoardError:
         return BoardError(f"{self.kind} board {self.name!r}: bucket {self.bucket!r} does not exist"

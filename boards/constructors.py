@@ -1,7 +1,7 @@
 """Constructors: functions that return a ready `Board`, with no registration and no global state.
 
 pins-python's names (`board_folder`, `board_local`, `board_temp`, `board_url`, `board_s3`,
-`board_gcs`) take its arguments; `board_datatxt` and `board_kaggle` add pinstorm's other backends.
+`board_gcs`, `board_azure`) take its arguments; `board_datatxt` and `board_kaggle` add pinstorm's other backends.
 Each splits its options in two: the Board's own (`versions`/`versioned`, extraction bounds) and the
 storage's (everything else), so a backend never sees user-level policy. `board_from_spec` builds a
 board from `{"kind": ..., **options}`, which is how the registry, the CLI and Spark workers make
@@ -28,16 +28,24 @@ ENV_LOCAL_BOARD = "PINSTORM_BOARD"
 
 def default_local_path() -> Path:
     """The embedded default board's folder: `$PINSTORM_BOARD`, else the user data folder."""
-    return Path(os.environ.get(ENV_LOCAL_BOARD) or Path(platformdirs.user_data_dir("pinstorm")) / "local")
+    return Path(os.environ.get(ENV_LOCAL_BOARD) or os.environ.get("PINS_DATA_DIR")  # pins-python's variable
+                or Path(platformdirs.user_data_dir("pinstorm")) / "local")
 
 
-def _board(storage_factory: Callable[..., StorageBase], spec: dict[str, Any], name: str, options: dict[str, Any]) -> Board:
-    """A Board over the storage `storage_factory(name=..., **storage options)` makes."""
+def _board(storage_factory: Callable[..., StorageBase], spec: dict[str, Any], name: str, options: dict[str, Any],
+           given: str | None = None) -> Board:
+    """A Board over the storage `storage_factory(name=..., **storage options)` makes; `given` is the
+    path as the user wrote it (pins-python's `board.board`)."""
     options = dict(options)
+    if options.get("allow_pickle_read") is None:
+        options.pop("allow_pickle_read", None)
     if "versioned" in options:  # pins-python's spelling
         options["versions"] = options.pop("versioned")
     own = {k: options.pop(k) for k in BOARD_OPTIONS if k in options}
-    return Board(storage_factory(name=name, **options), spec=spec, **own)
+    board = Board(storage_factory(name=name, **options), spec=spec, **own)
+    if given is not None:
+        board.board = given
+    return board
 
 
 def _spec(kind: str, **options: Any) -> dict[str, Any]:
@@ -45,54 +53,113 @@ def _spec(kind: str, **options: Any) -> dict[str, Any]:
 
 
 # ---- local --------------------------------------------------------------------------------
-def board_folder(path: str | os.PathLike[str], versioned: bool = True, *, cache: Any = None,
-                 name: str | None = None, **options: Any) -> Board:
+def board_folder(path: str | os.PathLike[str], versioned: bool = True, allow_pickle_read: bool | None = None, *,
+                 cache: Any = None, name: str | None = None, **options: Any) -> Board:
     """A board in a local (or mounted network) folder; created if missing. Its files are read in
-    place, so `cache` only holds verification stamps."""
+    place, so `cache` only holds verification stamps.
+
+    Args:
+        path: The board's folder (``~`` is expanded).
+        versioned: Keep every version of a pin (False: only the newest).
+        allow_pickle_read: Whether `pin_read` may unpickle ``joblib`` pins (None: ``PINS_ALLOW_PICKLE_READ``,
+            else no).
+        cache: A `Cache`, or the folder of one (None: the user cache folder, ``$PINSTORM_CACHE`` or the
+            platform's).
+        name: The board's name (None: the folder's name).
+        **options: The board's other options, e.g. ``max_extract_bytes`` and ``max_extract_ratio``.
+
+    Returns:
+        The `Board` (not registered: pass it as ``board=`` or to `board_register`).
+    """
     from .fs_board import FolderStorage
 
     root = Path(path).expanduser().resolve()
     name = name or root.name or "folder"
-    spec = _spec("folder", path=str(root), versions=versioned, cache=cache, **options)
+    spec = _spec("folder", path=str(root), versions=versioned, cache=cache, allow_pickle_read=allow_pickle_read,
+                 **options)
 
     def storage(name: str, **rest: Any) -> StorageBase:
         return FolderStorage(name, root, kind="folder", **rest)
 
-    return _board(storage, spec, name, {"versions": versioned, "cache": cache, **options})
+    return _board(storage, spec, name, {"versions": versioned, "cache": cache, "allow_pickle_read": allow_pickle_read,
+                                        **options}, given=str(path))
 
 
-def board_local(versioned: bool = True, *, path: str | os.PathLike[str] | None = None, cache: Any = None,
-                name: str = "local", **options: Any) -> Board:
+def board_local(versioned: bool = True, allow_pickle_read: bool | None = None, *,
+                path: str | os.PathLike[str] | None = None, cache: Any = None, name: str = "local",
+                **options: Any) -> Board:
     """The embedded default board (`$PINSTORM_BOARD`, else the user data folder), as `board_register`'s
-    "local"."""
+    "local".
+
+    Args:
+        versioned: Keep every version of a pin (False: only the newest).
+        allow_pickle_read: Whether `pin_read` may unpickle ``joblib`` pins (None: ``PINS_ALLOW_PICKLE_READ``,
+            else no).
+        path: The board's folder (None: ``$PINSTORM_BOARD``, else the user data folder).
+        cache: A `Cache`, or the folder of one (None: the user cache folder, ``$PINSTORM_CACHE`` or the
+            platform's).
+        name: The board's name.
+        **options: The board's other options, e.g. ``max_extract_bytes`` and ``max_extract_ratio``.
+
+    Returns:
+        The `Board` (not registered: pass it as ``board=`` or to `board_register`).
+    """
     from .fs_board import FolderStorage
 
     root = Path(path).expanduser().resolve() if path else default_local_path()
-    spec = _spec("local", path=str(root) if path else None, versions=versioned, cache=cache, **options)
+    spec = _spec("local", path=str(root) if path else None, versions=versioned, cache=cache,
+                 allow_pickle_read=allow_pickle_read, **options)
 
     def storage(name: str, **rest: Any) -> StorageBase:
         return FolderStorage(name, root, kind="local", **rest)
 
-    return _board(storage, spec, name, {"versions": versioned, "cache": cache, **options})
+    return _board(storage, spec, name, {"versions": versioned, "cache": cache, "allow_pickle_read": allow_pickle_read,
+                                        **options})
 
 
-def board_temp(versioned: bool = True, *, name: str = "temp", **options: Any) -> Board:
-    """A board in a new temporary folder (gone when the process ends), with its own cache there."""
+def board_temp(versioned: bool = True, allow_pickle_read: bool | None = None, *, name: str = "temp",
+               **options: Any) -> Board:
+    """A board in a new temporary folder (gone when the process ends), with its own cache there.
+
+    Args:
+        versioned: Keep every version of a pin (False: only the newest).
+        allow_pickle_read: Whether `pin_read` may unpickle ``joblib`` pins (None: ``PINS_ALLOW_PICKLE_READ``,
+            else no).
+        name: The board's name.
+        **options: As `board_folder`'s (``cache`` defaults to a folder beside the board).
+
+    Returns:
+        The `Board` (not registered: pass it as ``board=`` or to `board_register`).
+    """
     import atexit
     import shutil
 
     root = Path(tempfile.mkdtemp(prefix="pinstorm-board-"))
     atexit.register(shutil.rmtree, root, True)
     options.setdefault("cache", root / ".cache")
-    return board_folder(root / "board", versioned, name=name, **options)
+    return board_folder(root / "board", versioned, allow_pickle_read, name=name, **options)
 
 
 # ---- HTTP -----------------------------------------------------------------------------------
-def board_url(path: str, pin_paths: dict[str, str | list[str]] | None = None, cache: Any = None, *,
-              name: str | None = None, **options: Any) -> Board:
+def board_url(path: str, pin_paths: dict[str, str | list[str]] | None = None, cache: Any = None,
+              allow_pickle_read: bool | None = None, *, name: str | None = None, **options: Any) -> Board:
     """A read-only board behind a URL: its `data.txt`, else its `_pins.yaml` (R `board_url()`), or
     the pins you list as `pin_paths` (name -> version folder under `path`, as pins-python's
-    `board_url(path, pin_paths)`). Credentials in the URL or `headers=` go to its origin only."""
+    `board_url(path, pin_paths)`). Credentials in the URL or `headers=` go to its origin only.
+
+    Args:
+        path: The board's http(s) URL.
+        pin_paths: ``{pin name: version folder (or its list of files) under path}`` (None: read the index).
+        cache: A `Cache`, or the folder of one (None: the user cache folder, ``$PINSTORM_CACHE`` or the
+            platform's).
+        allow_pickle_read: Whether `pin_read` may unpickle ``joblib`` pins (None: ``PINS_ALLOW_PICKLE_READ``,
+            else no).
+        name: The board's name (None: made from the URL, e.g. ``host-8000-team``).
+        **options: The board's other options, e.g. ``headers`` for every request to its origin.
+
+    Returns:
+        A read-only `Board`.
+    """
     from .url_board import UrlStorage
 
     name = name or _name_from_url(path)
@@ -101,11 +168,23 @@ def board_url(path: str, pin_paths: dict[str, str | list[str]] | None = None, ca
     def storage(name: str, **rest: Any) -> StorageBase:
         return UrlStorage(name, path, pins=pin_paths, **rest)
 
-    return _board(storage, spec, name, {"cache": cache, **options})
+    return _board(storage, spec, name, {"cache": cache, "allow_pickle_read": allow_pickle_read, **options},
+                  given=path)
 
 
 def board_datatxt(url: str, *, cache: Any = None, name: str | None = None, **options: Any) -> Board:
-    """A read-only board behind a URL with a data.txt index only (R's `board_register_datatxt`)."""
+    """A read-only board behind a URL with a data.txt index only (R's `board_register_datatxt`).
+
+    Args:
+        url: The board's http(s) URL (its ``data.txt`` is read from there).
+        cache: A `Cache`, or the folder of one (None: the user cache folder, ``$PINSTORM_CACHE`` or the
+            platform's).
+        name: The board's name (None: made from the URL, e.g. ``host-8000-team``).
+        **options: The board's other options, e.g. ``headers`` for every request to its origin.
+
+    Returns:
+        A read-only `Board` (not registered: pass it as ``board=`` or to `board_register`).
+    """
     from .url_board import datatxt_storage
 
     name = name or _name_from_url(url)
@@ -118,44 +197,137 @@ def board_datatxt(url: str, *, cache: Any = None, name: str | None = None, **opt
 
 
 # ---- buckets ------------------------------------------------------------------------------
-def board_s3(path: str, versioned: bool = True, cache: Any = None, *, name: str | None = None,
+def board_s3(path: str, versioned: bool = True, cache: Any = None, allow_pickle_read: bool | None = None, *,
+             name: str | None = None,
              endpoint_url: str | None = None, create_bucket: bool = False, **storage_options: Any) -> Board:
     """A board in `s3://<bucket>/<folder>` (`path` is `bucket/folder`) through s3fs; credentials from
-    options or the AWS chain. `endpoint_url` reaches S3-compatible stores."""
+    options or the AWS chain. `endpoint_url` reaches S3-compatible stores.
+
+    Args:
+        path: ``bucket/folder`` (or ``s3://bucket/folder``).
+        versioned: Keep every version of a pin (False: only the newest).
+        cache: A `Cache`, or the folder of one (None: the user cache folder, ``$PINSTORM_CACHE`` or the
+            platform's).
+        allow_pickle_read: Whether `pin_read` may unpickle ``joblib`` pins (None: ``PINS_ALLOW_PICKLE_READ``,
+            else no).
+        name: The board's name (None: ``"s3"``).
+        endpoint_url: An S3-compatible store's URL (None: AWS).
+        create_bucket: Create the bucket when it does not exist.
+        **storage_options: For s3fs (``key``, ``secret``, ``client_kwargs``, ...) and the board's own
+            options (``max_extract_bytes``, ...).
+
+    Returns:
+        The `Board` (not registered: pass it as ``board=`` or to `board_register`).
+    """
     bucket, folder = _bucket_path("s3", path)
     return _bucket_board("s3", bucket, folder, versioned=versioned, cache=cache, name=name,
+                         allow_pickle_read=allow_pickle_read,
                          endpoint_url=endpoint_url, create_bucket=create_bucket, **storage_options)
 
 
-def board_gcs(path: str, versioned: bool = True, cache: Any = None, *, name: str | None = None,
+def board_gcs(path: str, versioned: bool = True, cache: Any = None, allow_pickle_read: bool | None = None, *,
+              name: str | None = None,
               endpoint_url: str | None = None, create_bucket: bool = False, **storage_options: Any) -> Board:
     """A board in `gs://<bucket>/<folder>` (`path` is `bucket/folder`) through gcsfs; credentials from
-    `token=` or Google's default chain. `endpoint_url` reaches an emulator."""
+    `token=` or Google's default chain. `endpoint_url` reaches an emulator.
+
+    Args:
+        path: ``bucket/folder`` (or ``gs://bucket/folder``).
+        versioned: Keep every version of a pin (False: only the newest).
+        cache: A `Cache`, or the folder of one (None: the user cache folder, ``$PINSTORM_CACHE`` or the
+            platform's).
+        allow_pickle_read: Whether `pin_read` may unpickle ``joblib`` pins (None: ``PINS_ALLOW_PICKLE_READ``,
+            else no).
+        name: The board's name (None: ``"gcs"``).
+        endpoint_url: An emulator's or other endpoint's URL (None: Google Cloud Storage).
+        create_bucket: Create the bucket when it does not exist.
+        **storage_options: For gcsfs (``token``, ``project``, ...) and the board's own options
+            (``max_extract_bytes``, ...).
+
+    Returns:
+        The `Board` (not registered: pass it as ``board=`` or to `board_register`).
+    """
     bucket, folder = _bucket_path("gcs", path)
     return _bucket_board("gcs", bucket, folder, versioned=versioned, cache=cache, name=name,
+                         allow_pickle_read=allow_pickle_read,
                          endpoint_url=endpoint_url, create_bucket=create_bucket, **storage_options)
+
+
+def board_azure(path: str, versioned: bool = True, cache: Any = None, allow_pickle_read: bool | None = None, *,
+                name: str | None = None, create_bucket: bool = False, **storage_options: Any) -> Board:
+    """A board in Azure Blob Storage `abfs://<container>/<folder>` (`path` is `container/folder`) through
+    adlfs; credentials from `connection_string=`, `account_name=` with `account_key=` / `sas_token=` /
+    `credential=`, or the `AZURE_STORAGE_*` variables (pins-python's `board_azure`).
+
+    Args:
+        path: ``container/folder`` (or ``abfs://container/folder``).
+        versioned: Keep every version of a pin (False: only the newest).
+        cache: A `Cache`, or the folder of one (None: the user cache folder, ``$PINSTORM_CACHE`` or the
+            platform's).
+        allow_pickle_read: Whether `pin_read` may unpickle ``joblib`` pins (None: ``PINS_ALLOW_PICKLE_READ``,
+            else no).
+        name: The board's name (None: ``"azure"``).
+        create_bucket: Create the container when it does not exist.
+        **storage_options: For adlfs (``connection_string``, ``account_name``, ``account_key``, ...) and
+            the board's own options (``max_extract_bytes``, ...).
+
+    Returns:
+        The `Board` (not registered: pass it as ``board=`` or to `board_register`).
+    """
+    container, folder = _bucket_path("azure", path)
+    return _azure_board(container, folder, versioned=versioned, cache=cache, name=name,
+                        allow_pickle_read=allow_pickle_read, create_bucket=create_bucket, **storage_options)
+
+
+def _azure_board(container: str, folder: str, *, versioned: bool = True, cache: Any = None,
+                 name: str | None = None, create_bucket: bool = False, allow_pickle_read: bool | None = None,
+                 **storage_options: Any) -> Board:
+    from .azure_board import azure_storage
+
+    spec = _spec("azure", container=container, path=folder or None, versions=versioned, cache=cache,
+                 **storage_options)
+
+    def storage(name: str, **rest: Any) -> StorageBase:
+        return azure_storage(name, container, folder, create_bucket=create_bucket, **rest)
+
+    options = {"versions": versioned, "cache": cache, "allow_pickle_read": allow_pickle_read, **storage_options}
+    return _board(storage, spec, name or _location_name("azure", container, folder), options,
+                  given=f"{container}/{folder.strip('/')}".rstrip("/"))
 
 
 def _bucket_board(kind: str, bucket: str, folder: str, *, versioned: bool = True, cache: Any = None,
                   name: str | None = None, endpoint_url: str | None = None, create_bucket: bool = False,
-                  **storage_options: Any) -> Board:
+                  allow_pickle_read: bool | None = None, **storage_options: Any) -> Board:
     from .cloud import gcs_storage, s3_storage
 
     make = s3_storage if kind == "s3" else gcs_storage
     spec = _spec(kind, bucket=bucket, path=folder or None, endpoint_url=endpoint_url, versions=versioned,
-                 cache=cache, **storage_options)
+                 cache=cache, allow_pickle_read=allow_pickle_read, **storage_options)
 
     def storage(name: str, **rest: Any) -> StorageBase:
         return make(name, bucket, folder, endpoint_url=endpoint_url, create_bucket=create_bucket, **rest)
 
-    return _board(storage, spec, name or kind, {"versions": versioned, "cache": cache, **storage_options})
+    options = {"versions": versioned, "cache": cache, "allow_pickle_read": allow_pickle_read, **storage_options}
+    return _board(storage, spec, name or _location_name(kind, bucket, folder), options,
+                  given=f"{bucket}/{folder}".rstrip("/"))
 
 
 # ---- Kaggle -------------------------------------------------------------------------------
 def board_kaggle(token: str | os.PathLike[str] | None = None, *, cache: Any = None, name: str = "kaggle",
                  **options: Any) -> Board:
     """Kaggle's datasets (`owner/dataset`) and competitions (`c/name`), read-only; `token` is a
-    kaggle.json or an access-token file (default: the kaggle client's own lookup)."""
+    kaggle.json or an access-token file (default: the kaggle client's own lookup).
+
+    Args:
+        token: A kaggle.json or access-token file (None: the kaggle client's own lookup).
+        cache: A `Cache`, or the folder of one (None: the user cache folder, ``$PINSTORM_CACHE`` or the
+            platform's).
+        name: The board's name.
+        **options: The board's other options.
+
+    Returns:
+        A read-only `Board` (not registered: pass it as ``board=`` or to `board_register`).
+    """
     from .kaggle_board import KaggleStorage
 
     spec = _spec("kaggle", token=str(token) if token else None, cache=cache, **options)
@@ -187,15 +359,30 @@ def _from_kind(kind: str, name: str, options: dict[str, Any]) -> Board:
             raise BoardError(f"{kind} board {name!r} needs a bucket")
         return _bucket_board("gcs" if kind == "gcloud" else kind, bucket, options.pop("path", "") or "",
                              versioned=options.pop("versions", True), name=name, **options)
+    if kind == "azure":
+        container = options.pop("container", None) or options.pop("bucket", None)  # the CLI's --bucket
+        if not container:
+            raise BoardError(f"azure board {name!r} needs a container (container= or bucket=)")
+        return _azure_board(container, str(options.pop("path", "") or ""), versioned=options.pop("versions", True),
+                            name=name, **options)
     if kind == "kaggle":
         return board_kaggle(name=name, **options)
-    raise BoardError(f"unknown board kind {kind!r}; use one of local, folder, url, datatxt, s3, gcs, kaggle "
+    raise BoardError(f"unknown board kind {kind!r}; use one of local, folder, url, datatxt, s3, gcs, azure, kaggle "
                      "or an http(s) URL")
 
 
 def board_from_spec(spec: dict[str, Any], name: str | None = None) -> Board:
     """The board `{"kind": ..., **options}` describes (`Board.spec` gives one back); `kind` may be an
-    http(s) URL (a URL board)."""
+    http(s) URL (a URL board).
+
+    Args:
+        spec: ``{"kind": ..., **options}``: a kind (``"folder"``, ``"local"``, ``"url"``, ``"datatxt"``,
+            ``"s3"``, ``"gcs"``, ``"azure"``, ``"kaggle"``, ...) or an http(s) URL, and the constructor's options.
+        name: The board's name (None: the kind's default name).
+
+    Returns:
+        The `Board` (not registered).
+    """
     options = {k: v for k, v in spec.items() if k != "kind"}
     kind = str(spec.get("kind") or "local")
     if kind.startswith(("http://", "https://")):
@@ -219,10 +406,21 @@ def _name_from_url(url: str) -> str:
     return slug.removesuffix("-data-txt") or "datatxt"
 
 
+def _location_name(kind: str, bucket: str, folder: str) -> str:
+    """A bucket board's default name, `s3-<bucket>-<folder>`: its cached versions live under it, so two
+    boards in different places must not share it (pins-python keys its cache by the board's path)."""
+    import hashlib
+
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", f"{kind}-{bucket}-{folder}".rstrip("-/")).strip("-.")
+    if len(slug) > 80:
+        slug = f"{slug[:70]}-{hashlib.sha256(slug.encode()).hexdigest()[:8]}"
+    return slug
+
+
 def _bucket_path(kind: str, path: str) -> tuple[str, str]:
     """`bucket/folder` (or `s3://bucket/folder`) -> (bucket, folder)."""
     text = str(path)
-    for scheme in ("s3://", "gs://", "gcs://"):
+    for scheme in ("s3://", "gs://", "gcs://", "abfs://", "az://"):
         text = text.removeprefix(scheme)
     bucket, _, folder = text.strip("/").partition("/")
     if not bucket:

@@ -27,16 +27,45 @@ import pandas as pd
 import pyarrow as pa
 
 from . import parquet_limits
-from .errors import BoardError, LimitExceeded
+from .errors import BoardError, LimitExceeded, NotSupported, PinsInsecureReadError
 
 NOT_LOADED = object()
 DATAFRAME_TYPES = ("parquet", "csv", "arrow")
 CSV_EXPANSION = 8     # pandas: one-character cells become 8-byte pointers / offsets and more
 JSON_EXPANSION = 32   # `[{},{},...]`: 3 bytes of text, a 64-byte dict and an 8-byte pointer
+RDS_EXPANSION = 64    # gzip-compressed R data: bounded like JSON, with room for its compression
 
 
 def type_name(x: Any) -> str:
     return type(x).__name__
+
+
+def feather_deprecated(type: str | None) -> str | None:
+    """pins-python's: type="feather" warns (DeprecationWarning) and is stored as "arrow"."""
+    if type == "feather":
+        import warnings
+
+        warnings.warn('Writing pin type "feather" is unsupported. Switching type to "arrow". This produces the '
+                      'exact same behavior, and also works with R pins. Please switch to pin_write using '
+                      'type="arrow".', DeprecationWarning, stacklevel=4)
+        return "arrow"
+    return type
+
+
+def save_joblib(x: Any, name: str, staging: Path) -> tuple[Path, str, str]:
+    """pins-python's `type="joblib"`: a pickle, written only on request; reading it back needs the
+    board's `allow_pickle_read=True` (or PINS_ALLOW_PICKLE_READ=1)."""
+    import joblib
+
+    path = staging / f"{name}.joblib"
+    joblib.dump(x, path)
+    title = f"{name}: a pinned {df_shape(x)} DataFrame" if isinstance(x, pd.DataFrame) \
+        else f"{name}: a pinned {type_name(x)} object"
+    return path, "joblib", title
+
+
+def df_shape(df: pd.DataFrame) -> str:
+    return f"{df.shape[0]} x {df.shape[1]}"
 
 
 def save_dataframe(df: pd.DataFrame, name: str, staging: Path, type: str | None) -> tuple[Path, str, str]:
@@ -44,6 +73,8 @@ def save_dataframe(df: pd.DataFrame, name: str, staging: Path, type: str | None)
     kind = (type or "parquet").lower()
     if kind == "feather":
         kind = "arrow"
+    if kind == "joblib":
+        return save_joblib(df, name, staging)
     path = staging / f"{name}.{kind}"
     if kind == "parquet":
         df.to_parquet(path)
@@ -52,27 +83,49 @@ def save_dataframe(df: pd.DataFrame, name: str, staging: Path, type: str | None)
     elif kind == "arrow":
         df.reset_index(drop=True).to_feather(path)
     else:
-        raise BoardError(f"cannot store a DataFrame as type {type!r}; use {', '.join(DATAFRAME_TYPES)}")
+        raise NotSupported(f"cannot store a DataFrame as type {type!r}; use {', '.join(DATAFRAME_TYPES)} "
+                           "or joblib")
     return path, kind, f"{name}: a pinned {df.shape[0]} x {df.shape[1]} DataFrame"
 
 
 def save_json(x: Any, name: str, staging: Path, type: str | None) -> tuple[Path, str, str]:
     """Write a JSON-able object; returns (file, "json", default title)."""
+    if type == "joblib":
+        return save_joblib(x, name, staging)
     if type not in (None, "json"):
-        raise BoardError(f"cannot store a {type_name(x)} as type {type!r}")
+        raise NotSupported(f"cannot store a {type_name(x)} as type {type!r}")
     path = staging / f"{name}.json"
     try:
         path.write_text(json.dumps(x))
     except (TypeError, ValueError) as e:
-        raise BoardError(f"pin {name!r}: {type_name(x)} is not a DataFrame, path, URL or "
+        raise NotSupported(f"pin {name!r}: {type_name(x)} is not a DataFrame, path, URL or "
                          f"JSON-able object ({e})") from e
     return path, "json", f"{name}: a pinned {type_name(x)} object"  # pins-python's default title
 
 
-def load_pin(pin_type: str, paths: list[Path]) -> Any:
+def check_pickle(pin_type: str, allowed: bool) -> None:
+    """pins-python's refusal to unpickle a pin its reader did not allow (PinsInsecureReadError)."""
+    if pin_type == "joblib" and not allowed:
+        raise PinsInsecureReadError(
+            f"Reading pin type {pin_type} involves reading a pickle file, so is NOT secure."
+            "Set the allow_pickle_read=True when creating the board, or the "
+            "PINS_ALLOW_PICKLE_READ=1 environment variable.\n"
+            "See:\n"
+            "  * https://docs.python.org/3/library/pickle.html \n"
+            "  * https://scikit-learn.org/stable/modules/model_persistence.html#security-maintainability-limitations")
+
+
+def load_pin(pin_type: str, paths: list[Path], allow_pickle: bool = False) -> Any:
     """The object stored in a pin's files, else NOT_LOADED: one file of a table or json type, or an
-    R legacy `table` pin (`data.csv` beside R's own `data.rds`), read from its csv."""
+    R legacy `table` pin (`data.csv` beside R's own `data.rds`), read from its csv. A `joblib` pin
+    (a pickle) is unpickled only with `allow_pickle`; otherwise it is NOT_LOADED (its path)."""
     if len(paths) == 1:
+        if pin_type == "joblib":
+            if not allow_pickle:
+                return NOT_LOADED
+            import joblib
+
+            return joblib.load(paths[0])
         return load(pin_type, paths[0])
     if pin_type == "table":
         csv = [p for p in paths if p.name == "data.csv"]
@@ -99,7 +152,19 @@ def load(pin_type: str, path: Path) -> Any:
     if pin_type == "json":
         _check_text(path, JSON_EXPANSION)
         return json.loads(path.read_text())
+    if pin_type == "rds" and rds_reader() is not None:  # as pins-python: R's serialisation, through rdata
+        _check_text(path, RDS_EXPANSION)
+        return rds_reader()(str(path))
     return NOT_LOADED
+
+
+def rds_reader() -> Any:
+    """`rdata.read_rds` when the rdata package is installed (a parser of R's format: no code runs), else None."""
+    try:
+        import rdata
+    except ImportError:
+        return None
+    return getattr(rdata, "read_rds", None)
 
 
 def _check_text(path: Path, expansion: int) -> None:

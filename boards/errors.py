@@ -52,7 +52,13 @@ class ReadOnlyBoard(BoardError, PermissionError):
 
 
 class DownloadError(BoardError, OSError):
-    """A transfer failed: an HTTP status, a refused connection or a truncated body."""
+    """A transfer failed: an HTTP status, a refused connection or a truncated body.
+
+    Args:
+        message: What failed, and where (credentials left out).
+        url: The URL, credentials left out (None: not a URL transfer).
+        status: The HTTP status (None: no response).
+    """
 
     def __init__(self, message: str, *, url: str | None = None, status: int | None = None):
         super().__init__(message)
@@ -86,3 +92,26 @@ class ArchiveTooLarge(LimitExceeded, UnsafeArchive):
 
 class DiskFull(BoardError, OSError):
     """A download, extraction or write does not fit on its disk: names the folder and the numbers."""
+
+
+# ---- pins-python's names (pins.errors): a script's `except` clauses written for pins-python catch --------
+PinsError = BoardError
+"""pins-python's base error: every pinstorm boards error is one."""
+
+
+class PinsVersionError(BoardError):
+    """pins-python's: `versioned=False` on a pin that already has several versions (delete it first)."""
+
+
+class PinsInsecureReadError(BoardError):
+    """pins-python's: reading a pickle (`type="joblib"`) from a board whose user did not allow it with
+    `allow_pickle_read=True` (or `PINS_ALLOW_PICKLE_READ=1`)."""
+
+
+class NotSupported(BoardError, NotImplementedError):
+    """What pins-python answers with NotImplementedError: an unknown `type=`, `pin_read` of a file pin,
+    `pin_write(..., type="file")` (use `pin_upload`)."""
+
+
+class AddressInUse(BoardError, OSError):
+    """`board serve` asked for a port another process holds: names the address and how to get a free one."""

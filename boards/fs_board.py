@@ -66,8 +66,8 @@ INDEX_ROUNDS = 60  # reconciliation rounds before giving up (the versions are st
 PARSED_META_ENTRIES = 4096  # parsed data.txt kept per local board (a few MB at most)
 
 
-class IndexConflict(Exception):
-    """A conditional index write lost to another writer: reconcile again."""
+class IndexConflict(BoardError):
+    """A conditional index write lost to another writer: reconcile again (caught inside the board)."""
 
 
 class FsStorage(StorageBase):
@@ -345,7 +345,8 @@ class FsStorage(StorageBase):
         versions = [posixpath.basename(posixpath.dirname(p)) for p in found]
         versions = [v for v in versions if TMP_MARK not in v and not v.startswith(".")]
         if not versions:
-            raise PinNotFound(f"no pin named {name!r} on board {self.name!r} ({self.describe()})")
+            raise PinNotFound(f"no pin named {name!r} on board {self.name!r} ({self.describe()}): "
+                              f"pin {name} does not exist")  # the end is pins-python's wording
         # pins 1.x names sort by time; others (hand-made folders) after them, by name
         return sorted(versions, key=lambda v: (parse_version(v) is None, v))
 

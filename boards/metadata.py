@@ -16,13 +16,21 @@ from .meta import TIME_FORMAT, parse_version
 
 
 class VersionInfo(str):
-    """A version name (`20240101T000000Z-ab12c`) with pins-python's `Version` attributes; `hash` is
-    the pin's full hash when known (as pins-python has it), else the name's five-character prefix."""
+    """A version name (`20240101T000000Z-ab12c`) with pins-python's `Version` attributes: `created`
+    is the name's time as a naive datetime (UTC, as pins-python parses it), `hash` the name's
+    five-character hash suffix, or the whole pin hash on the metadata `pin_write` returns (both as
+    pins-python's)."""
 
     full_hash: str = ""
 
     @classmethod
     def of(cls, name: str, pin_hash: str | None = None) -> "VersionInfo":
+        """The `VersionInfo` of a version name.
+
+        Args:
+            name: The version name.
+            pin_hash: The version's whole pin hash, kept as `hash` when it starts with the name's suffix.
+        """
         out = cls(name)
         parsed = parse_version(name)
         if pin_hash and parsed and str(pin_hash).startswith(parsed[1]):
@@ -35,9 +43,10 @@ class VersionInfo(str):
 
     @property
     def created(self) -> _dt.datetime | None:
-        """When the version was created (UTC), from its name; None for a hand-made folder name."""
+        """When the version was created (UTC, naive as pins-python's), from its name; None for a
+        hand-made folder name."""
         parsed = parse_version(self)
-        return _dt.datetime.strptime(parsed[0], TIME_FORMAT).replace(tzinfo=_dt.timezone.utc) if parsed else None
+        return _dt.datetime.strptime(parsed[0], TIME_FORMAT) if parsed else None
 
     @property
     def hash(self) -> str:
@@ -53,7 +62,7 @@ class VersionInfo(str):
 def version_time(version: str) -> float | None:
     """Epoch seconds of the time in a version's name; None when the name holds no time."""
     created = VersionInfo(version).created
-    return created.timestamp() if created else None
+    return created.replace(tzinfo=_dt.timezone.utc).timestamp() if created else None
 
 
 def created_timestamp(value: Any) -> Any:
@@ -83,9 +92,13 @@ class PinMetadata(dict[str, Any]):
         except KeyError:
             raise AttributeError(key) from None
 
+    # pins-python's: a `Meta` that pin_write returns carries the whole pin hash as `version.hash`; one
+    # read back (pin_meta) has the version name's five characters
+    _fresh: bool = False
+
     @property
     def version(self) -> VersionInfo:
-        return VersionInfo.of(self.get("version") or "", self.get("pin_hash"))
+        return VersionInfo.of(self.get("version") or "", self.get("pin_hash") if self._fresh else None)
 
     @property
     def local(self) -> dict[str, Any]:

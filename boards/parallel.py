@@ -28,7 +28,13 @@ _ERROR_MODES = ("raise", "return")
 
 
 class PinFetchError(BoardError):
-    """Some pins of a `pin_get_many` call failed; `.results` holds the others, `.errors` the failures."""
+    """Some pins of a `pin_get_many` call failed; `.results` holds the others, `.errors` the failures.
+
+    Args:
+        message: Which pins failed, and why.
+        results: ``{name: what pin_get returned}`` of the pins that succeeded.
+        errors: ``{name: exception}`` of the pins that failed.
+    """
 
     def __init__(self, message: str, results: dict[str, Any] | None = None,
                  errors: dict[str, BaseException] | None = None):
@@ -93,6 +99,24 @@ def pin_get_many(names: Iterable[str], board: str | Board | None = None, paralle
     when any pin failed (it carries `.results` and `.errors`); `errors="return"` puts the exception
     objects in the returned dict instead. `cache`, `files` and `download` mean what they mean for
     `pin_get`, for every pin.
+
+    Args:
+        names: The pins' names (a list, not one string).
+        board: A registered board's name, a `Board`, or None for the default board.
+        parallel: None (threads, up to 16), a number of threads, ``"threads"``, ``"processes"`` or
+            ``"processes:N"``.
+        extract: As `pin_get`'s, for every pin.
+        errors: ``"raise"`` (`PinFetchError` at the end when any pin failed) or ``"return"`` (the
+            exceptions in the returned dict).
+        cache: As `pin_get`'s.
+        files: As `pin_get`'s.
+        download: As `pin_get`'s.
+
+    Returns:
+        ``{name: what pin_get returns}`` (with ``errors="return"``, an exception for a pin that failed).
+
+    Raises:
+        PinFetchError: With ``errors="raise"``, some pins failed (``.results`` and ``.errors`` hold both).
     """
     if isinstance(names, str):
         raise TypeError("pin_get_many takes a list of pin names; for one pin use pin_get")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from filelock import FileLock
 from .cache import Cache
 from .metadata import version_time
 
-PRUNE_GRACE = 60.0  # seconds: pin_versions_prune never deletes a version younger than this
+PRUNE_GRACE = 0.0  # seconds: pin_versions_prune(grace=) keeps versions younger than this (pins-python: none)
 
 
 def check_prune_rules(n: int | None, days: float | None, grace: float | None) -> None:
@@ -51,13 +52,38 @@ def version_age(version: str, stored: float | None) -> float:
     return time.time() - max(known) if known else float("-inf")
 
 
-def cache_prune(days: float = 30, cache: str | Path | Cache | None = None, *, dry_run: bool = False) -> list[str]:
+def cache_prune(days: float = 30, cache: str | Path | Cache | None = None, prompt: bool | None = None, *,
+                cache_root: str | Path | None = None, dry_run: bool = False) -> list[str]:
     """Delete cached pin versions not used in the last `days` days; returns the folders removed.
+
+    pins-python's arguments: `cache_root` is `cache`; `prompt=True` asks before deleting (the default,
+    None, asks only when standard input is a terminal, as pins-python's prompt does in a session).
 
     "Used" is the newest of the version's data.txt access and modification times (access times
     are coarse on most mounts, at worst a day, which is fine at this scale). A version being
-    downloaded or read under the cache's file lock is skipped."""
+    downloaded or read under the cache's file lock is skipped.
+
+    Args:
+        days: Versions not used for this many days are deleted.
+        cache: A `Cache`, or the folder of one (None: the user cache folder).
+        prompt: Ask before deleting (None: only when standard input is a terminal).
+        cache_root: pins-python's name for `cache`.
+        dry_run: Only list what would be deleted.
+
+    Returns:
+        The version folders removed (with `dry_run`, those that would be).
+    """
+    if cache is None and cache_root is not None:
+        cache = cache_root
     cache = cache if isinstance(cache, Cache) else Cache(cache)
+    if prompt or (prompt is None and not dry_run and sys.stdin is not None and sys.stdin.isatty()):
+        stale = cache_prune(days, cache, dry_run=True)
+        if not stale:
+            print("No stale pins found")
+            return []
+        answer = input(f"Delete {len(stale)} cached pin version(s) unused for {days} days? [yN] ")
+        if answer.strip().lower() != "y":
+            return []
     cutoff = time.time() - float(days) * 86400
     removed: list[str] = []
     if not cache.root.is_dir():

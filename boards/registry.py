@@ -35,7 +35,7 @@ _public = secrets.public  # the one rule for what may be saved (boards/secrets.p
 ENV_CONFIG = "PINSTORM_CONFIG"
 DEFAULT_BOARD = "local"
 
-KINDS = ("local", "folder", "url", "datatxt", "s3", "gcs", "gcloud", "kaggle")  # or an http(s) URL
+KINDS = ("local", "folder", "url", "datatxt", "s3", "gcs", "gcloud", "azure", "kaggle")  # or an http(s) URL
 _lock = threading.RLock()
 _boards: dict[str, Board] = {}
 _specs: dict[str, dict[str, Any]] = {}
@@ -142,8 +142,20 @@ def board_register(board: str = "local", name: str | None = None, *, persist: bo
                    **options: Any) -> Board:
     """Register a board and return it.
 
-    `board` is a kind ("local", "datatxt", "s3", "gcs"/"gcloud", "kaggle") or an http(s) URL of a
-    data.txt board. Options go to the board: `path=`, `url=`, `cache=`, `versions=`, `bucket=`, ...
+    `board` is a kind ("local", "datatxt", "s3", "gcs"/"gcloud", "azure", "kaggle") or an http(s) URL
+    of a data.txt board. Options go to the board: `path=`, `url=`, `cache=`, `versions=`, `bucket=`
+    (`container=` for azure), ...
+
+    Args:
+        board: The board's kind, or the http(s) URL of a data.txt board.
+        name: The name to register it under (None: the kind, ``"gcs"`` for ``"gcloud"``, or a name made
+            from the URL such as ``host-8000-team``). Registering a name again replaces the board.
+        persist: Also save it to the config file (``$PINSTORM_CONFIG``, else ``boards.yaml`` in the user's
+            config folder), so other processes and the CLI see it; secret options are never saved.
+        **options: The board's options, as its constructor (`board_folder`, `board_s3`, ...) takes them.
+
+    Returns:
+        The registered `Board`.
     """
     name = name or default_board_name(board)
     with _lock:
@@ -168,7 +180,16 @@ def board_register(board: str = "local", name: str | None = None, *, persist: bo
 
 
 def board_deregister(name: str, *, persist: bool | None = None) -> None:
-    """Forget a board (its data stays where it is). Removes it from the config file too."""
+    """Forget a board (its data stays where it is). Removes it from the config file too.
+
+    Args:
+        name: The registered name.
+        persist: True: also remove it from the config file; False: this process only; None: from the
+            config file when it was saved there.
+
+    Raises:
+        BoardNotRegistered: No board is registered under `name`.
+    """
     with _lock:
         _ensure_loaded()
         if name not in _specs and name not in _boards:
@@ -190,7 +211,17 @@ def board_names() -> list[str]:
 
 
 def board_get(name: str | Board | None = None) -> Board:
-    """The Board registered under `name` (the default "local" board for None)."""
+    """The Board registered under `name` (the default "local" board for None).
+
+    Args:
+        name: A registered name, a `Board` (returned as it is), or None for ``"local"``.
+
+    Returns:
+        The `Board`, made from its registration on first use.
+
+    Raises:
+        BoardNotRegistered: No board is registered under `name`.
+    """
     if isinstance(name, Board):
         return name
     name = name or DEFAULT_BOARD

@@ -3,8 +3,9 @@ never printed (`***`).
 
 Secrets come in many shapes: options named like a password, token or key (at any depth:
 `client_kwargs`, `storage_options`, ...), header values (a dict or a list of pairs), the password
-in a URL's `user:password@`, query parameters such as `?token=` or a presigned URL's signature, and
-any of these inside `endpoint_url` or a proxy URL. The registry (what reaches the config file),
+in a URL's `user:password@`, query parameters such as `?token=` or a presigned URL's signature, an
+Azure connection string (its `AccountKey=` / `SharedAccessSignature=` fields), and any of these inside
+`endpoint_url` or a proxy URL. The registry (what reaches the config file),
 the boards (what reaches cache folder names, `.http.json` and messages) and the CLI (what is
 printed) all ask this module, so the rule is written once.
 """
@@ -21,14 +22,15 @@ MASK = "***"
 
 # option, header or query-parameter names whose values are secrets
 _NAME = re.compile(r"secret|password|passwd|pwd|token|^key$|_key$|access_key|key_id|apikey|api-key|"
-                   r"credentials?$|credential|auth|cookie|signature|^sig$|session|private|bearer", re.I)
+                   r"credentials?$|credential|auth|cookie|signature|^sig$|session|private|bearer|"
+                   r"connection_?str|conn_?str|^sas|accountkey", re.I)  # Azure: connection_string, sas_token, AccountKey=
 # header values that may be saved or shown; every other header (Authorization, Cookie, X-Api-Key...) is not
 SAFE_HEADERS = frozenset({"accept", "accept-encoding", "accept-language", "user-agent", "cache-control"})
 # gcsfs `token=` values that name a credential source rather than hold a credential
 TOKEN_MODES = frozenset({"anon", "google_default", "cloud", "cache", "browser"})
 # `scheme://user:password@` and `name=value` query pairs inside free text (messages from libraries)
 _USERINFO_IN_TEXT = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@'\"]*):[^@/\s'\"]*@")
-_QUERY_IN_TEXT = re.compile(r"(?P<head>[?&;](?P<name>[^=&#\s'\"]+)=)[^&#\s'\"]*")
+_QUERY_IN_TEXT = re.compile(r"(?P<head>[?&;](?P<name>[^=&;#\s'\"]+)=)[^&;#\s'\"]*")
 
 
 def is_secret_name(name: object) -> bool:

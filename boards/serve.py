@@ -40,6 +40,7 @@ got what it needed) are not logged: a flood of them would flood the log.
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import html
 import io
@@ -56,6 +57,8 @@ from http import HTTPStatus
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Iterator
+
+from .errors import AddressInUse
 
 _RANGE = re.compile(r"^bytes=([0-9]*)-([0-9]*)$")
 _HEAD_END = re.compile(rb"\r?\n\r?\n")  # the blank line that ends a request head (bare LF tolerated)
@@ -602,6 +605,24 @@ def serve_board(path: str | os.PathLike[str], host: str = "127.0.0.1", port: int
     `max_head_bytes`; a connection waits `idle_timeout` for the next request; a response must go out
     at `min_send_rate` bytes/s on average after `idle_timeout`. Beyond `max_connections`, a new
     connection replaces the one waiting longest for a request, or gets 503 if all are busy.
+
+    Args:
+        path: The folder to serve (a board's folder).
+        host: The address to listen on (the default: this machine only).
+        port: The port (0: any free one; the URL yielded names it).
+        max_age: The ``Cache-Control: max-age`` of responses, in seconds.
+        idle_timeout: Seconds a connection may wait for its next request.
+        max_connections: Connections held at once.
+        header_timeout: Seconds a request head may take to arrive, from its first byte.
+        max_head_bytes: The largest request head accepted.
+        min_send_rate: Bytes per second a response must average after `idle_timeout`.
+
+    Yields:
+        The base URL, e.g. ``http://127.0.0.1:PORT``; the server stops when the context ends.
+
+    Raises:
+        FileNotFoundError: `path` is not a folder.
+        AddressInUse: Another process holds `port`.
     """
     root = Path(path).resolve()
     if not root.is_dir():
@@ -609,7 +630,15 @@ def serve_board(path: str | os.PathLike[str], host: str = "127.0.0.1", port: int
     handler_class = type("Handler", (RangeRequestHandler,), {
         "max_age": max_age, "timeout": idle_timeout, "header_timeout": header_timeout,
         "max_head_bytes": max_head_bytes, "min_send_rate": min_send_rate})
-    server = _BoardHTTPServer((host, port), functools.partial(handler_class, directory=str(root)))
+    try:
+        server = _BoardHTTPServer((host, port), functools.partial(handler_class, directory=str(root)))
+    except OSError as exc:
+        if exc.errno != errno.EADDRINUSE:
+            raise
+        refusal = AddressInUse(f"cannot serve {str(root)!r} on {host}:{port}: another process holds that port; "
+                               "choose another port, or 0 for any free one")
+        refusal.errno = errno.EADDRINUSE
+        raise refusal from None
     server.daemon_threads = True
     server.max_connections = max_connections
     thread = threading.Thread(target=server.serve_forever, name=f"serve-board-{root.name}", daemon=True)

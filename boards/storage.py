@@ -39,46 +39,138 @@ class Storage(Protocol):
     def describe(self) -> str:
         """Where the board lives, in one line (a folder, a bucket URL, an index URL)."""
     def check_name(self, name: str) -> str:
-        """`name` if it is a valid pin name here, else InvalidPinName."""
+        """`name` if it is a valid pin name here, else InvalidPinName.
+
+        Args:
+            name: The pin's name.
+        """
     def list_entries(self) -> list[dict[str, Any]]:
         """Index entries: dicts with at least name, description, type (and title when known)."""
     def search(self, text: str) -> list[dict[str, Any]]:
-        """Entries matching `text` (the backend may search server-side)."""
+        """Entries matching `text` (the backend may search server-side).
+
+        Args:
+            text: Found in a pin's name, title or description (case-insensitive); empty: every pin.
+        """
     def list_versions(self, name: str) -> list[str]:
-        """Version names of a pin, oldest first; PinNotFound if there is no such pin."""
+        """Version names of a pin, oldest first; PinNotFound if there is no such pin.
+
+        Args:
+            name: The pin's name.
+        """
     def resolve_version(self, name: str, version: Any, versions: list[str]) -> str:
-        """The full version name `version` (a name, a unique prefix, None for the newest) means."""
+        """The full version name `version` (a name, a unique prefix, None for the newest) means.
+
+        Args:
+            name: The pin's name.
+            version: A full version name, a unique prefix, or None for the newest.
+            versions: The pin's versions, oldest first.
+        """
     def read_meta(self, name: str, version: str) -> PinMeta:
-        """A version's data.txt."""
+        """A version's data.txt.
+
+        Args:
+            name: The pin's name.
+            version: The full version name.
+        """
     def stored_time(self, name: str, version: str) -> float | None:
-        """When the version's data.txt was stored (epoch seconds), None when the storage cannot say."""
+        """When the version's data.txt was stored (epoch seconds), None when the storage cannot say.
+
+        Args:
+            name: The pin's name.
+            version: The full version name.
+        """
     def local_folder(self, name: str, version: str) -> Path | None:
-        """A local folder already holding the version's files (local boards), else None."""
+        """A local folder already holding the version's files (local boards), else None.
+
+        Args:
+            name: The pin's name.
+            version: The full version name.
+        """
     def download_file(self, name: str, version: str, file: str, dest: Path, offset: int = 0) -> None:
-        """Copy `file` of a version to `dest`; with `offset`, append its bytes from `offset` on."""
+        """Copy `file` of a version to `dest`; with `offset`, append its bytes from `offset` on.
+
+        Args:
+            name: The pin's name.
+            version: The full version name.
+            file: The file's name in the version.
+            dest: The local file to write.
+            offset: Append the file's bytes from this offset on (0: the whole file).
+        """
     def direct_fetch(self, name: str, version: str | None, *, download: bool) -> tuple[PinMeta, Path] | None:
-        """(meta, folder) for a pin this backend serves outside the versioned cache; None otherwise."""
+        """(meta, folder) for a pin this backend serves outside the versioned cache; None otherwise.
+
+        Args:
+            name: The pin's name.
+            version: A version, or None for the newest.
+            download: False: never touch the network.
+        """
     def default_extract(self, meta: PinMeta) -> bool:
-        """What `pin_get(extract=None)` means for this version."""
+        """What `pin_get(extract=None)` means for this version.
+
+        Args:
+            meta: The version's data.txt.
+        """
     def staging(self, name: str) -> ContextManager[tuple[Path, bool]]:
-        """(an empty private folder to assemble a version in, whether it is on the board itself)."""
+        """(an empty private folder to assemble a version in, whether it is on the board itself).
+
+        Args:
+            name: The pin's name.
+        """
     def write_version(self, name: str, staging: Path, meta: PinMeta) -> str:
-        """Store the staged files and `meta` as a new version; returns its name."""
+        """Store the staged files and `meta` as a new version; returns its name.
+
+        Args:
+            name: The pin's name.
+            staging: The folder the version was assembled in (`staging`).
+            meta: The version's data.txt.
+        """
     def repair_version(self, name: str, version: str, meta: PinMeta, staging: Path) -> bool:
-        """Make a stored version hold the staged bytes if its own no longer hash to `meta`."""
+        """Make a stored version hold the staged bytes if its own no longer hash to `meta`.
+
+        Args:
+            name: The pin's name.
+            version: The full version name.
+            meta: The version's data.txt.
+            staging: The folder holding the same bytes, staged again.
+
+        Returns:
+            Whether the version was repaired.
+        """
     def delete(self, name: str, versions: list[str] | None = None) -> None:
-        """Delete some versions of a pin, or the whole pin."""
+        """Delete some versions of a pin, or the whole pin.
+
+        Args:
+            name: The pin's name.
+            versions: The full version names to delete (None: the whole pin).
+        """
     def batch(self) -> ContextManager[Any]:
         """Defer the upkeep of derived indexes until the outermost batch closes."""
     def with_cache(self, cache: str | os.PathLike[str] | Cache) -> "Storage":
-        """The same storage, keeping fetched versions in `cache`."""
+        """The same storage, keeping fetched versions in `cache`.
+
+        Args:
+            cache: A `Cache`, or the folder of one.
+        """
     def refusal(self, action: str, name: str | None) -> ReadOnlyBoard:
-        """The error a read-only backend raises for `action` ("pin", "remove") on pin `name`."""
+        """The error a read-only backend raises for `action` ("pin", "remove") on pin `name`.
+
+        Args:
+            action: What was refused: ``"pin"``, ``"remove"``, ...
+            name: The pin's name (None: the board as a whole).
+        """
 
 
 class StorageBase:
     """Defaults for the `Storage` primitives: a read-only board without derived indexes.
-    Subclasses set `kind` and implement listing, metadata and downloads."""
+    Subclasses set `kind` and implement listing, metadata and downloads.
+
+    Its methods are the `Storage` primitives, documented there.
+
+    Args:
+        name: The board's name.
+        cache: A `Cache`, or the folder of one (None: the user cache folder).
+    """
 
     kind = "board"
     read_only = False

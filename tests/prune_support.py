@@ -36,7 +36,7 @@ def run(role: str, index: int, spec: dict, ready, start, results) -> None:
     start.wait(120)
     deadline = time.monotonic() + spec["seconds"]
     rng = random.Random(index)
-    grace = {"grace": spec["grace"]} if "grace" in spec else {}  # bench/measurements only
+    grace = {"grace": spec["grace"]} if "grace" in spec else {}  # the writers' protection (opt-in)
     i = 0
     while time.monotonic() < deadline or (role == "pruner" and i < len(spec["ages"])):
         try:

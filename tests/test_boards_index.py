@@ -1,8 +1,10 @@
-"""The root data.txt index loses nothing: concurrent writer processes on S3 (moto) and GCS (emulator),
+"""The root data.txt index loses nothing: concurrent writer processes on S3 (moto), GCS (emulator) and
+Azure Blob (Azurite),
 and writers killed between storing a version and updating the index."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -16,10 +18,12 @@ import pytest
 import yaml
 
 from pinstorm import boards
-from servers import gcs, s3
+from servers import azurite, gcs, s3
 
 s3_server = pytest.fixture(scope="module", name="s3_server")(s3.serve)
 gcs_server = pytest.fixture(scope="module", name="gcs_server")(gcs.serve)
+azure_server = pytest.fixture(scope="module", name="azure_server")(azurite.serve)
+NO_ADLFS = importlib.util.find_spec("adlfs") is None
 
 WRITERS, PINS_EACH = 4, 3
 
@@ -55,19 +59,22 @@ def _options(kind: str, server, bucket: str, tmp_path: Path) -> dict:
             **server.storage_options()}
 
 
-@pytest.fixture(params=["s3", "gcs"])
+@pytest.fixture(params=["s3", "gcs", pytest.param("azure", marks=pytest.mark.skipif(
+    NO_ADLFS, reason="the azure extra is not installed (pip install 'pinstorm[azure]')"))])
 def cloud(request, tmp_path, monkeypatch):
-    """(options for a fresh bucket board, the board) on moto's S3 or the GCS emulator."""
+    """(options for a fresh bucket board, the board) on moto's S3, the GCS emulator or Azurite."""
     kind = request.param
     server = request.getfixturevalue(f"{kind}_server")
     if kind == "s3":  # the writers' credentials come from their environment (never from argv)
         monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3.KEY)
         monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3.SECRET)
+    if kind == "azure":  # likewise: adlfs reads the connection string from the environment
+        monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", server.connection_string())
     bucket = f"idx-{uuid.uuid4().hex[:10]}"
     options = _options(kind, server, bucket, tmp_path)
     board = boards.board_register(**{"board" if k == "kind" else k: v for k, v in options.items()},
                                   name="shared", create_bucket=True)
-    options = {k: v for k, v in options.items() if k not in ("key", "secret")}
+    options = {k: v for k, v in options.items() if k not in ("key", "secret", "connection_string")}
     return options, board
 
 

@@ -230,7 +230,9 @@ def test_a_local_board_reads_offline_without_a_cached_copy(tmp_path):
 
 def test_an_unversioned_write_keeps_the_version_it_wrote_even_when_another_sorts_last(tmp_path):
     """A version folder another tool made (a name that sorts after pins' time-stamped ones) must not
-    make `versioned=False` delete the version just written."""
+    make `versioned=False` delete the version just written: with it the pin has two versions, so the
+    write is refused (PinsVersionError, as pins-python) and nothing is deleted; on a pin of one
+    version (the foreign one) the write replaces it."""
     board = boards.board_folder(tmp_path / "b")
     board.pin_write({"v": 1}, "obj", type="json")
     first = board.list_versions("obj")[0]
@@ -238,6 +240,10 @@ def test_an_unversioned_write_keeps_the_version_it_wrote_even_when_another_sorts
     foreign.mkdir()
     (foreign / "data.txt").write_text((tmp_path / "b" / "obj" / first / "data.txt").read_text())
     (foreign / "obj.json").write_text('{"v": 1}')
+    with pytest.raises(boards.PinsVersionError):
+        board.pin_write({"v": 2}, "obj", type="json", versioned=False)
+    assert sorted(board.list_versions("obj")) == sorted([first, "zz-hand-made"])
+    board.pin_version_delete("obj", first)
     meta = board.pin_write({"v": 2}, "obj", type="json", versioned=False)
     assert board.list_versions("obj") == [meta.version.version]
     assert board.pin_read("obj") == {"v": 2}

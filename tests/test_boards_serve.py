@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import socket
 import struct
 import threading
@@ -60,3 +61,28 @@ def test_the_serve_command_sets_max_age_and_its_limits(tmp_path):
     finally:
         server.terminate()
         server.wait(30)
+
+
+def test_a_port_another_process_holds_is_named_in_one_line(tmp_path):
+    """`pinstorm board serve --port P` where P is taken: one line naming the address and the way out."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path as _Path
+
+    import pytest
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        with pytest.raises(boards.AddressInUse, match=f"127.0.0.1:{port}: another process holds that port") as caught:
+            with boards.serve_board(tmp_path, port=port):
+                pass
+        assert isinstance(caught.value, OSError) and caught.value.errno == errno.EADDRINUSE   # caught as before
+        script = shutil.which("pinstorm", path=str(_Path(sys.executable).parent))
+        done = subprocess.run([script, "board", "serve", str(tmp_path), "--port", str(port)], capture_output=True,
+                              text=True, timeout=120)
+    assert done.returncode == 1 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert f"127.0.0.1:{port}" in done.stderr and "or 0 for any free one" in done.stderr
+    assert "Errno" not in done.stderr and "Traceback" not in done.stderr

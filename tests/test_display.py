@@ -4,6 +4,7 @@ board of ImageNet-21k size reads only the metadata of the pins it shows."""
 
 from __future__ import annotations
 
+import contextlib
 import html
 import os
 import shutil
@@ -42,10 +43,13 @@ def _opened_during(show) -> tuple[str, list[str]]:
         _recording.pop()
 
 
-def _free_port() -> int:
+@contextlib.contextmanager
+def _closed_port():
+    """A port bound here but never listened on: connecting to it is refused, and no other process can
+    take it while the test runs (a port merely found free could be)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        yield s.getsockname()[1]
 
 
 def test_a_local_board_shows_what_it_is_and_its_pins(tmp_path):
@@ -99,12 +103,12 @@ def test_a_datatxt_board_over_http_shows_twenty_pins_and_how_many_more_without_i
 
 
 def test_a_board_that_cannot_be_listed_shows_why_in_one_line():
-    port = _free_port()  # nothing listens there: the board is offline
-    board = boards.board_datatxt(f"http://me:pa55word@127.0.0.1:{port}/?token=tok-s3cret", name="gone")
-    text = repr(board)
-    pins = [line for line in text.splitlines() if line.startswith("  pins:")]
-    assert len(pins) == 1 and pins[0].startswith("  pins:     not listed (DownloadError: ")
-    page = board._repr_html_()
+    with _closed_port() as port:  # nothing listens there: the board is offline
+        board = boards.board_datatxt(f"http://me:pa55word@127.0.0.1:{port}/?token=tok-s3cret", name="gone")
+        text = repr(board)
+        pins = [line for line in text.splitlines() if line.startswith("  pins:")]
+        assert len(pins) == 1 and pins[0].startswith("  pins:     not listed (DownloadError: ")
+        page = board._repr_html_()
     assert "not listed (DownloadError: " in page
     for shown in (text, page):
         assert "pa55word" not in shown and "tok-s3cret" not in shown

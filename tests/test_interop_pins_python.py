@@ -128,13 +128,13 @@ def test_pins_python_method_names_on_pinstorm_boards(tmp_path):
     src = tmp_path / "f.txt"
     src.write_text("payload\n")
     up = board.pin_upload(str(src), "upload", title="a file")
-    assert up.type == "file" and up.file == ["f.txt"]
+    assert up.type == "file" and up.file == "f.txt"  # one file: a string, as pins-python's
     assert _files_text(board.pin_download("upload")) == ["payload\n"]
     with pytest.raises(boards.BoardError, match="pin_download"):
         board.pin_read("upload")
     assert board.pin_list() == ["frame", "upload"] and board.pin_exists("frame")
     found = board.pin_search("TABULAR")  # tags are searched too
-    assert found["name"].tolist() == ["frame"] and found["tags"][0] == ["demo", "tabular"]
+    assert found["name"].tolist() == ["frame"] and found["meta"][0].tags == ["demo", "tabular"]  # pins-python's columns
     assert boards.pin_search("a file", board="mine")["name"].tolist() == ["upload"]
     # module-level names, as pins-python users call them on a board object
     boards.pin_write({"v": 1}, "obj", board="mine", type="json")
@@ -163,7 +163,11 @@ def test_versions_prune_and_delete(tmp_path):
     assert board.pin_versions_prune("obj", n=1) == []  # the newest version is never deleted
     assert board.pin_versions_prune("obj", days=0) == []
     board.pin_write({"i": 9}, "obj", type="json")
-    board.pin_write({"i": 10}, "obj", type="json", versioned=False)  # keeps only the new version
+    with pytest.raises(boards.PinsVersionError):  # two versions: pins-python refuses an unversioned write
+        board.pin_write({"i": 10}, "obj", type="json", versioned=False)
+    assert len(board.list_versions("obj")) == 2
+    board.pin_versions_prune("obj", n=1)
+    board.pin_write({"i": 10}, "obj", type="json", versioned=False)  # one version: replaced by the new one
     assert len(board.list_versions("obj")) == 1 and board.pin_read("obj") == {"i": 10}
     versions = board.list_versions("obj")
     manifest = yaml.safe_load((tmp_path / "v" / "_pins.yaml").read_text())

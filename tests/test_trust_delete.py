@@ -2,9 +2,10 @@
 
 * `pinstorm remove` asks on a terminal, and refuses without `--yes` when it cannot ask.
 * `pin_versions_prune` racing real writer and reader processes (spawned, on a local folder board and
-  on a bucket of moto's S3 server): it never deletes a version younger than its grace period (so no
-  writer loses the version it just wrote), and a reader of a version pruned under it gets a
-  `VersionNotFound` naming pin, version and board, never a bare `FileNotFoundError` / `PinNotFound`.
+  on a bucket of moto's S3 server): with `grace=` it never deletes a version younger than that (so no
+  writer loses the version it just wrote; the default, as pins-python's, is no grace: issue 33), and a
+  reader of a version pruned under it gets complete bytes or a `VersionNotFound` naming pin, version
+  and board, never a torn read, a bare `FileNotFoundError` or `PinNotFound`.
 """
 
 from __future__ import annotations
@@ -119,7 +120,7 @@ def test_prune_against_writers_and_readers(where, tmp_path, request):
     board.pin({"base": True}, PIN)
     base = board.list_versions(PIN)[-1]
     spec.update(cache=str(tmp_path / "caches"), seconds=SECONDS, seeded={prune_support.OLD: seeded}, ages=ages,
-                files=FILES[where])
+                files=FILES[where], grace=60)  # the writers' versions are protected by an explicit grace=
 
     ctx = multiprocessing.get_context("spawn")
     ready, results, start = ctx.Queue(), ctx.Queue(), ctx.Event()
@@ -162,9 +163,9 @@ def test_prune_keeps_young_versions_unless_grace_is_zero(tmp_path):
     for i in range(3):
         board.pin({"i": i}, "obj")
     versions = board.list_versions("obj")
-    assert board.pin_versions_prune("obj", n=1) == []  # all younger than the default grace
-    assert board.pin_versions_prune("obj", days=0) == []
-    assert board.pin_versions_prune("obj", n=1, grace=0) == versions[:2]
+    assert board.pin_versions_prune("obj", n=1, grace=60) == []  # all younger than grace=
+    assert board.pin_versions_prune("obj", days=0, grace=60) == []
+    assert board.pin_versions_prune("obj", n=1) == versions[:2]  # the default: no grace, as pins-python
     assert board.list_versions("obj") == versions[2:]  # the newest always stays
     assert board.pin_versions_prune("obj", n=1, grace=0) == []
     with pytest.raises(ValueError, match="grace"):
@@ -180,10 +181,10 @@ def test_a_slow_upload_is_young_when_it_appears(tmp_path):
     sources = [(root / "obj" / first, first.split("-", 1)[1])]
     names, _ = _old_names(sources, 3600.0)
     shutil.copytree(root / "obj" / first, root / "obj" / names[0])  # stored now, named an hour ago
-    assert board.pin_versions_prune("obj", n=1) == []
+    assert board.pin_versions_prune("obj", n=1, grace=60) == []
     when = time.time() - 3600
     os.utime(root / "obj" / names[0] / "data.txt", (when, when))  # now it was stored an hour ago too
-    assert board.pin_versions_prune("obj", n=1) == [names[0]]
+    assert board.pin_versions_prune("obj", n=1, grace=60) == [names[0]]
     assert board.list_versions("obj") == [first]
 
 

@@ -54,7 +54,7 @@ class FaultProxy(LocalServer):
         self.upstream_host, self.upstream_port = parts.hostname, parts.port or 80
         self.rules: list[Rule] = []
         self.log: list[tuple[str, str, int]] = []  # (method, path, status sent)
-        self.ranges: list[tuple[str, str | None]] = []  # (path, Range header or None) of every GET
+        self.ranges: list[tuple[str, str | None]] = []  # (path, Range / x-ms-range or None) of every GET
         self.connections: set = set()  # open client sockets, closed by stop() (keep-alive outlives shutdown)
         self.inflight = 0  # requests being answered right now
         self.max_inflight = 0  # the most answered at once since the last clear()
@@ -180,7 +180,8 @@ class _ProxyHandler(BaseHTTPRequestHandler):
     def _answer(self) -> None:
         body = self._read_body()
         if self.command == "GET":
-            self.owner.ranges.append((self.path, self.headers.get("Range")))
+            # Azure's clients send their range as x-ms-range
+            self.owner.ranges.append((self.path, self.headers.get("Range") or self.headers.get("x-ms-range")))
         rule = self.owner._match(self.command, self.path)
         if rule is not None and rule.action == "delay":
             time.sleep(rule.seconds)

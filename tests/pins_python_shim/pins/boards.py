@@ -1,0 +1,5 @@
+"""pins.boards: names from pinstorm.boards (see _rename.py)."""
+
+from ._rename import populate
+
+populate(globals(), "boards")
