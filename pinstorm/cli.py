@@ -35,6 +35,7 @@ COMMANDS: dict[str, tuple[str, str, str | None]] = {
     "versions": ("pinstorm.boards.cli", "versions_cmd", None),
     "remove": ("pinstorm.boards.cli", "remove_cmd", None),
     "repartition": ("pinstorm.pipeline.cli", "repartition", "pipeline"),
+    "fetch": ("pinstorm.pipeline.cli", "fetch", "pipeline"),
     "convert": ("pinstorm.pipeline.cli", "convert", "pipeline"),
     "inspect": ("pinstorm.pipeline.cli", "inspect", "pipeline"),
     "verify": ("pinstorm.pipeline.cli", "verify", "pipeline"),

@@ -1,13 +1,14 @@
-"""Progress bars for transfers that take more than a moment: on a terminal, in a notebook, or off.
+"""Progress for work that takes more than a moment: on a terminal, in a notebook, and in a log.
 
-Shown by default on a terminal and in a Jupyter notebook; elsewhere (a pipe, a log, CI) quiet.
-`PINSTORM_PROGRESS=1` forces them on, `PINSTORM_PROGRESS=0` off.
-
-How a bar is drawn depends on where it goes (`renderer()`): rich's live bar on a terminal, and in a
-notebook that has ipywidgets (rich draws there through a widget); a plain text bar redrawn in place
+How progress is shown depends on where it goes (`renderer()`): rich's live bar on a terminal, and in
+a notebook that has ipywidgets (rich draws there through a widget); a plain text bar redrawn in place
 with a carriage return in a notebook without ipywidgets, where rich would only warn 'install
-"ipywidgets"' and show nothing; and plain lines, a few seconds apart, when forced on into a file or a
-pipe, where a live bar would leave nothing readable.
+"ipywidgets"' and show nothing. Off a terminal (a pipe, a log file, CI) a live bar would leave
+nothing readable, so long work writes a plain line every `PINSTORM_PROGRESS_INTERVAL` seconds (30 by
+default) and a last line when it ends, and work shorter than that writes nothing: a log of a
+two-hour `convert` shows it advancing, a log of a quick `pin_get` stays clean.
+`PINSTORM_PROGRESS=0` turns all of it off; `PINSTORM_PROGRESS=1` writes lines a few seconds apart
+from the start.
 """
 
 from __future__ import annotations
@@ -25,12 +26,13 @@ from rich.filesize import decimal
 from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn,
                            TimeRemainingColumn, TransferSpeedColumn)
 
-Renderer = Literal["rich", "notebook-text", "lines"]
+Renderer = Literal["rich", "notebook-text", "lines", "log"]
 
 # Seconds between two redraws of a text bar: often enough to look alive in a notebook, rarely enough
 # that a log file forced to show progress stays readable.
 NOTEBOOK_INTERVAL = 0.25
 LINES_INTERVAL = 5.0
+LOG_INTERVAL = 30.0   # off a terminal, unless PINSTORM_PROGRESS_INTERVAL says otherwise
 
 
 def in_notebook() -> bool:
@@ -45,18 +47,33 @@ def in_notebook() -> bool:
     return shell.__name__ == "ZMQInteractiveShell" or shell.__module__.startswith("google.colab")
 
 
+def _forced() -> bool | None:
+    """PINSTORM_PROGRESS as a choice: True (on), False (off), or None (not set: decide by where it goes)."""
+    value = os.environ.get("PINSTORM_PROGRESS")
+    return None if value is None else value.strip().lower() not in {"0", "false", "no", ""}
+
+
 def progress_enabled() -> bool:
-    forced = os.environ.get("PINSTORM_PROGRESS")
-    if forced is not None:
-        return forced not in {"0", "false", "no", ""}
-    return sys.stderr.isatty() or in_notebook()
+    """Whether progress is shown at all: always, unless PINSTORM_PROGRESS turns it off (off a terminal
+    only long work shows it, as log lines: see the module docstring)."""
+    return _forced() is not False
+
+
+def log_interval() -> float:
+    """Seconds between two progress lines in a log (PINSTORM_PROGRESS_INTERVAL, default 30)."""
+    try:
+        return max(float(os.environ.get("PINSTORM_PROGRESS_INTERVAL", LOG_INTERVAL)), 0.0)
+    except ValueError:
+        return LOG_INTERVAL
 
 
 def renderer() -> Renderer:
-    """Which kind of bar suits the current stderr (see the module docstring)."""
+    """Which kind of progress suits the current stderr (see the module docstring)."""
     if in_notebook():
         return "rich" if importlib.util.find_spec("ipywidgets") is not None else "notebook-text"
-    return "rich" if sys.stderr.isatty() else "lines"
+    if sys.stderr.isatty():
+        return "rich"
+    return "lines" if _forced() else "log"
 
 
 @contextlib.contextmanager
@@ -82,7 +99,8 @@ def progress_bar(description: str, total: float | None, *, unit: str = "bytes",
             with _rich_bar(description, total, unit) as advance:
                 yield advance
         else:
-            bar = TextBar(description, total, unit, sys.stderr, in_place=kind == "notebook-text")
+            bar = TextBar(description, total, unit, sys.stderr, in_place=kind == "notebook-text",
+                          interval=log_interval() if kind == "log" else None, quiet_start=kind == "log")
             try:
                 yield bar.advance
             finally:
@@ -117,13 +135,15 @@ class TextBar:
 
     `in_place` redraws one line with a carriage return (a notebook's output cell honours it);
     otherwise each redraw is a line of its own. Redraws are at least `interval` seconds apart (by
-    `clock`), and `close` always writes the final state, so the last thing shown is the truth.
+    `clock`), and `close` writes the final state, so the last thing shown is the truth.
+    `quiet_start` (a log): nothing is written before `interval` has passed, and `close` writes only
+    when something was, so work shorter than one interval leaves no line.
     """
 
     WIDTH = 20
 
     def __init__(self, description: str, total: float | None, unit: str, stream: TextIO, *,
-                 in_place: bool, interval: float | None = None,
+                 in_place: bool, interval: float | None = None, quiet_start: bool = False,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.description, self.total, self.unit, self.stream = description, total, unit, stream
         self.in_place = in_place
@@ -132,7 +152,9 @@ class TextBar:
         self.clock = clock
         self.done = 0.0
         self.started = clock()
-        self._last: float | None = None
+        self.quiet_start = quiet_start
+        self._last: float | None = self.started if quiet_start else None
+        self._drawn = False
         self._lock = threading.Lock()
 
     def advance(self, n: float) -> None:
@@ -144,6 +166,8 @@ class TextBar:
 
     def close(self) -> None:
         with self._lock:
+            if self.quiet_start and not self._drawn:
+                return
             self._draw(self.clock())
             if self.in_place:
                 self.stream.write("\n")
@@ -165,6 +189,7 @@ class TextBar:
 
     def _draw(self, now: float) -> None:
         self._last = now
+        self._drawn = True
         text = self.line(now)
         self.stream.write(f"\r{text}" if self.in_place else f"{text}\n")
         self.stream.flush()

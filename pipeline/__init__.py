@@ -1,7 +1,9 @@
 """pinstorm's data path: ImageNet layout -> per-category pins -> Parquet in petastorm's format -> tf.data.
 
 Importing this package does not import TensorFlow (only `make_dataset` does, when called), nor
-petastorm, nor torch (`make_torch_loader` loads `torch_loader`, and torch, when first asked for).
+petastorm, nor torch (`make_torch_loader` loads `torch_loader`, and torch, when first asked for), nor
+pyspark (`make_spark_converter` and `SparkDatasetConverter` load `spark_converter` when first asked for;
+pyspark itself is imported only by a call that takes a Spark session or DataFrame).
 """
 
 from pinstorm.extras import ensure
@@ -9,10 +11,11 @@ from pinstorm.extras import ensure
 ensure("PIL", "pipeline", "pinstorm.pipeline")
 
 from .convert import ConvertResult, DatasetExistsError, convert
+from .errors import InvalidPipelineInput, PipelineError
 from .images import UndecodableImage, check_image
 from .info import dataset_info
 from .layout import EmptyClassesWarning, Layout, LayoutError, scan
-from .metadata import IncompleteDatasetError, MalformedDatasetError, UntrustedSchemaError
+from .metadata import DatasetNotFound, IncompleteDatasetError, MalformedDatasetError, UntrustedSchemaError
 from .options import ReaderOptionError, ReaderOptions
 from .reader import DatasetPosition, IncompleteEpochError, dataset_position, make_dataset
 from .repartition import imagenet_partition, repartition
@@ -26,13 +29,22 @@ __all__ = [
     "IncompleteEpochError", "UndecodableImage", "check_image", "digits_quirks", "imagenet_size_jpegs",
     "make_imagenet_size_tree", "EmptyClassesWarning", "CorruptPartError", "MissingPartError", "verify_dataset",
     "MalformedDatasetError", "UntrustedSchemaError", "ReaderOptions", "ReaderOptionError",
+    "PipelineError", "InvalidPipelineInput", "DatasetNotFound",
+    "make_spark_converter", "SparkDatasetConverter", "SparkConverterError",
 ]
+
+_SPARK_NAMES = ("make_spark_converter", "SparkDatasetConverter", "SparkConverterError")
 
 
 def __getattr__(name):
-    """`make_torch_loader` imports torch (or raises MissingExtra naming the `torch` extra) on first use."""
+    """`make_torch_loader` imports torch (or raises MissingExtra naming the `torch` extra) on first use; the
+    Spark converter's names load `spark_converter` (which imports pyspark only when called)."""
     if name == "make_torch_loader":
         import importlib
 
         return importlib.import_module(".torch_loader", __name__).make_torch_loader
+    if name in _SPARK_NAMES:
+        import importlib
+
+        return getattr(importlib.import_module(".spark_converter", __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

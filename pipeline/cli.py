@@ -1,4 +1,4 @@
-"""`pinstorm repartition`, `pinstorm convert` and `pinstorm inspect`: the pipeline commands."""
+"""`pinstorm repartition`, `pinstorm fetch`, `pinstorm convert` and `pinstorm inspect`: the pipeline commands."""
 
 from __future__ import annotations
 
@@ -32,7 +32,8 @@ def _partition(value: str) -> tuple[int, int]:
 @click.argument("root", type=click.Path(exists=True, file_okay=False))
 @click.option("--board", "-b", required=True, help="Registered board to pin the categories to.")
 @click.option("--zip/--no-zip", "zip_", default=True, show_default=True, help="One zip per category.")
-@click.option("--parallel", type=POSITIVE, default=None, help="Categories pinned at once (default 4).")
+@click.option("--parallel", type=POSITIVE, default=None,
+              help="Categories pinned at once (default: 1 into a local folder, 8 into a bucket).")
 def repartition(root, board, zip_, parallel):
     """Pin each train category of the image tree ROOT as its own pin, plus a `categories` table."""
     from .repartition import repartition as run
@@ -40,6 +41,33 @@ def repartition(root, board, zip_, parallel):
     categories = run(root, board, zip=zip_, parallel=parallel)
     click.echo(f"pinned {len(categories)} categories ({int(categories['images'].sum())} images) and "
                f"'categories' to board {board}")
+
+
+@click.command()
+@click.argument("board")
+@click.option("--partition", "slice_", default="0/1", show_default=True, metavar="I/N",
+              help="Categories slice I of N (0-based), as `convert --partition` cuts them.")
+@click.option("--extract/--no-extract", default=True, show_default=True,
+              help="Unpack each category's zip in the cache (convert reads the images).")
+@click.option("--parallel", type=POSITIVE, default=None, help="Categories fetched at once.")
+@click.option("--json", "as_json", is_flag=True, help="Print the data map (image paths, categories) as JSON.")
+def fetch(board, slice_, extract, parallel, as_json):
+    """Fetch categories slice I/N of a board made by `repartition` into the local cache, without converting.
+
+    A node can warm its cache before training, or hand the images to another tool.
+    """
+    import json
+
+    from .repartition import imagenet_partition
+
+    index, count = _partition(slice_)
+    data = imagenet_partition(index, count, board, parallel=parallel, extract=extract)
+    if as_json:
+        click.echo(json.dumps({key: data[key] for key in ("image", "category", "categories", "classes")}))
+        return
+    first, last = (escape(data["categories"][0]), escape(data["categories"][-1])) if data["categories"] else ("", "")
+    click.echo(f"fetched categories {index}/{count} of board {escape(board)}: {len(data['categories'])} categories "
+               f"({first} .. {last}), {len(data['image'])} images, into the cache")
 
 
 @click.command()
@@ -65,11 +93,15 @@ def repartition(root, board, zip_, parallel):
               help="Downscale images whose longer side exceeds this many pixels (default: keep every byte).")
 @click.option("--quality", type=click.IntRange(1, 100), default=None,
               help="JPEG quality of the images --max-side downscales (default 90).")
+@click.option("--spark", "spark_master", default=None, metavar="MASTER",
+              help="Write the parts on this Spark cluster (local[N], spark://host:port, yarn, ...): one task a "
+                   "part, so give --partitions of at least its task slots.")
 def convert(source, output, partitions, split, slice_, classes_from, row_group_size_mb, min_row_groups, seed,
-            parallel, overwrite, max_pixels, memory_budget_mb, max_side, quality):
+            parallel, overwrite, max_pixels, memory_budget_mb, max_side, quality, spark_master):
     """Convert SOURCE (an image folder or board://<board>) to a Parquet dataset at OUTPUT.
 
-    OUTPUT: a folder, any fsspec URL (s3://, gs://, ...), or board://<board>/<pin>.
+    OUTPUT: a folder, any fsspec URL (s3://, gs://, ...), or board://<board>/<pin>. With --spark, the
+    executors read the images and write the parts: SOURCE and OUTPUT must be where they can reach.
     """
     from .convert import convert as run
     from .info import dataset_info
@@ -91,12 +123,22 @@ def convert(source, output, partitions, split, slice_, classes_from, row_group_s
     classes = dataset_info(classes_from)["classes"] if classes_from else None
     limits = {key: value for key, value in (("max_pixels", max_pixels), ("memory_budget_mb", memory_budget_mb),
                                             ("max_side", max_side), ("quality", quality)) if value is not None}
-    result = run(source_obj, output, partitions=partitions, split=split, classes=classes, seed=seed,
-                 row_group_size_mb=row_group_size_mb, min_row_groups=min_row_groups, parallel=parallel,
-                 overwrite=overwrite, **limits)
+    session = None
+    if spark_master:
+        from .spark_converter import spark_session_for
+
+        session = limits["spark"] = spark_session_for(spark_master)
+    try:
+        result = run(source_obj, output, partitions=partitions, split=split, classes=classes, seed=seed,
+                     row_group_size_mb=row_group_size_mb, min_row_groups=min_row_groups, parallel=parallel,
+                     overwrite=overwrite, **limits)
+    finally:
+        if session is not None:
+            session.stop()
     click.echo(f"{result.url}: {result.rows} rows, {len(result.classes)} classes, {result.row_groups} row groups "
                f"in {result.partitions} part(s), {result.bytes / 2**20:.1f} MB"
-               + (f", {result.images_per_second:.0f} images/s" if result.images_read else " (already complete)"))
+               + (f", {result.images_per_second:.0f} images/s" if result.images_read else " (already complete)")
+               + (f" on Spark ({escape(spark_master)})" if spark_master else ""))
     if result.parts_reused:
         click.echo(f"resumed: kept {result.parts_reused} part(s) from an interrupted run")
     click.echo(f"re-encoded {len(result.reencoded)} (CMYK/grayscale/non-JPEG/16-bit/downscaled; "

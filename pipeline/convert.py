@@ -22,6 +22,9 @@ in `classes`), ``wnid``, ``filename`` (the original file name), ``height``, ``wi
   as JPEG at `quality` (`images.check_image`), counted in ``ConvertResult.resized``.
 * Each part's size, footer checksum and per-row-group content checksums are recorded (see
   `pipeline.verify`); readers check them before delivering rows.
+* With a Spark session (`convert(..., spark=)`), each part is one task on the executors, written by the
+  same `write_part_file` under a temporary name of its task attempt (a retry overwrites, never
+  duplicates); the driver records the parts and commits the metadata once (`commit_dataset`).
 * Each part is written under a temporary name and renamed when whole; progress is recorded in
   ``_pinstorm_progress.json``; ``_common_metadata``, written last, is what makes the folder a
   dataset. Re-running an interrupted conversion with the same inputs keeps the finished parts and
@@ -40,6 +43,7 @@ import shutil
 import tempfile
 import threading
 import time
+import uuid
 import warnings
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -51,6 +55,7 @@ from typing import Callable
 
 import xxhash
 
+from .errors import InvalidPipelineInput, PipelineError
 from .images import DEFAULT_MAX_PIXELS, DOWNSCALE_QUALITY, UndecodableImage, check_image, decode_cost, read_header
 from .layout import EmptyClassesWarning, Layout, scan
 from .metadata import (ARROW_SCHEMA, COMMON_METADATA, FORMAT_VERSION, PART_PREFIX, PROGRESS, REPORT, TMP_PREFIX,
@@ -58,7 +63,6 @@ from .metadata import (ARROW_SCHEMA, COMMON_METADATA, FORMAT_VERSION, PART_PREFI
 from pinstorm.progress import progress_bar
 from .storage import is_board_url, parse_board_url, resolve
 from .verify import CHECKSUM, footer_digest, table_digest, writer_options
-from pinstorm.errors import PinstormError
 from pinstorm.boards import secrets
 
 log = secrets.logger(__name__)
@@ -67,7 +71,7 @@ PLAN_VERSION = 2
 DEFAULT_MEMORY_BUDGET_MB = 1024   # decoded pixels held by all threads at once
 
 
-class DatasetExistsError(PinstormError, FileExistsError):
+class DatasetExistsError(PipelineError, FileExistsError):
     """The output already holds a finished dataset from other inputs, or files pinstorm did not write."""
 
 
@@ -89,7 +93,24 @@ def count_flag(reencoded: list[dict], flag: str) -> int:
 
 @dataclass
 class ConvertResult:
-    """What a conversion wrote, and what it skipped or re-encoded (also in ``_pinstorm_report.json``)."""
+    """What a conversion wrote, and what it skipped or re-encoded (also in ``_pinstorm_report.json``).
+
+    Attributes:
+        url: Where the dataset is.
+        rows: Images stored.
+        row_groups: Row groups written, over all parts.
+        partitions: Part files.
+        bytes: The parts' total size.
+        classes: The wnids in label order.
+        skipped: ``{"path", "reason"}`` of each image not stored.
+        reencoded: ``{"path", "format", "mode", "reason", "resized", "reoriented"}`` of each image stored
+            re-encoded.
+        seconds: How long the conversion took.
+        images_read: Images read in this run (0 when the dataset was already complete).
+        parts_reused: Parts kept from an interrupted earlier run.
+        report_url: Where the report (``_pinstorm_report.json``) is.
+        empty_classes: Classes that got no row (their labels are kept).
+    """
 
     url: str
     rows: int
@@ -128,6 +149,27 @@ class ConvertResult:
 # Sources
 
 
+def _binary_file_map(df) -> dict:
+    """The data map of a ``spark.read.format("binaryFile")`` DataFrame of a class-per-folder tree: each
+    file's path and its class, the name of its folder. Only the paths reach the driver; the executors read
+    the files again by path (their content column is not shipped), so the paths must be on a file system
+    the executors share."""
+    from urllib.parse import unquote, urlparse
+
+    if "path" not in df.columns:
+        raise InvalidPipelineInput("a DataFrame source must come from spark.read.format('binaryFile') (a 'path' "
+                                   f"column); this one has {', '.join(df.columns)}: see make_spark_converter(df)")
+    local = []
+    for (url,) in df.select("path").collect():
+        parsed = urlparse(url)
+        if parsed.scheme not in ("", "file"):
+            raise InvalidPipelineInput(f"{url}: convert reads a binaryFile DataFrame's files by path on the "
+                                       "executors' file system; for files in a bucket use make_spark_converter(df)")
+        local.append(unquote(parsed.path))
+    categories = [os.path.basename(os.path.dirname(path)) for path in local]
+    return {"image": local, "category": categories, "classes": sorted(set(categories))}
+
+
 def _source_items(source, classes, split):
     """(items [(path, wnid)], classes, names, description, scope) from a Layout, a data map or a folder.
 
@@ -144,10 +186,10 @@ def _source_items(source, classes, split):
     elif isinstance(source, Mapping):
         missing = {"image", "category"} - set(source)
         if missing:
-            raise ValueError(f"a data map needs keys 'image' and 'category'; missing {sorted(missing)}")
+            raise InvalidPipelineInput(f"a data map needs keys 'image' and 'category'; missing {sorted(missing)}")
         images, categories = list(source["image"]), list(source["category"])
         if len(images) != len(categories):
-            raise ValueError(f"data map: {len(images)} images but {len(categories)} categories")
+            raise InvalidPipelineInput(f"data map: {len(images)} images but {len(categories)} categories")
         items = [(os.fspath(p), str(c)) for p, c in zip(images, categories)]
         # `classes` (all wnids, set by imagenet_partition) keeps labels global when one slice is converted.
         default_classes = list(source.get("classes") or source.get("categories") or [])
@@ -159,16 +201,16 @@ def _source_items(source, classes, split):
         description = f"data map of {len(items)} images"
         scope = [str(c) for c in source["categories"]] if source.get("categories") is not None else None
     else:
-        raise TypeError(f"source must be a Layout, a data map or a folder, not {type(source).__name__}")
+        raise InvalidPipelineInput(f"source must be a Layout, a data map or a folder, not {type(source).__name__}")
     if not items:
-        raise ValueError(f"{description}: no images to convert")
+        raise InvalidPipelineInput(f"{description}: no images to convert")
     classes = list(classes) if classes is not None else list(default_classes)
     if len(set(classes)) != len(classes):
-        raise ValueError("classes contains duplicates")
+        raise InvalidPipelineInput("classes contains duplicates")
     known = set(classes)
     unknown = sorted({wnid for _, wnid in items if wnid not in known})
     if unknown:
-        raise ValueError(f"{description}: images of classes missing from `classes`: "
+        raise InvalidPipelineInput(f"{description}: images of classes missing from `classes`: "
                          f"{', '.join(unknown[:5])}{' ...' if len(unknown) > 5 else ''}")
     names = {wnid: names.get(wnid, wnid) for wnid in classes}
     return items, classes, names, description, (classes if scope is None else scope)
@@ -192,10 +234,10 @@ class _Plan:
 
 def _plan(items, classes, partitions, row_group_size_mb, min_row_groups, seed, limits=()) -> _Plan:
     if partitions < 1:
-        raise ValueError(f"partitions must be at least 1, got {partitions}")
+        raise InvalidPipelineInput(f"partitions must be at least 1, got {partitions}")
     n = len(items)
     if n < partitions:
-        raise ValueError(f"{n} images cannot fill {partitions} partitions")
+        raise InvalidPipelineInput(f"{n} images cannot fill {partitions} partitions")
     label_of = {wnid: i for i, wnid in enumerate(classes)}
     rows = sorted((path, wnid, label_of[wnid]) for path, wnid in items)
     random.Random(seed).shuffle(rows)
@@ -319,61 +361,86 @@ def _load(row, max_pixels, budget, max_side=None, quality=DOWNSCALE_QUALITY):
 
 
 def _write_part(location, plan, part, pool, advance, load) -> dict:
-    """Write one part file (temporary name, then rename); return its entry for the progress file."""
+    """Write one part file of `plan`, its images read and checked by `pool`; return its progress entry."""
+    groups = [plan.rows[start:stop] for start, stop in (plan.bounds[g] for g in plan.part_groups(part))]
+    return write_part_file(location, part_name(part, plan.partitions), _loaded_groups(groups, pool, load), advance)
+
+
+def _loaded_groups(groups, pool, load):
+    """Each row group (a list of (path, wnid, label) rows) as an iterator of (row, checked) pairs, the
+    images of the next row group read ahead by `pool` while this one is written."""
+    def submit(rows):
+        return [pool.submit(load, row) for row in rows]
+
+    pending = submit(groups[0]) if groups else []
+    try:
+        for position in range(len(groups)):
+            current = pending
+            pending = submit(groups[position + 1]) if position + 1 < len(groups) else []
+            yield (future.result() for future in current)
+    finally:
+        for future in pending:
+            future.cancel()
+
+
+def write_part_file(location, name: str, groups, advance=None, tmp_name: str | None = None) -> dict:
+    """Write part `name` in `location` from `groups`: an iterable of row groups, each an iterable of
+    ``((path, wnid, label), checked)`` pairs where `checked` is a `CheckedImage` or the reason the file
+    was skipped. Returns the part's progress entry (rows, row groups, checksums, skipped, re-encoded).
+
+    The part is written under `tmp_name` (default ``_tmp.<name>``) and renamed into place when whole, so
+    a reader (or a retried writer: the Spark converter gives each attempt its own `tmp_name`) never
+    sees half a part. `convert` and the Spark converter both write every part through here.
+    """
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    name = part_name(part, plan.partitions)
-    tmp = location.join(TMP_PREFIX + name)
-    groups = list(plan.part_groups(part))
+    tmp = location.join(tmp_name or TMP_PREFIX + name)
     entry = {"rows": 0, "row_group_rows": [], "row_group_xxh3": [], "skipped": [], "reencoded": [],
              "class_rows": {}}
-
-    def submit(g):
-        start, stop = plan.bounds[g]
-        return [pool.submit(load, row) for row in plan.rows[start:stop]]
-
-    pending = submit(groups[0]) if groups else []
     # A native file for local folders: pyarrow then writes without Python file objects (or the GIL).
     file_digest = None if location.is_local else xxhash.xxh3_128()
-    with (pa.OSFile(tmp, "wb") if location.is_local else _Hashing(location.fs.open(tmp, "wb"), file_digest)) as handle:
-        writer = pq.ParquetWriter(handle, ARROW_SCHEMA, compression={"image": "NONE", "label": "SNAPPY",
-                                  "wnid": "SNAPPY", "filename": "SNAPPY", "height": "SNAPPY", "width": "SNAPPY"},
-                                  use_dictionary=["wnid"], write_statistics=["label", "height", "width"],
-                                  **writer_options())
-        try:
-            for position, g in enumerate(groups):
-                current = pending
-                pending = submit(groups[position + 1]) if position + 1 < len(groups) else []
-                columns = {key: [] for key in ARROW_SCHEMA.names}
-                for future in current:
-                    (path, wnid, label), checked = future.result()
-                    advance(1)
-                    if isinstance(checked, str):
-                        entry["skipped"].append({"path": path, "reason": checked})
-                        continue
-                    if checked.reencoded:
-                        entry["reencoded"].append({"path": path, "format": checked.original_format,
-                                                   "mode": checked.original_mode, "reason": checked.reason,
-                                                   "resized": checked.resized, "reoriented": checked.reoriented})
-                    columns["image"].append(checked.data)
-                    columns["label"].append(label)
-                    columns["wnid"].append(wnid)
-                    columns["filename"].append(os.path.basename(path))
-                    columns["height"].append(checked.height)
-                    columns["width"].append(checked.width)
-                    entry["class_rows"][wnid] = entry["class_rows"].get(wnid, 0) + 1
-                if not columns["image"]:
-                    continue   # every file of this row group was broken: no empty row group
-                table = pa.Table.from_pydict(columns, schema=ARROW_SCHEMA)
-                writer.write_table(table, row_group_size=len(table))
-                entry["rows"] += len(table)
-                entry["row_group_rows"].append(len(table))
-                entry["row_group_xxh3"].append(table_digest(table))
-        finally:
-            writer.close()
-            for future in pending:
-                future.cancel()
+    try:
+        with (pa.OSFile(tmp, "wb") if location.is_local else _Hashing(location.fs.open(tmp, "wb"), file_digest)) \
+                as handle:
+            writer = pq.ParquetWriter(handle, ARROW_SCHEMA, compression={"image": "NONE", "label": "SNAPPY",
+                                      "wnid": "SNAPPY", "filename": "SNAPPY", "height": "SNAPPY", "width": "SNAPPY"},
+                                      use_dictionary=["wnid"], write_statistics=["label", "height", "width"],
+                                      **writer_options())
+            try:
+                for group in groups:
+                    columns = {key: [] for key in ARROW_SCHEMA.names}
+                    for (path, wnid, label), checked in group:
+                        if advance is not None:
+                            advance(1)
+                        if isinstance(checked, str):
+                            entry["skipped"].append({"path": path, "reason": checked})
+                            continue
+                        if checked.reencoded:
+                            entry["reencoded"].append({"path": path, "format": checked.original_format,
+                                                       "mode": checked.original_mode, "reason": checked.reason,
+                                                       "resized": checked.resized,
+                                                       "reoriented": checked.reoriented})
+                        columns["image"].append(checked.data)
+                        columns["label"].append(label)
+                        columns["wnid"].append(wnid)
+                        columns["filename"].append(os.path.basename(path))
+                        columns["height"].append(checked.height)
+                        columns["width"].append(checked.width)
+                        entry["class_rows"][wnid] = entry["class_rows"].get(wnid, 0) + 1
+                    if not columns["image"]:
+                        continue   # every file of this row group was broken: no empty row group
+                    table = pa.Table.from_pydict(columns, schema=ARROW_SCHEMA)
+                    writer.write_table(table, row_group_size=len(table))
+                    entry["rows"] += len(table)
+                    entry["row_group_rows"].append(len(table))
+                    entry["row_group_xxh3"].append(table_digest(table))
+            finally:
+                writer.close()
+    finally:
+        close = getattr(groups, "close", None)   # a generator: its read-ahead is cancelled
+        if close is not None:
+            close()
     if file_digest is None:   # local: read back from the page cache, at GB/s
         file_digest = xxhash.xxh3_128()
         with open(tmp, "rb") as written:
@@ -483,7 +550,7 @@ def convert(source, output_url, *, partitions: int = 1, row_group_size_mb: float
             progress: bool | None = None, on_part: Callable[[str, dict], None] | None = None,
             description: str | None = None, max_pixels: int | None = DEFAULT_MAX_PIXELS,
             memory_budget_mb: float = DEFAULT_MEMORY_BUDGET_MB, max_side: int | None = None,
-            quality: int = DOWNSCALE_QUALITY) -> ConvertResult:
+            quality: int = DOWNSCALE_QUALITY, spark=None) -> ConvertResult:
     """Convert images to a petastorm-format Parquet dataset at `output_url`; return a `ConvertResult`.
 
     `source`: a `Layout` (from `scan`), a data map ``{image: [paths], category: [wnids], ...}`` (from
@@ -506,30 +573,85 @@ def convert(source, output_url, *, partitions: int = 1, row_group_size_mb: float
     exceeds it are downscaled once (JPEGs at a reduced DCT scale first) and stored as JPEG at
     `quality` (default 90); `ConvertResult.resized` counts them, the report lists each. Readers then
     decode fewer pixels every epoch: keep `max_side` above the largest training size.
+
+    `spark` (a SparkSession, the ``spark`` extra): each part is written by a Spark task on the
+    executors (`parallel` threads each), the driver scans, plans and commits the metadata once; the
+    dataset is the one a one-machine `convert` with the same arguments writes, checksums included.
+    The executors must read the image paths and write `output_url` (a local folder on a one-machine
+    cluster, a bucket); give `partitions` >= the executors' task slots, as parts are the unit of work.
+    `source` may also be a ``spark.read.format("binaryFile")`` DataFrame of a class-per-folder tree
+    (labels: the folder names, sorted, unless `classes`); it is converted on its own session.
+
+    A conversion interrupted part-way resumes: parts already stored whole (same inputs and settings) are
+    kept, and a finished dataset of the same inputs and settings is returned as it is.
+
+    Args:
+        source: A `Layout` (from `scan`), a data map ``{image: [paths], category: [wnids], ...}`` (from
+            `imagenet_partition`), a folder to scan, or a Spark ``binaryFile`` DataFrame.
+        output_url: A local folder, an fsspec URL, or ``board://<board>/<pin>`` to pin the finished folder.
+        partitions: Part files to write, of balanced row groups (the unit of work with `spark`).
+        row_group_size_mb: Target size of a row group in MB of images.
+        min_row_groups: At least this many row groups (fewer only when there are fewer images), so that
+            shards and shuffling have room.
+        classes: The wnids in label order (None: the source's sorted wnids).
+        split: For a Layout, ``"train"`` or ``"val"``.
+        seed: Seeds the order in which images are spread over row groups.
+        parallel: Threads reading and checking images (None: the CPU count).
+        overwrite: Replace a dataset converted from other inputs or settings (else `DatasetExistsError`).
+        storage_options: For fsspec (credentials, endpoints) when `output_url` is remote.
+        progress: Show a progress bar (None: where one can be seen).
+        on_part: Called as ``on_part(name, entry)`` after each part is safely stored.
+        description: Recorded with the dataset (None: a description of `source`).
+        max_pixels: Larger JPEGs are decoded at a reduced DCT scale and re-encoded, larger images of other
+            formats skipped (default 40 MP; None: no limit).
+        memory_budget_mb: Decoded pixels all threads may hold at once, in MB.
+        max_side: Downscale images whose longer side exceeds it (None: store every normal JPEG byte for byte).
+        quality: JPEG quality of downscaled or re-encoded images.
+        spark: A SparkSession: parts are written by Spark tasks on the executors (the ``spark`` extra).
+
+    Returns:
+        A `ConvertResult`: where the dataset is, its rows, classes and parts, and what was skipped or resized.
+
+    Raises:
+        DatasetExistsError: `output_url` holds a dataset of other inputs or settings (without `overwrite`),
+            or files pinstorm did not write.
+        InvalidPipelineInput: An argument out of range, or a source without images.
     """
     started = time.monotonic()
     if max_pixels is not None and max_pixels < 1:
-        raise ValueError(f"max_pixels must be None or positive, got {max_pixels!r}")
+        raise InvalidPipelineInput(f"max_pixels must be None or positive, got {max_pixels!r}")
     if memory_budget_mb <= 0:
-        raise ValueError(f"memory_budget_mb must be positive, got {memory_budget_mb!r}")
+        raise InvalidPipelineInput(f"memory_budget_mb must be positive, got {memory_budget_mb!r}")
     if max_side is not None and (isinstance(max_side, bool) or int(max_side) != max_side or max_side < 1):
-        raise ValueError(f"max_side must be None or a positive integer, got {max_side!r}")
+        raise InvalidPipelineInput(f"max_side must be None or a positive integer, got {max_side!r}")
     if isinstance(quality, bool) or int(quality) != quality or not 1 <= quality <= 100:
-        raise ValueError(f"quality must be an integer 1..100, got {quality!r}")
+        raise InvalidPipelineInput(f"quality must be an integer 1..100, got {quality!r}")
+    if hasattr(source, "sparkSession") and hasattr(source, "columns"):   # a Spark DataFrame: binaryFile's
+        spark = spark if spark is not None else source.sparkSession
+        source = _binary_file_map(source)
     items, classes, names, source_description, scope = _source_items(source, classes, split)
     limits = [max_pixels] if max_side is None else [max_pixels, int(max_side), int(quality)]
     plan = _plan(items, classes, partitions, row_group_size_mb, min_row_groups, seed, limits)
     budget = _MemoryBudget(memory_budget_mb * 2**20)
     load = functools.partial(_load, max_pixels=max_pixels, budget=budget, max_side=max_side, quality=quality)
+    on_spark = {}
+    if spark is not None:
+        on_spark = {"spark": spark, "load_options": {"max_pixels": max_pixels, "memory_budget_mb": memory_budget_mb,
+                                                     "max_side": max_side, "quality": quality}}
+        if is_board_url(output_url) and not spark.sparkContext.master.startswith("local"):
+            raise InvalidPipelineInput(f"{output_url}: a board output is staged on the driver's disk, which the executors of "
+                             f"{spark.sparkContext.master} may not share; convert to a bucket or shared folder on "
+                             "Spark, then pin that folder")
     if is_board_url(output_url):
         result = _convert_to_board(plan, classes, names, split, output_url, parallel=parallel,
                                    overwrite=overwrite, progress=progress, on_part=on_part,
                                    description=description or source_description, started=started, seed=seed,
-                                   load=load)
+                                   load=load, **on_spark)
     else:
         result = _convert(plan, classes, names, split, resolve(output_url, storage_options), parallel=parallel,
                           overwrite=overwrite, progress=progress, on_part=on_part,
-                          source=description or source_description, started=started, seed=seed, load=load)
+                          source=description or source_description, started=started, seed=seed, load=load,
+                          **on_spark)
     if result.skipped and result.images_read:
         log.warning("%s: skipped %d file(s), listed in %s", result.url, len(result.skipped), result.report_url)
     in_scope = set(scope)
@@ -542,8 +664,111 @@ def convert(source, output_url, *, partitions: int = 1, row_group_size_mb: float
     return result
 
 
+# ---------------------------------------------------------------------------------------------
+# Writing on Spark (`convert(..., spark=)`, and the parts of `spark_converter.make_spark_converter`):
+# pyspark is imported only inside these functions, and the tasks run on the executors.
+
+
+class SparkConverterError(PipelineError, ValueError):
+    """A DataFrame the Spark converter cannot take (column types, no cache folder), or a Spark job that failed."""
+
+
+def _attempt_tmp_name(name: str) -> str:
+    """The temporary name of `name` for this task attempt: unique per attempt, so two attempts of one
+    task (a retry after a lost executor, a speculative copy) never write into each other's file."""
+    try:
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+    except ImportError:
+        context = None
+    token = f"{context.stageId()}-{context.taskAttemptId()}" if context is not None else uuid.uuid4().hex[:12]
+    return f"{TMP_PREFIX}{name}.{token}"
+
+
+def _convert_parts_task(jobs, *, url, storage_options, parallel, max_pixels, memory_budget_mb, max_side, quality):
+    """Write the parts of `jobs` [(name, [row group rows])] with `convert`'s own reader and writer."""
+    location = resolve(url, storage_options)
+    budget = _MemoryBudget(memory_budget_mb * 2**20)
+    load = functools.partial(_load, max_pixels=max_pixels, budget=budget, max_side=max_side, quality=quality)
+    with ThreadPoolExecutor(max_workers=parallel or os.cpu_count() or 2) as pool:
+        for name, groups in jobs:
+            groups = [[(str(path), str(wnid), int(label)) for path, wnid, label in rows] for rows in groups]
+            entry = write_part_file(location, name, _loaded_groups(groups, pool, load),
+                                    tmp_name=_attempt_tmp_name(name))
+            yield name, entry
+
+
+def _spark_failure(exc: BaseException) -> str:
+    """The line of a Spark job failure that says what went wrong (the Python exception, or Spark's reason)."""
+    text = str(exc)
+    if "Traceback (most recent call last)" in text:
+        lines = [line.strip() for line in text[text.rindex("Traceback (most recent call last)"):].splitlines()
+                 if line.strip() and not line.startswith((" ", "\t"))]
+        errors = [line for line in lines if ":" in line and line.split(":")[0].endswith(("Error", "Exception"))]
+        if errors:
+            return errors[0]
+    for line in text.splitlines():
+        if "Job aborted" in line or "Exception" in line:
+            return line.strip()[:500]
+    return (text.strip().splitlines() or [type(exc).__name__])[0][:500]
+
+
+def _run_job(spark, description: str, rdd, storage_options=None) -> list:
+    """`rdd.collect()` under `description` (Spark's UI shows it: no secret in it); a failed job is a
+    `SparkConverterError` naming the task's Python error, with URL passwords and `storage_options` secrets
+    masked."""
+    hidden = secrets.secret_values(storage_options or {})
+    description = secrets.redact_text(description, hidden)
+    sc = spark.sparkContext
+    sc.setJobDescription(description)
+    try:
+        return rdd.collect()
+    except Exception as exc:  # noqa: BLE001 - py4j's error: translated into one line
+        if type(exc).__name__ not in ("Py4JJavaError", "PythonException", "Py4JError"):
+            raise
+        raise SparkConverterError(f"{description}: the Spark job failed: "
+                                  f"{secrets.redact_text(_spark_failure(exc), hidden)}") from None
+    finally:
+        sc.setJobDescription(None)
+
+
+def _remove_attempt_temporaries(location) -> list[str]:
+    """Remove the temporary part files of task attempts that died (the folder holds only pinstorm's files)."""
+    location.fs.invalidate_cache(location.path)
+    names = [os.path.basename(p.rstrip("/")) for p in location.fs.ls(location.path, detail=False)]
+    strays = [n for n in names if n.startswith(TMP_PREFIX + "part-")]
+    for name in strays:
+        location.fs.rm(location.join(name))
+    if strays:
+        log.info("%s: removed %d temporary part(s) of failed task attempts", location.url, len(strays))
+    return strays
+
+
+def write_parts_on_spark(spark, location, plan, todo, stored, *, parallel=None, max_pixels=DEFAULT_MAX_PIXELS,
+                         memory_budget_mb=1024, max_side=None, quality=DOWNSCALE_QUALITY) -> None:
+    """`convert`'s parts `todo` of `plan`, one Spark task each; `stored(name, entry)` for each, in part order."""
+    if not todo:
+        return
+    jobs = [(part_name(part, plan.partitions),
+             [plan.rows[start:stop] for start, stop in (plan.bounds[g] for g in plan.part_groups(part))])
+            for part in todo]
+    task = functools.partial(_convert_parts_task, url=location.url, storage_options=location.storage_options,
+                             parallel=parallel, max_pixels=max_pixels, memory_budget_mb=memory_budget_mb,
+                             max_side=max_side, quality=quality)
+    rdd = spark.sparkContext.parallelize(jobs, len(jobs)).mapPartitions(task)
+    results = dict(_run_job(spark, f"pinstorm convert: {len(jobs)} part(s) to {location.url}", rdd,
+                            location.storage_options))
+    missing = [name for name, _ in jobs if name not in results]
+    if missing:   # cannot happen with a finished job; never commit a dataset short of a part
+        raise SparkConverterError(f"{location.url}: the Spark job returned no result for {', '.join(missing[:5])}")
+    for name, _ in jobs:
+        stored(name, results[name])
+    _remove_attempt_temporaries(location)
+
+
 def _convert(plan, classes, names, split, location, *, parallel, overwrite, progress, on_part, source,
-             started, seed, load) -> ConvertResult:
+             started, seed, load, spark=None, load_options=None) -> ConvertResult:
     existing, done = _prepare_output(location, plan, overwrite)
     if existing is not None:
         report = _read_json(location, REPORT) or {}
@@ -555,16 +780,38 @@ def _convert(plan, classes, names, split, location, *, parallel, overwrite, prog
     todo = [p for p in range(plan.partitions) if part_name(p, plan.partitions) not in done]
     total = sum(plan.bounds[g][1] - plan.bounds[g][0] for p in todo for g in plan.part_groups(p))
     parts = dict(done)
-    with ThreadPoolExecutor(max_workers=parallel or os.cpu_count() or 2) as pool, \
-            progress_bar("convert", total, unit="images", enabled=progress) as advance:
-        for part in todo:
-            name = part_name(part, plan.partitions)
-            parts[name] = _write_part(location, plan, part, pool, advance, load)
-            _write_json(location, PROGRESS, {"plan": plan.digest, "parts": parts})
-            if on_part is not None:
-                on_part(name, parts[name])
+
+    def stored(name, entry):
+        parts[name] = entry
+        _write_json(location, PROGRESS, {"plan": plan.digest, "parts": parts})
+        if on_part is not None:
+            on_part(name, entry)
+
+    if spark is not None:   # each executor writes its parts; the driver records them as they come back
+        write_parts_on_spark(spark, location, plan, todo, stored, parallel=parallel, **(load_options or {}))
+    else:
+        with ThreadPoolExecutor(max_workers=parallel or os.cpu_count() or 2) as pool, \
+                progress_bar("convert", total, unit="images", enabled=progress) as advance:
+            for part in todo:
+                name = part_name(part, plan.partitions)
+                stored(name, _write_part(location, plan, part, pool, advance, load))
 
     ordered = [part_name(p, plan.partitions) for p in range(plan.partitions)]
+    if sum(parts[n]["rows"] for n in ordered) == 0:
+        raise InvalidPipelineInput(f"none of the {len(plan.rows)} images could be read; see {location.join(PROGRESS)}")
+    info, skipped, reencoded = commit_dataset(location, parts, ordered, classes=classes, names=names, split=split,
+                                              seed=seed, digest=plan.digest, source=source)
+    images_read = sum(plan.bounds[g][1] - plan.bounds[g][0] for p in todo for g in plan.part_groups(p))
+    return ConvertResult(location.url, info["rows"], info["row_groups"], plan.partitions, info["bytes"], classes,
+                         skipped, reencoded, time.monotonic() - started, images_read, len(done),
+                         location.join(REPORT), info["empty_classes"])
+
+
+def commit_dataset(location, parts: dict, ordered: list[str], *, classes, names, split, seed, digest,
+                   source) -> tuple[dict, list, list]:
+    """Make `location` a dataset from its written parts (`parts`: name -> `write_part_file` entry, in
+    `ordered` order): the report, then ``_common_metadata`` (the completeness marker), once.
+    Returns (the pinstorm metadata, skipped, re-encoded)."""
     skipped = [s for n in ordered for s in parts[n]["skipped"]]
     reencoded = [r for n in ordered for r in parts[n]["reencoded"]]
     class_rows = dict.fromkeys(classes, 0)  # one pass over the parts: not classes x parts (21,841 x 1,000+)
@@ -573,8 +820,6 @@ def _convert(plan, classes, names, split, location, *, parallel, overwrite, prog
             if wnid in class_rows:
                 class_rows[wnid] += count
     rows = sum(parts[n]["rows"] for n in ordered)
-    if rows == 0:
-        raise ValueError(f"none of the {len(plan.rows)} images could be read; see {location.join(PROGRESS)}")
     files = {n: {"rows": parts[n]["rows"], "row_groups": len(parts[n]["row_group_rows"]),
                  "bytes": parts[n]["bytes"], "xxh3": parts[n]["xxh3"], "footer_xxh3": parts[n]["footer_xxh3"],
                  "row_group_xxh3": parts[n]["row_group_xxh3"]} for n in ordered}
@@ -582,26 +827,24 @@ def _convert(plan, classes, names, split, location, *, parallel, overwrite, prog
     info = {
         "format": FORMAT_VERSION, "rows": rows, "num_classes": len(classes), "classes": classes,
         "names": names, "class_rows": [class_rows[w] for w in classes], "split": split,
-        "partitions": plan.partitions, "row_groups": sum(f["row_groups"] for f in files.values()),
+        "partitions": len(ordered), "row_groups": sum(f["row_groups"] for f in files.values()),
         "row_group_rows": [r for n in ordered for r in parts[n]["row_group_rows"]],
         "files": files, "bytes": sum(f["bytes"] for f in files.values()),
         "skipped": len(skipped), "reencoded": len(reencoded), "empty_classes": empty_classes,
         "reoriented": count_flag(reencoded, "reoriented"),
         "resized": count_flag(reencoded, "resized"),
-        "checksum": CHECKSUM, "seed": seed, "plan": plan.digest,
+        "checksum": CHECKSUM, "seed": seed, "plan": digest,
         "source": source, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
     _write_json(location, REPORT, {"rows": rows, "skipped": skipped, "reencoded": reencoded})
     write_common_metadata(location, info, {n: f["row_groups"] for n, f in files.items()})
-    location.fs.rm(location.join(PROGRESS))
-    images_read = sum(plan.bounds[g][1] - plan.bounds[g][0] for p in todo for g in plan.part_groups(p))
-    return ConvertResult(location.url, rows, info["row_groups"], plan.partitions, info["bytes"], classes,
-                         skipped, reencoded, time.monotonic() - started, images_read, len(done),
-                         location.join(REPORT), empty_classes)
+    if location.fs.exists(location.join(PROGRESS)):
+        location.fs.rm(location.join(PROGRESS))
+    return info, skipped, reencoded
 
 
 def _convert_to_board(plan, classes, names, split, url, *, parallel, overwrite, progress, on_part,
-                      description, started, seed, load) -> ConvertResult:
+                      description, started, seed, load, **on_spark) -> ConvertResult:
     """Convert into a private staging folder, then pin it unzipped.
 
     The staging folder is a fresh `tempfile.mkdtemp` (mode 0700, unpredictable name), removed
@@ -617,7 +860,7 @@ def _convert_to_board(plan, classes, names, split, url, *, parallel, overwrite, 
     try:
         result = _convert(plan, classes, names, split, resolve(staging / pin), parallel=parallel,
                           overwrite=overwrite, progress=progress, on_part=on_part, source=description,
-                          started=started, seed=seed, load=load)
+                          started=started, seed=seed, load=load, **on_spark)
         info = read_info(resolve(staging / pin))
         boards.pin(str(staging), name=pin, board=board, zip=False,
                    description=f"pinstorm dataset: {info['rows']} images of {info['num_classes']} classes "

@@ -16,18 +16,18 @@ import warnings
 
 import numpy as np
 
+from .errors import InvalidPipelineInput, PipelineError
 from .metadata import check_petastorm_metadata, petastorm_guard, read_info
 from .options import ReaderOptionError, ReaderOptions
-from .storage import locate, petastorm_filesystem
+from .storage import Location, locate, locate_stream, petastorm_filesystem
 from .verify import CHECKSUMMED, CorruptPartError, check_parts, open_part, read_row_group, rows_digest, verified
-from pinstorm.errors import PinstormError
 from pinstorm.boards import secrets
 
 # The reader's logger: its messages predate this module, and users filter on that name.
 log = secrets.logger("pinstorm.pipeline.reader")
 
 
-class IncompleteEpochError(PinstormError, RuntimeError):
+class IncompleteEpochError(PipelineError, RuntimeError):
     """An epoch that delivered a different number of rows than the dataset (or shard) holds."""
 
 
@@ -39,11 +39,11 @@ def shard_row_groups(info: dict, shard) -> list[int]:
     try:
         index, count = (int(v) for v in shard)
     except (TypeError, ValueError):
-        raise ValueError(f"shard must be (index, count), got {shard!r}") from None
+        raise InvalidPipelineInput(f"shard must be (index, count), got {shard!r}") from None
     if count < 1 or not 0 <= index < count:
-        raise ValueError(f"shard index must be in [0, {count}), got {shard!r}")
+        raise InvalidPipelineInput(f"shard index must be in [0, {count}), got {shard!r}")
     if count > groups:
-        raise ValueError(f"{info.get('url', 'dataset')} has {groups} row groups, fewer than {count} shards: some "
+        raise InvalidPipelineInput(f"{info.get('url', 'dataset')} has {groups} row groups, fewer than {count} shards: some "
                          f"workers would get no data; convert with more partitions or a smaller row_group_size_mb")
     return [g for g in range(groups) if g % count == index]
 
@@ -81,10 +81,14 @@ def check_arguments(batch_size, image_size, arguments) -> tuple[tuple[int, int],
 
 
 def open_epochs(url, shard, *, shuffle: bool, seed: int | None, engine: str = "pyarrow", retries: int = 2,
-                workers: int = 0, storage_options: dict | None = None, verify: bool = True) -> "EpochSource":
+                workers: int = 0, storage_options: dict | None = None, verify: bool = True, stream: bool = False,
+                cache_limit: int | None = None) -> "EpochSource":
     """The `EpochSource` of one shard of the dataset at `url`, after every part of it was found with its
-    recorded size (a missing part fails here, not mid-epoch). `verify=False` forgets the checksums."""
-    location = locate(url, storage_options)
+    recorded size (a missing part fails here, not mid-epoch). `verify=False` forgets the checksums.
+    `stream`: a remote dataset's parts are read from the machine's bounded part cache (`part_cache`)."""
+    if stream and engine != "pyarrow":
+        raise ReaderOptionError("stream=True needs engine='pyarrow' (petastorm reads parts itself)")
+    location = locate_stream(url, storage_options) if stream else locate(url, storage_options)
     info = read_info(location)
     if engine == "petastorm":
         check_petastorm_metadata(location, info)   # before petastorm could unpickle anything
@@ -100,6 +104,9 @@ def open_epochs(url, shard, *, shuffle: bool, seed: int | None, engine: str = "p
     base_seed = seed if seed is not None else random.SystemRandom().randrange(2**31)
     source = EpochSource(location, info, shard, groups, shuffle=shuffle, base_seed=base_seed, engine=engine,
                          retries=retries, workers=workers)
+    if stream and not location.is_local:   # a local dataset is read in place: nothing to cache
+        from .part_cache import PartCache
+        source.parts = PartCache(location, info, limit=cache_limit, retries=retries)
     check_parts(location, info, source.part_names())
     return source
 
@@ -128,6 +135,7 @@ class EpochSource:
         self.shuffle, self.base_seed, self.engine = shuffle, base_seed, engine
         self.retries, self.workers = retries, workers
         self.where = self.location.url   # the part and row group whose rows were yielded last (pyarrow engine)
+        self.parts = None   # a `part_cache.PartCache` when streaming: parts are read from local copies
 
     def part_names(self, groups=None) -> list[str]:
         names = sorted(self.info["files"])
@@ -137,7 +145,7 @@ class EpochSource:
     def __call__(self, epoch, split=None):
         epoch = int(epoch)
         if split is not None and self.engine != "pyarrow":
-            raise ValueError("only the pyarrow engine reads an epoch in splits")
+            raise InvalidPipelineInput("only the pyarrow engine reads an epoch in splits")
         seed = epoch_seed(self.base_seed, epoch)
         order = epoch_order(self.groups, seed, self.shuffle, split) if split is not None else None
         expected = self.expected if order is None else sum(self.info["row_group_rows"][g] for g in order)
@@ -233,6 +241,9 @@ class EpochSource:
         where = [(name, rg) for name in names for rg in range(self.info["files"][name]["row_groups"])]
         if order is None:
             order = epoch_order(self.groups, seed, self.shuffle)
+        if self.parts is not None:
+            yield from self._streamed_batches([where[g] for g in order])
+            return
         files = {}
         try:
             for name, rg in (where[g] for g in order):
@@ -247,6 +258,44 @@ class EpochSource:
         finally:
             for handle in files.values():
                 handle.close()
+
+    def _streamed_batches(self, planned):
+        """`_arrow_batches` over the part cache: the plan's runs of row groups of one part, each part held
+        from its fetch (ahead of this reader) until its run is read, then let go (evictable)."""
+        runs = []
+        for name, rg in planned:
+            if runs and runs[-1][0] == name:
+                runs[-1][1].append(rg)
+            else:
+                runs.append((name, [rg]))
+        with self.parts.stream(name for name, _ in runs) as parts:
+            for name, groups in runs:
+                local = CachedLocation(self.parts.path(name).parent, self.location.url)
+                local_path = parts.next()
+                assert local_path == self.parts.path(name)
+                handle = open_part(local, self.info, name, CHECKSUMMED)
+                try:
+                    for rg in groups:
+                        table = read_row_group(handle, self.location, self.info, name, rg)
+                        images = table.column("image").to_numpy(zero_copy_only=False)
+                        check_jpegs(images, self.location, self.info, name, rg, handle,
+                                    deep="row_group_xxh3" not in self.info["files"][name])
+                        self.where = f"{self.location.url}/{name} row group {rg}"
+                        yield images, table.column("label").to_numpy().astype(np.int32)
+                finally:
+                    handle.close()
+
+
+class CachedLocation(Location):
+    """A part cache's local folder, named in errors by the dataset's own URL."""
+
+    def __init__(self, folder, url: str):
+        import fsspec
+        super().__init__(fsspec.filesystem("file"), str(folder), url, {})
+
+    @property
+    def is_local(self) -> bool:
+        return True
 
 
 def jpeg_problem(data) -> str | None:

@@ -39,7 +39,8 @@ from dataclasses import dataclass
 
 from PIL import Image, ImageOps
 
-from pinstorm.errors import PinstormError
+from .errors import InvalidPipelineInput, PipelineError
+
 
 REENCODE_QUALITY = 95
 DOWNSCALE_QUALITY = 90            # `max_side` re-encodes: what FFCV stores ImageNet at
@@ -51,7 +52,7 @@ _HIGH_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I", "F")
 _BYTES_PER_PIXEL = 12
 
 
-class UndecodableImage(PinstormError, ValueError):
+class UndecodableImage(PipelineError, ValueError):
     """Bytes that are empty, not an image, an image cut short, or one too large to decode."""
 
 
@@ -177,11 +178,26 @@ def check_image(data: bytes, *, name: str = "image", max_pixels: int | None = DE
     JPEG at `quality` (reason "downscaled ... (max_side N)"); smaller ones are treated as without it.
     `hold(cost)`: a context manager entered with `decode_cost` (from the header just parsed) before any
     pixel is decoded, and left after (the converter's memory budget; one header parse, not two).
+
+    Args:
+        data: The image file's bytes.
+        name: The file's name, for messages.
+        max_pixels: Width x height above which JPEGs are decoded at a reduced scale and re-encoded, and
+            other formats refused (None: no limit).
+        max_side: Downscale an image whose longer side exceeds it (None: off).
+        quality: The JPEG quality of re-encoded or downscaled images.
+        hold: A function ``hold(cost)`` returning a context manager held while pixels are decoded (None: none).
+
+    Returns:
+        A ``CheckedImage``: the bytes to store, the size, and why they were re-encoded (if they were).
+
+    Raises:
+        UndecodableImage: The bytes are not an image that decodes to RGB, or it is too large.
     """
     if max_side is not None and max_side < 1:
-        raise ValueError(f"max_side must be None or positive, got {max_side!r}")
+        raise InvalidPipelineInput(f"max_side must be None or positive, got {max_side!r}")
     if not 1 <= quality <= 100:
-        raise ValueError(f"quality must be 1..100, got {quality!r}")
+        raise InvalidPipelineInput(f"quality must be 1..100, got {quality!r}")
     if not data:
         raise UndecodableImage(f"{name}: empty file")
     try:

@@ -22,6 +22,14 @@ def dataset_info(url, *, storage_options: dict | None = None, check: bool = True
     `IncompleteDatasetError` for a folder without the completion marker (``_common_metadata``), and
     (unless `check=False`) `MissingPartError` / `CorruptPartError` when a part is gone or has
     another size than conversion wrote (one listing; `verify_dataset` checks every byte).
+
+    Args:
+        url: A local folder, an fsspec URL or ``board://<board>/<pin>``.
+        storage_options: For fsspec (credentials, endpoints) when `url` is remote.
+        check: Also check that every part is there with the size conversion wrote.
+
+    Returns:
+        The summary dict.
     """
     location = locate(url, storage_options)
     info = read_info(location)

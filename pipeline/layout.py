@@ -25,8 +25,9 @@ import os
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from pinstorm.errors import PinstormError
 from pinstorm.boards import secrets
+
+from .errors import InvalidPipelineInput, PipelineError
 
 IMAGE_SUFFIXES = {".jpeg", ".jpg", ".jpe", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
 VAL_SOLUTION = "LOC_val_solution.csv"
@@ -36,7 +37,7 @@ SYNSET_MAPPING = "LOC_synset_mapping.txt"
 log = secrets.logger(__name__)
 
 
-class LayoutError(PinstormError, ValueError):
+class LayoutError(PipelineError, ValueError):
     """A folder that is not an image tree we understand, or whose label files contradict it."""
 
 
@@ -53,6 +54,16 @@ class Layout:
     `empty_classes` those without a train image. `names` maps each to a human name (the wnid itself
     when no mapping file exists).
     `unlabelled` lists val images the solution file does not mention; they are not in `val`.
+
+    Attributes:
+        root: The tree's folder.
+        kind: ``"ilsvrc"``, ``"split-folders"`` or ``"folders"``.
+        train: The training images' ``(path, wnid)`` pairs.
+        val: The validation images' ``(path, wnid)`` pairs.
+        classes: The sorted wnids.
+        names: ``{wnid: human name}``.
+        unlabelled: Val images the solution file does not mention.
+        empty_classes: Classes without a train image.
     """
 
     root: Path
@@ -65,9 +76,16 @@ class Layout:
     empty_classes: list[str] = field(default_factory=list)
 
     def items(self, split: str = "train") -> list[tuple[str, str]]:
-        """The (path, wnid) pairs of one split, or a clear error when the split has none."""
+        """The (path, wnid) pairs of one split, or a clear error when the split has none.
+
+        Args:
+            split: ``"train"`` or ``"val"``.
+
+        Raises:
+            LayoutError: The split has no labelled images.
+        """
         if split not in ("train", "val"):
-            raise ValueError(f"split must be 'train' or 'val', got {split!r}")
+            raise InvalidPipelineInput(f"split must be 'train' or 'val', got {split!r}")
         items = self.train if split == "train" else self.val
         if not items:
             hint = ""
@@ -77,7 +95,14 @@ class Layout:
         return items
 
     def counts(self, split: str = "train") -> dict[str, int]:
-        """Images per class of one split."""
+        """Images per class of one split.
+
+        Args:
+            split: ``"train"`` or ``"val"``.
+
+        Returns:
+            ``{wnid: images}``, every class included.
+        """
         counts = {wnid: 0 for wnid in self.classes}
         for _, wnid in (self.train if split == "train" else self.val):
             counts[wnid] = counts.get(wnid, 0) + 1
@@ -213,7 +238,17 @@ def _finish(root, kind, train, val, names, unlabelled=(), *, folders=(), mapping
 
 
 def scan(root) -> Layout:
-    """Scan `root` (ILSVRC layout, ``train/``+``val/`` class folders, or one folder per class)."""
+    """Scan `root` (ILSVRC layout, ``train/``+``val/`` class folders, or one folder per class).
+
+    Args:
+        root: The folder to scan (``~`` is expanded).
+
+    Returns:
+        A `Layout`: the training and validation images with their wnids, and the classes' names.
+
+    Raises:
+        LayoutError: `root` is not a folder, or its mapping or label files are malformed.
+    """
     root = Path(root).expanduser()
     if not root.is_dir():
         raise LayoutError(f"{root}: not a folder")

@@ -41,7 +41,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-from pinstorm.errors import PinstormError
+
+from .errors import PipelineError
 
 COMMON_METADATA = "_common_metadata"
 REPORT = "_pinstorm_report.json"
@@ -56,15 +57,19 @@ MAX_COMMON_METADATA_BYTES = 64 << 20   # ImageNet at 32 MB row groups: ~0.3 MB
 PART_NAME = re.compile(r"part-[0-9]{1,12}\.parquet")
 
 
-class IncompleteDatasetError(PinstormError, FileNotFoundError):
+class DatasetNotFound(PipelineError, FileNotFoundError):
+    """Nothing at a dataset's URL."""
+
+
+class IncompleteDatasetError(PipelineError, FileNotFoundError):
     """A folder that is not a finished dataset: no ``_common_metadata`` (conversion never finished)."""
 
 
-class MalformedDatasetError(PinstormError, ValueError):
+class MalformedDatasetError(PipelineError, ValueError):
     """``_common_metadata`` too large, unreadable, or with metadata that contradicts itself."""
 
 
-class UntrustedSchemaError(PinstormError, ValueError):
+class UntrustedSchemaError(PipelineError, ValueError):
     """A pickled Unischema that is not byte-for-byte pinstorm's own: petastorm would run it."""
 
 
@@ -250,7 +255,7 @@ def read_common_metadata(location) -> dict:
                 f"{location.url}: no {COMMON_METADATA}, so this is not a finished pinstorm dataset "
                 "(a conversion was interrupted, or this is another folder); run `pinstorm convert` "
                 "again to finish it") from None
-        raise FileNotFoundError(f"{location.url}: no such dataset") from None
+        raise DatasetNotFound(f"{location.url}: no such dataset") from None
 
 
 def read_info(location) -> dict:

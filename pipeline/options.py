@@ -14,7 +14,8 @@ import numbers
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from pinstorm.errors import PinstormError
+from .errors import PipelineError
+
 
 # The aspect ratios a training crop may have (Inception's, as torchvision and tf.image use them), and the
 # crops sampled before the whole image is taken (tf.image.sample_distorted_bounding_box's default).
@@ -22,7 +23,7 @@ ASPECT_RANGE = (3 / 4, 4 / 3)
 CROP_ATTEMPTS = 10
 
 
-class ReaderOptionError(PinstormError, ValueError):
+class ReaderOptionError(PipelineError, ValueError):
     """A reader option out of its range (the message names the option and the value)."""
 
 
@@ -30,15 +31,37 @@ class ReaderOptionError(PinstormError, ValueError):
 class ReaderOptions:
     """What a reader delivers, independent of the framework.
 
-    * ``training``: random crops (``crop_area`` of the image, aspect in ``ASPECT_RANGE``) and
-      left-right flips (``flip``); otherwise a centre crop of ``eval_crop`` of the largest window of the
-      target's aspect.
-    * ``shard``: ``(index, count)``, this worker's disjoint share of row groups.
-    * ``num_epochs``: exact passes (None: endless). ``shuffle`` / ``shuffle_buffer`` / ``seed``: the
-      order of row groups and rows, reproducible for a seed. ``drop_remainder``: only full batches.
-    * ``dct_scale``: decode at 1/2, 1/4 or 1/8 DCT scale when the target is that much smaller.
-    * ``verify``: footer and row-group checksums; ``retries``: reads of a part retried on I/O errors.
-    * ``storage_options``: for fsspec (credentials, endpoints); ``return_ids``: batches carry sample IDs.
+    `make_dataset` and `make_torch_loader` take each of these as a keyword argument of the same name and
+    default; they are described here once. Every value is checked when the options are made
+    (`ReaderOptionError` names the option).
+
+    Attributes:
+        training: True: random crops (``crop_area`` of the image, aspect in ``ASPECT_RANGE``) and
+            left-right flips (``flip``). False: a centre crop of ``eval_crop`` of the largest window of the
+            target's aspect, no randomness.
+        shard: ``(index, count)``: this worker's disjoint share of row groups; the shards together cover
+            every row exactly once per epoch. None: every row group.
+        num_epochs: Exact passes over the data (None: endless). Each epoch is counted; an epoch short of
+            the stored rows is retried when empty, else raises `IncompleteEpochError`.
+        shuffle: Row groups in a random order and rows through a shuffle buffer. False (with
+            ``training=False``): the stored order, the same every time.
+        seed: Makes shuffling and augmentation reproducible (None: a fresh seed).
+        drop_remainder: Only full batches (static batch shapes, as some strategies need).
+        shuffle_buffer: Rows in the shuffle buffer (None: about 4 row groups, at most about 256 MB of JPEGs).
+        crop_area: ``(low, high)``: the share of the image a training crop covers, ``0 < low <= high <= 1``.
+        flip: Random left-right flips when training.
+        eval_crop: The share of the largest target-aspect window an evaluation crop keeps, in (0, 1].
+        dct_scale: Decode a crop window at 1/2, 1/4 or 1/8 DCT scale when the target is at least that much
+            smaller, then resize (far fewer pixels for small targets). False: always full scale.
+        verify: Check footer and row-group checksums (`verify_dataset`) before rows are delivered. Parts are
+            checked for presence and size before every epoch either way.
+        retries: Reads of a part retried on I/O errors.
+        storage_options: For fsspec (credentials, endpoints) when the URL is remote.
+        return_ids: Batches also carry the samples' int64 IDs (their global row numbers).
+        stream: A remote dataset (fsspec URL, object-store ``board://``) is read part by part through the
+            machine's bounded part cache (`pipeline.part_cache`), shared by every reader on the machine;
+            the same rows in the same order.
+        cache_limit: That part cache's size in bytes (None: 80% of what its disk could give it).
     """
 
     training: bool = True
@@ -56,6 +79,8 @@ class ReaderOptions:
     retries: int = 2
     storage_options: Mapping[str, Any] | None = None
     return_ids: bool = False
+    stream: bool = False
+    cache_limit: int | None = None
 
     def __post_init__(self) -> None:
         crop = _pair(self.crop_area, "crop_area")
@@ -73,6 +98,8 @@ class ReaderOptions:
             raise ReaderOptionError(f"retries must be a non-negative integer, got {self.retries!r}")
         if self.seed is not None and _not_int(self.seed):
             raise ReaderOptionError(f"seed must be None or an integer, got {self.seed!r}")
+        if self.cache_limit is not None and (_not_int(self.cache_limit) or self.cache_limit < 1):
+            raise ReaderOptionError(f"cache_limit must be None or a positive number of bytes, got {self.cache_limit!r}")
         if self.storage_options is not None and not isinstance(self.storage_options, Mapping):
             raise ReaderOptionError(f"storage_options must be a mapping, got {type(self.storage_options).__name__}")
 
@@ -86,7 +113,11 @@ class ReaderOptions:
 
     @classmethod
     def pick(cls, arguments: Mapping[str, Any]) -> "ReaderOptions":
-        """The options among a reader's `arguments` (its `locals()`), checked."""
+        """The options among a reader's `arguments` (its `locals()`), checked.
+
+        Args:
+            arguments: A reader's arguments by name; the names that are not options are ignored.
+        """
         return cls(**{name: arguments[name] for name in cls.names() if name in arguments})
 
 

@@ -30,8 +30,8 @@ import zlib
 
 import numpy as np
 
+from .errors import PipelineError
 from .epochs import IncompleteEpochError, default_shuffle_buffer, epoch_order, epoch_seed, shard_row_groups
-from pinstorm.errors import PinstormError
 
 STATE_FORMAT = "pinstorm.make_torch_loader/1"   # the name it was born with; TensorFlow states use it too
 _MARK_CHUNK = 1 << 16   # sample IDs marked consumed at a time (`consumed_by`)
@@ -42,7 +42,7 @@ _MAX_SEED = 2**63
 _EPOCH_KEY = re.compile(r"^(0|[1-9][0-9]{0,9})$")
 
 
-class ResumeStateError(PinstormError, ValueError):
+class ResumeStateError(PipelineError, ValueError):
     """A reader state this dataset's reader cannot have written: another dataset or run, a field of the
     wrong type, or a position outside the epoch plan (a negative count, an epoch past `MAX_EPOCH`, more
     samples received than the stream's epoch holds)."""

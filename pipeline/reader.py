@@ -44,6 +44,7 @@ import itertools
 
 import numpy as np
 
+from .errors import InvalidPipelineInput
 from .epochs import EpochSource as _EpochSource  # noqa: F401 (kept importable from here)
 from .epochs import IncompleteEpochError, shard_row_groups  # noqa: F401 (public names of this module)
 from .epochs import check_arguments, default_shuffle_buffer, open_epochs
@@ -167,6 +168,17 @@ class DatasetPosition:
     ``state(k)``: the JSON-able state (`positions.state_dict`, the torch loader's format) after the caller
     consumed `k` batches of the dataset. Batches run across epoch boundaries, so `k` batches are
     ``k * batch_size`` samples from `start` (fewer at the very end).
+
+    Made by `make_dataset` (``dataset.pinstorm_position``) and `dataset_position`, whose arguments these are.
+
+    Args:
+        source: The dataset's epochs (``epochs.EpochSource``: its parts, row groups, shard and seed).
+        batch_size: Rows per batch.
+        shuffle: As `ReaderOptions`'.
+        shuffle_buffer: As `ReaderOptions`'.
+        num_epochs: As `ReaderOptions`'.
+        drop_remainder: As `ReaderOptions`'.
+        state: A position to start from (None: the first sample of epoch 0).
     """
 
     def __init__(self, source, *, batch_size, shuffle, shuffle_buffer, num_epochs, drop_remainder, state=None):
@@ -176,17 +188,31 @@ class DatasetPosition:
             state, source, shuffle=shuffle, shuffle_buffer=shuffle_buffer, num_workers=0, streams=1)
 
     def ids(self, epoch: int):
-        """The sample IDs of `epoch`, whole (but the samples an earlier layout consumed)."""
+        """The sample IDs of `epoch`, whole (but the samples an earlier layout consumed).
+
+        Args:
+            epoch: The epoch, from 0.
+        """
         return stream_ids(self.source.info, self.source.groups, seed=epoch_seed(self.source.base_seed, epoch),
                           shuffle=self.shuffle, shuffle_buffer=self.shuffle_buffer,
                           consumed=self.start.consumed.get(epoch))
 
     def epoch_length(self, epoch: int) -> int:
+        """The samples `epoch` delivers (but those an earlier layout consumed).
+
+        Args:
+            epoch: The epoch, from 0.
+        """
         return stream_length(self.source.info, self.source.groups, seed=epoch_seed(self.source.base_seed, epoch),
                              shuffle=self.shuffle, consumed=self.start.consumed.get(epoch))
 
     def rows(self, epoch, with_ids=True):
-        """(jpegs, labels, seeds [n, 2][, ids]) chunks of `epoch` from the start position on, in plan order."""
+        """``(jpegs, labels, seeds [n, 2][, ids])`` chunks of `epoch` from the start position on, in plan order.
+
+        Args:
+            epoch: The epoch, from 0.
+            with_ids: Also yield the samples' IDs.
+        """
         epoch = int(epoch)
         first, skip = self.start.streams[0]
         skip = skip if epoch == first else 0
@@ -208,7 +234,12 @@ class DatasetPosition:
 
     def epoch_chunks(self, tf, return_ids: bool):
         """epoch -> a dataset of that epoch's chunks of `_CHUNK` rows (`rows`): tf.data hands rows over a
-        chunk at a time, so queueing ahead and crossing epochs cost nothing per row."""
+        chunk at a time, so queueing ahead and crossing epochs cost nothing per row.
+
+        Args:
+            tf: The ``tensorflow`` module.
+            return_ids: The chunks also carry the samples' IDs.
+        """
         signature = (tf.TensorSpec([None], tf.string), tf.TensorSpec([None], tf.int32),
                      tf.TensorSpec([None, 2], tf.int64)) + ((tf.TensorSpec([None], tf.int64),) if return_ids else ())
 
@@ -218,9 +249,16 @@ class DatasetPosition:
         return epoch_dataset
 
     def state(self, batches_consumed: int) -> dict:
-        """The state after `batches_consumed` batches of this dataset (counted from its first)."""
+        """The state after `batches_consumed` batches of this dataset (counted from its first).
+
+        Args:
+            batches_consumed: Batches the caller took from the dataset (tf.data prefetches: count batches).
+
+        Returns:
+            A JSON-able state for `make_dataset`'s or `make_torch_loader`'s ``state``.
+        """
         if batches_consumed < 0:
-            raise ValueError(f"batches_consumed must be >= 0, got {batches_consumed!r}")
+            raise InvalidPipelineInput(f"batches_consumed must be >= 0, got {batches_consumed!r}")
         epoch, count = self.start.streams[0]
         samples = int(batches_consumed) * self.batch_size
         end = None if self.num_epochs is None else self.start.epoch + self.num_epochs
@@ -238,13 +276,26 @@ class DatasetPosition:
 
 def dataset_position(url, *, batch_size: int, shard=None, shuffle: bool = True, seed: int | None = None,
                      shuffle_buffer: int | None = None, num_epochs: int | None = 1, drop_remainder: bool = False,
-                     state=None, storage_options: dict | None = None) -> DatasetPosition:
+                     state=None, storage_options: dict | None = None, stream: bool = False) -> DatasetPosition:
     """The `DatasetPosition` of the `make_dataset` (pyarrow engine) these arguments build, without building it:
     for code that does not hold the dataset (a training loop behind ``distribute_datasets_from_function``).
-    Needs the `seed` (or a `state`, which carries one): without, every reader draws its own."""
+    Needs the `seed` (or a `state`, which carries one): without, every reader draws its own.
+
+    The arguments mean what they mean for `make_dataset`; the shared ones (``shard``, ``shuffle``, ``seed``,
+    ``shuffle_buffer``, ``num_epochs``, ``drop_remainder``, ``storage_options``, ``stream``) are described
+    on [`ReaderOptions`][pinstorm.pipeline.options.ReaderOptions].
+
+    Args:
+        url: The converted dataset: a local folder, an fsspec URL or ``board://<board>/<pin>``.
+        batch_size: Rows per batch, as given to `make_dataset`.
+        state: A position to start from, as `make_dataset`'s.
+
+    Returns:
+        The `DatasetPosition`.
+    """
     if seed is None and state is None:
-        raise ValueError("dataset_position needs the seed (or a state): an unseeded reader's order is its own")
-    source = open_epochs(url, shard, shuffle=shuffle, seed=seed, storage_options=storage_options)
+        raise InvalidPipelineInput("dataset_position needs the seed (or a state): an unseeded reader's order is its own")
+    source = open_epochs(url, shard, shuffle=shuffle, seed=seed, storage_options=storage_options, stream=stream)
     return DatasetPosition(source, batch_size=int(batch_size), shuffle=shuffle, shuffle_buffer=shuffle_buffer,
                            num_epochs=num_epochs, drop_remainder=drop_remainder, state=state)
 
@@ -257,7 +308,8 @@ def make_dataset(url, *, batch_size: int, image_size=(224, 224), training: bool 
                  engine: str = "pyarrow", reader_workers: int = 0, prefetch_rows: int | None = None,
                  retries: int = READER.retries, storage_options: dict | None = READER.storage_options,
                  verify: bool = READER.verify, dct_scale: bool = READER.dct_scale, state=None,
-                 return_ids: bool = READER.return_ids):
+                 return_ids: bool = READER.return_ids, stream: bool = READER.stream,
+                 cache_limit: int | None = READER.cache_limit):
     """A ``tf.data.Dataset`` of ``(images, labels)`` batches from a converted dataset.
 
     images: float32 ``[B, H, W, 3]`` with values in [0, 1]; labels: int32 ``[B]`` class indexes
@@ -297,8 +349,36 @@ def make_dataset(url, *, batch_size: int, image_size=(224, 224), training: bool 
       The petastorm engine takes neither (ValueError), and its ``pinstorm_position`` is None.
 
     `url`: a local folder, an fsspec URL (with `storage_options`), or ``board://<board>/<pin>``.
+    `stream=True`: a remote dataset is read part by part as the epoch plan needs it, through the machine's
+    part cache of at most `cache_limit` bytes (`pipeline.part_cache`; "Datasets bigger than the disk" in
+    docs/pipeline.md); the same rows in the same order.
     Ready for ``model.fit`` and ``strategy.experimental_distribute_dataset`` (batch by the
     global batch size). Auto-sharding is switched off when `shard` is given: the reader shards.
+
+    The options both readers share (``training``, ``shard``, ``num_epochs``, ``shuffle``, ``seed``,
+    ``drop_remainder``, ``shuffle_buffer``, ``crop_area``, ``flip``, ``eval_crop``, ``dct_scale``,
+    ``verify``, ``retries``, ``storage_options``, ``return_ids``, ``stream``, ``cache_limit``) are described
+    once on [`ReaderOptions`][pinstorm.pipeline.options.ReaderOptions].
+
+    Args:
+        url: The converted dataset: a local folder, an fsspec URL or ``board://<board>/<pin>``.
+        batch_size: Rows per batch (the global batch size under a strategy).
+        image_size: ``(height, width)`` of the delivered images, or one int for a square.
+        parallel: Parallel decode calls (None: ``tf.data.AUTOTUNE``).
+        engine: ``"pyarrow"`` (default, faster) or ``"petastorm"``.
+        reader_workers: petastorm engine only: 0 for its dummy pool, N > 0 for a pool of N threads.
+        prefetch_rows: Encoded rows queued ahead of decoding (None: 512).
+        state: A position to start from: a ``DatasetPosition.state``, a ``TorchLoader.state_dict()``, or a
+            list of them, one per rank (pyarrow engine).
+
+    Returns:
+        A ``tf.data.Dataset`` of ``(images, labels)`` (with ``return_ids``, ``(images, labels, ids)``)
+        batches, with a ``pinstorm_position`` attribute (None for the petastorm engine).
+
+    Raises:
+        ReaderOptionError: An option out of its range.
+        DatasetNotFound: No finished dataset at `url`.
+        IncompleteEpochError: An epoch delivered fewer rows than stored.
     """
     from pinstorm.tensorflow_quiet import tensorflow
 
@@ -309,11 +389,12 @@ def make_dataset(url, *, batch_size: int, image_size=(224, 224), training: bool 
     image_size, options = check_arguments(batch_size, image_size, locals())   # the checks both readers share
     crop_area = options.crop_area
     source = open_epochs(url, shard, shuffle=shuffle, seed=seed, engine=engine, retries=retries,
-                         workers=reader_workers, storage_options=storage_options, verify=verify)
+                         workers=reader_workers, storage_options=storage_options, verify=verify, stream=stream,
+                         cache_limit=cache_limit)
     shard = source.shard
     if engine == "petastorm":
         if state is not None or return_ids:
-            raise ValueError("state= and return_ids= need engine='pyarrow': petastorm reads row groups in its own "
+            raise InvalidPipelineInput("state= and return_ids= need engine='pyarrow': petastorm reads row groups in its own "
                              "order, so no position can be kept")
         position, first = None, 0
     else:

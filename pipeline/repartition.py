@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from concurrent.futures import ThreadPoolExecutor
 
+from .errors import InvalidPipelineInput
 from .layout import Layout, is_image_name, scan
 from pinstorm.progress import progress_bar
 from pinstorm.boards import secrets
@@ -20,6 +21,12 @@ from pinstorm.boards import secrets
 log = secrets.logger(__name__)
 
 CATEGORIES_PIN = "categories"
+# Categories pinned at once by default, measured on 2 cores (docs/pipeline.md, "One pin per category"):
+# into a local folder the work is zipping and hashing under the GIL, and one thread was 1.9x faster
+# than four (16 s against 31 s at 1,000 categories); into a bucket each pin waits on requests, and
+# eight threads were the fastest of 1, 2, 4 and 8 (moto S3, 100 categories of 40 JPEGs).
+PARALLEL = {"folder": 1}
+REMOTE_PARALLEL = 8
 
 
 def repartition(root, board, zip: bool = True, parallel: int | None = None, *, progress: bool | None = None):
@@ -29,8 +36,19 @@ def repartition(root, board, zip: bool = True, parallel: int | None = None, *, p
     `zip=True`), with the human name as description; then ``categories`` (every class of the layout,
     empty ones with 0 images, so labels stay the layout's), a DataFrame of ``id``, ``name``, ``images``,
     written last so a reader never sees a categories list whose pins are not all there.
-    `parallel` categories are pinned at once (threads; default 4). Returns the categories DataFrame.
+    `parallel` categories are pinned at once (threads; default `PARALLEL`: 1 into a local folder, 8 into
+    a bucket). Returns the categories DataFrame.
     Validation images are not pinned: convert them straight from the layout (``split="val"``).
+
+    Args:
+        root: The tree: a folder (`scan`ned) or a `Layout`.
+        board: A registered board's name or a writable `Board`.
+        zip: Pin each category's images as one zip archive (else as separate files).
+        parallel: Categories pinned at once (None: 1 into a local folder, 8 into a bucket; measured).
+        progress: Show a progress bar (None: where one can be seen).
+
+    Returns:
+        The ``categories`` DataFrame (``id``, ``name``, ``images``), as pinned.
     """
     from pinstorm import boards
     import pandas as pd
@@ -53,7 +71,7 @@ def repartition(root, board, zip: bool = True, parallel: int | None = None, *, p
     # the same on a board of 21,841 as on one of 10 (docs/boards.md, "ImageNet-sized boards").
     with boards.batch(board):
         with progress_bar("repartition", len(filled), unit="categories", enabled=progress) as advance, \
-                ThreadPoolExecutor(max_workers=parallel or 4) as pool:
+                ThreadPoolExecutor(max_workers=parallel or default_parallel(board)) as pool:
             for future in [pool.submit(pin_one, wnid) for wnid in filled]:
                 future.result()
                 advance(1)
@@ -65,6 +83,13 @@ def repartition(root, board, zip: bool = True, parallel: int | None = None, *, p
     return categories
 
 
+def default_parallel(board) -> int:
+    """Threads `repartition` pins with when not told: by the kind of board (see `PARALLEL`)."""
+    from pinstorm import boards
+
+    return PARALLEL.get(boards.board_get(board).kind, REMOTE_PARALLEL)
+
+
 def imagenet_partition(partition: int, partitions: int, board, parallel=None, *, extract: bool = True) -> dict:
     """Fetch categories `partition` of `partitions` (0-based) from `board` and return a data map.
 
@@ -73,20 +98,30 @@ def imagenet_partition(partition: int, partitions: int, board, parallel=None, *,
     "classes": [every wnid on the board], "names": {wnid: name}}``. `convert` labels by `classes`
     (the whole list), so slices converted by different workers agree on labels.
     `parallel` is passed to `boards.pin_get_many` (threads by default).
+
+    Args:
+        partition: This slice's index, from 0.
+        partitions: How many slices the categories are cut into.
+        board: A registered board's name or a `Board` holding `repartition`'s pins.
+        parallel: As `pin_get_many`'s (None: threads).
+        extract: Unpack the categories' zip archives (the data map then lists the images).
+
+    Returns:
+        The data map, ready for `convert`.
     """
     from pinstorm import boards
     if not isinstance(partitions, int) or partitions < 1:
-        raise ValueError(f"partitions must be a positive integer, got {partitions!r}")
+        raise InvalidPipelineInput(f"partitions must be a positive integer, got {partitions!r}")
     if not isinstance(partition, int) or not 0 <= partition < partitions:
-        raise ValueError(f"partition must be in [0, {partitions}) (0-based), got {partition!r}")
+        raise InvalidPipelineInput(f"partition must be in [0, {partitions}) (0-based), got {partition!r}")
     table = boards.pin_get(CATEGORIES_PIN, board=board)
     if not hasattr(table, "columns") or not {"id", "name"} <= set(table.columns):
-        raise ValueError(f"pin {CATEGORIES_PIN!r} on board {board!r} is not a categories table "
+        raise InvalidPipelineInput(f"pin {CATEGORIES_PIN!r} on board {board!r} is not a categories table "
                          "(id, name, images); was the board made by repartition()?")
     table = table.sort_values("id").reset_index(drop=True)
     classes = [str(c) for c in table["id"]]
     if partitions > len(classes):
-        raise ValueError(f"{partitions} partitions of {len(classes)} categories would leave some empty")
+        raise InvalidPipelineInput(f"{partitions} partitions of {len(classes)} categories would leave some empty")
     start, stop = partition * len(classes) // partitions, (partition + 1) * len(classes) // partitions
     mine = classes[start:stop]
     counts = dict(zip(classes, table["images"])) if "images" in table.columns else {}

@@ -18,6 +18,8 @@ from typing import Iterator
 import numpy as np
 from PIL import Image
 
+from .errors import InvalidPipelineInput
+
 DIGIT_NAMES = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
 
 # The quirks real ImageNet has, each put into a different class of the digits tree:
@@ -63,13 +65,24 @@ def make_digits_tree(root, *, image_size: int = 64, per_class: int | None = None
     each class goes to val. `quirks=True` adds five extra train files (see `QUIRKS`): a CMYK JPEG, a
     grayscale JPEG, a PNG named .JPEG, a truncated JPEG and an empty file; `digits_quirks(root)`
     returns their paths. Deterministic for a given `seed`.
+
+    Args:
+        root: The folder to build the tree in.
+        image_size: The images' side in pixels (the 8x8 digits scaled up).
+        per_class: At most this many images per digit before the split (None: all, about 180).
+        val_fraction: The share of each class that goes to val.
+        quirks: Add the five quirk files to train.
+        seed: Makes the tree reproducible.
+
+    Returns:
+        `root`, as a `Path`.
     """
     from sklearn.datasets import load_digits
 
     if not 0 <= val_fraction < 1:
-        raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
+        raise InvalidPipelineInput(f"val_fraction must be in [0, 1), got {val_fraction}")
     if image_size < 8:
-        raise ValueError(f"image_size must be at least 8, got {image_size}")
+        raise InvalidPipelineInput(f"image_size must be at least 8, got {image_size}")
     root = Path(root)
     cls_loc = root / "ILSVRC" / "Data" / "CLS-LOC"
     train_dir, val_dir = cls_loc / "train", cls_loc / "val"
@@ -111,7 +124,14 @@ def make_digits_tree(root, *, image_size: int = 64, per_class: int | None = None
 
 
 def digits_quirks(root) -> dict[str, Path]:
-    """Paths of the quirk files `make_digits_tree(root, quirks=True)` wrote, by kind."""
+    """Paths of the quirk files `make_digits_tree(root, quirks=True)` wrote, by kind.
+
+    Args:
+        root: The tree's folder.
+
+    Returns:
+        ``{kind: path}``.
+    """
     train_dir = Path(root) / "ILSVRC" / "Data" / "CLS-LOC" / "train"
     return {kind: train_dir / digit_wnid(digit) / f"{digit_wnid(digit)}_{number}.JPEG"
             for kind, (digit, number) in QUIRKS.items()}
@@ -149,6 +169,14 @@ def imagenet_size_jpegs(count: int, *, seed: int = 0, target_kb: float = 110.0) 
 
     Cut from scikit-learn's two sample photographs by random crops (30-100 % of the area), flips,
     scales and colour shifts; the JPEG quality is chosen per image to land near the target size.
+
+    Args:
+        count: How many JPEGs.
+        seed: Makes the images reproducible.
+        target_kb: The size each JPEG aims at, in KB.
+
+    Yields:
+        The JPEG files' bytes.
     """
     from sklearn.datasets import load_sample_images
 
@@ -194,6 +222,15 @@ def make_imagenet_size_tree(root, *, classes: int = 10, per_class: int = 50, see
 
     Labels carry no meaning here: the tree exists to measure conversion and reading speed on files
     of realistic size. Also writes `LOC_synset_mapping.txt`.
+
+    Args:
+        root: The folder to build the tree in.
+        classes: How many classes.
+        per_class: Images per class.
+        seed: Makes the tree reproducible.
+
+    Returns:
+        `root`, as a `Path`.
     """
     root = Path(root)
     train_dir = root / "ILSVRC" / "Data" / "CLS-LOC" / "train"

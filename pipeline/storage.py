@@ -11,6 +11,8 @@ import os
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
+from .errors import InvalidPipelineInput
+
 BOARD_SCHEME = "board://"
 
 
@@ -38,7 +40,7 @@ def parse_board_url(url: str) -> tuple[str, str]:
     rest = url[len(BOARD_SCHEME):].strip("/")
     board, _, pin = rest.partition("/")
     if not board or not pin or "/" in pin:
-        raise ValueError(f"expected board://<board-name>/<pin-name>, got {url!r}")
+        raise InvalidPipelineInput(f"expected board://<board-name>/<pin-name>, got {url!r}")
     return board, pin
 
 
@@ -47,7 +49,7 @@ def resolve(url, storage_options: dict | None = None) -> Location:
     import fsspec
 
     if is_board_url(url):
-        raise ValueError(f"{url}: a board URL must be fetched or pinned, not opened as a path")
+        raise InvalidPipelineInput(f"{url}: a board URL must be fetched or pinned, not opened as a path")
     url = os.fspath(url)
     options = dict(storage_options or {})
     scheme = urlparse(url).scheme
@@ -67,11 +69,36 @@ def locate(url, storage_options: dict | None = None) -> Location:
     board, pin = parse_board_url(url)
     files = boards.pin_get(pin, board=board)
     if not isinstance(files, (list, tuple)) or not files:
-        raise ValueError(f"{url}: the pin is not a folder of files (got {type(files).__name__})")
+        raise InvalidPipelineInput(f"{url}: the pin is not a folder of files (got {type(files).__name__})")
     folder = os.path.commonpath([os.path.dirname(os.fspath(f)) for f in files])
     if not os.path.isfile(os.path.join(folder, "_common_metadata")):
-        raise ValueError(f"{url}: the pin holds no pinstorm dataset (no _common_metadata in {folder})")
+        raise InvalidPipelineInput(f"{url}: the pin holds no pinstorm dataset (no _common_metadata in {folder})")
     return resolve(folder)
+
+
+def locate_stream(url, storage_options: dict | None = None) -> Location:
+    """Like `locate`, but a ``board://<board>/<pin>`` URL is not fetched: the Location of the pin's newest
+    version folder on the board's own filesystem (object-store and folder boards), so its parts can be
+    read one at a time (`part_cache`). Other board kinds (HTTP data.txt, Kaggle) are refused."""
+    if not is_board_url(url):
+        return resolve(url, storage_options)
+    from pinstorm import boards
+    name, pin = parse_board_url(url)
+    board = boards.board_get(name)
+    storage = board.storage
+    fs = getattr(storage, "fs", None)
+    if fs is None or not callable(getattr(storage, "path", None)):
+        raise InvalidPipelineInput(f"{url}: a {board.kind} board cannot stream parts; read it with stream=False "
+                                   "(the pin is fetched whole) or use the dataset's s3:// / gs:// / https:// URL")
+    version = str(board.pin_meta(pin)["version"])
+    folder = storage.path(pin, version).rstrip("/")
+    protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
+    if "file" in protocols or "local" in protocols:   # a folder board: read in place
+        return resolve(folder)
+    if not fs.exists(f"{folder}/_common_metadata"):
+        raise InvalidPipelineInput(f"{url}: the pin holds no pinstorm dataset (no _common_metadata in its "
+                                   f"version {version})")
+    return Location(fs, folder, fs.unstrip_protocol(folder), {})
 
 
 def petastorm_filesystem(location: Location):

@@ -45,6 +45,7 @@ from PIL import Image
 
 from pinstorm.extras import require
 
+from .errors import InvalidPipelineInput
 from .epochs import check_arguments, epoch_order, epoch_seed, open_epochs
 from .options import ASPECT_RANGE, CROP_ATTEMPTS, DEFAULTS as READER, ReaderOptionError
 from .device_decode import DeviceDecoder, JpegBatch, check_pixels, resolve as resolve_decode
@@ -511,7 +512,7 @@ class TorchLoader(torch.utils.data.DataLoader):
         super().__init__(dataset, batch_size=None, **kwargs)
         self.return_ids, self.dtype = return_ids, torch.float32 if dtype is None else dtype
         if self.dtype not in (torch.float32, torch.uint8):
-            raise ValueError(f"dtype must be torch.float32 (pixels in [0, 1]) or torch.uint8 (0..255), got {dtype!r}")
+            raise InvalidPipelineInput(f"dtype must be torch.float32 (pixels in [0, 1]) or torch.uint8 (0..255), got {dtype!r}")
         self.memory = BatchMemory(pin=bool(kwargs.get("pin_memory")))
         # Without workers, the batches are made in this process: float32 ones straight away.
         dataset.dtype = self.dtype if self.num_workers == 0 else torch.uint8
@@ -607,7 +608,8 @@ def make_torch_loader(url, *, batch_size: int, image_size=224, training: bool = 
                       storage_options: dict | None = READER.storage_options, verify: bool = READER.verify,
                       max_pixels: int | None = DEFAULT_MAX_PIXELS, prefetch_factor: int | None = None,
                       pin_memory: bool = False, multiprocessing_context=None, return_ids: bool = READER.return_ids,
-                      dtype=None, decode_threads: int | None = None, decode: str = "cpu", device=None):
+                      dtype=None, decode_threads: int | None = None, decode: str = "cpu", device=None,
+                      stream: bool = READER.stream, cache_limit: int | None = READER.cache_limit):
     """A ``torch.utils.data.DataLoader`` (`TorchLoader`) of ``(images, labels)`` batches from a converted dataset.
 
     images: float32 ``[B, 3, H, W]`` in [0, 1]; labels: int64 ``[B]`` class indexes. The arguments
@@ -644,8 +646,38 @@ def make_torch_loader(url, *, batch_size: int, image_size=224, training: bool = 
       (`pipeline.device_decode`). Without CUDA or torchvision it warns once and decodes on the CPU;
       ``device="cpu"`` runs the device path on the CPU (libjpeg-turbo standing in for nvJPEG).
 
+    * `stream`, `cache_limit`: as `make_dataset`'s (a bounded part cache shared by every worker and rank on
+      the machine).
+
     ``loader.dataset.set_epoch(n)`` before a pass starts it at epoch n (for ``num_epochs=1`` loops).
     ``loader.state_dict()`` / ``loader.load_state_dict(state)``: resume mid-epoch (`TorchLoader`).
+
+    The options both readers share (``training``, ``shard``, ``num_epochs``, ``shuffle``, ``seed``,
+    ``drop_remainder``, ``shuffle_buffer``, ``crop_area``, ``flip``, ``eval_crop``, ``dct_scale``,
+    ``verify``, ``retries``, ``storage_options``, ``return_ids``, ``stream``, ``cache_limit``) are described
+    once on [`ReaderOptions`][pinstorm.pipeline.options.ReaderOptions].
+
+    Args:
+        url: The converted dataset: a local folder, an fsspec URL or ``board://<board>/<pin>``.
+        batch_size: Rows per batch (per rank under DDP).
+        image_size: The delivered images' side, or ``(height, width)``.
+        num_workers: DataLoader worker processes (0: everything in the calling process).
+        max_pixels: Pixels a JPEG may decode to, after DCT scaling (None: no limit).
+        prefetch_factor: Handed to the DataLoader (with workers).
+        pin_memory: Handed to the DataLoader.
+        multiprocessing_context: Handed to the DataLoader (e.g. ``"forkserver"``).
+        dtype: ``torch.float32`` (None, the default: pixels in [0, 1]) or ``torch.uint8`` (0..255).
+        decode_threads: Threads decoding each stream's images (None: this process's share of the CPUs
+            without workers, 1 per worker process).
+        decode: ``"cpu"``, or ``"gpu"`` to decode, crop and resize on `device` (batches arrive there).
+        device: Where ``decode="gpu"`` decodes (None: ``"cuda"``).
+
+    Returns:
+        A `TorchLoader` (a ``torch.utils.data.DataLoader`` that can ``state_dict()`` and resume).
+
+    Raises:
+        ReaderOptionError: An option out of its range.
+        DatasetNotFound: No finished dataset at `url`.
     """
     image_size, options = check_arguments(batch_size, image_size, locals())   # the checks both readers share
     crop_area = options.crop_area
@@ -655,7 +687,7 @@ def make_torch_loader(url, *, batch_size: int, image_size=224, training: bool = 
         raise ReaderOptionError(f"decode_threads must be a positive integer or None, got {decode_threads!r}")
     target = resolve_decode(decode, device)   # None: decode on the CPU
     source = open_epochs(url, shard, shuffle=shuffle, seed=seed, retries=retries, storage_options=storage_options,
-                         verify=verify)
+                         verify=verify, stream=stream, cache_limit=cache_limit)
     dataset = ParquetImages(source, batch_size=int(batch_size), image_size=image_size, training=training,
                             num_epochs=num_epochs, shuffle=shuffle, shuffle_buffer=shuffle_buffer,
                             crop_area=crop_area, flip=flip, eval_crop=eval_crop, dct_scale=dct_scale,

@@ -36,18 +36,24 @@ import xxhash
 from pinstorm.boards.parquet_limits import UnreadableRowGroup
 from pinstorm.errors import PinstormError
 
+from .errors import PipelineError
+
 CHECKSUM = "xxh3_128 of image lengths (int32 LE), image bytes, labels (int32 LE)"
 CHECKSUMMED = ("image", "label")   # the columns a row group's content checksum covers
 PAGE_CRC = tuple(int(v) for v in pa.__version__.split(".")[:2]) >= (15, 0)
 _TAIL = 8   # Parquet ends with <footer length: uint32 LE> "PAR1"
 
 
-class CorruptPartError(PinstormError, OSError):
+class CorruptPartError(PipelineError, OSError):
     """A part file whose bytes differ from what `convert` wrote (size, footer or a row group)."""
 
 
-class MissingPartError(PinstormError, FileNotFoundError):
+class MissingPartError(PipelineError, FileNotFoundError):
     """A part file the dataset's metadata lists is not there."""
+
+
+class MalformedPart(PipelineError, ValueError):
+    """A file that cannot be a Parquet part: too small, no magic, or a footer longer than the file."""
 
 
 def writer_options() -> dict:
@@ -119,14 +125,14 @@ def footer_digest(fs, path: str, size: int | None = None) -> str:
     size = fs.size(path) if size is None else size
     with fs.open(path, "rb") as handle:
         if size < 12:
-            raise ValueError(f"{size} bytes is too small for a Parquet file")
+            raise MalformedPart(f"{size} bytes is too small for a Parquet file")
         handle.seek(size - _TAIL)
         tail = handle.read(_TAIL)
         if tail[4:] != b"PAR1":
-            raise ValueError("no Parquet magic at the end of the file")
+            raise MalformedPart("no Parquet magic at the end of the file")
         length = int.from_bytes(tail[:4], "little")
         if length > size - 12:
-            raise ValueError(f"footer length {length} larger than the file")
+            raise MalformedPart(f"footer length {length} larger than the file")
         handle.seek(size - _TAIL - length)
         footer = handle.read(length)
     return xxhash.xxh3_128(footer + tail).hexdigest()
@@ -185,6 +191,8 @@ def open_part(location, info: dict, name: str, columns=None):
         return handle
     except FileNotFoundError:
         raise MissingPartError(f"{location.url}/{name}: part file missing") from None
+    except MalformedPart as error:
+        raise CorruptPartError(f"{location.url}/{name}: cannot be read as Parquet: {error}") from None
     except PinstormError:
         raise
     except Exception as error:
@@ -236,6 +244,20 @@ def verify_dataset(url, *, decode: bool = False, storage_options: dict | None = 
 
     Returns ``{"parts": n, "row_groups": n, "rows": n}``; raises `MissingPartError`,
     `CorruptPartError` or `UndecodableImage` naming the part, row group and original file name.
+
+    Args:
+        url: The converted dataset: a local folder, an fsspec URL or ``board://<board>/<pin>``.
+        decode: Also decode every image, not only check the checksums.
+        storage_options: For fsspec (credentials, endpoints) when `url` is remote.
+
+    Returns:
+        ``{"parts": n, "row_groups": n, "rows": n}``: what was checked.
+
+    Raises:
+        MissingPartError: A part file is missing.
+        CorruptPartError: A part of the wrong size, or a checksum that does not match (the part and row
+            group are named).
+        UndecodableImage: With `decode`, an image that does not decode (its original file name is named).
     """
     from .images import UndecodableImage, check_image
     from .metadata import read_info

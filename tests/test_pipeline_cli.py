@@ -1,7 +1,8 @@
-"""`pinstorm repartition | convert | inspect` through click, as a user types them."""
+"""`pinstorm repartition | fetch | convert | inspect` through click, as a user types them."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from click.testing import CliRunner
@@ -67,3 +68,11 @@ def test_repartition_and_convert_a_board_slice(digits_root, tmp_path):
     assert info["num_classes"] == 10 and info["rows"] > 0
     assert sum(r > 0 for r in info["class_rows"]) == 5
     assert Path(info["url"][len("file://"):]).is_dir()
+
+    code, out = run("fetch", "inet", "--partition", "0/2")   # the first half, into the cache, not converted
+    assert code == 0 and "5 categories" in out and "into the cache" in out, out
+    code, out = run("fetch", "inet", "--partition", "1/2", "--json")
+    data = json.loads(out)
+    assert code == 0 and len(data["categories"]) == 5 and len(data["classes"]) == 10
+    assert len(data["image"]) == len(data["category"]) > 0 and all(Path(p).is_file() for p in data["image"])
+    assert set(data["category"]) == set(data["categories"])

@@ -21,7 +21,8 @@ _EXPORTS = {
     "alexnet_train": "fit",
     "train": "fit",
     "TrainResult": "results",
-    "TrainingError": "results",
+    "TrainingError": "errors",
+    "InvalidTrainingInput": "errors",
     "FitOptions": "runs",
     "build_model": "models",
     "spark_train": "spark",
@@ -44,7 +45,8 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time `__getattr__` 
     from .fit import alexnet_train, train
     from .models import build_model
     from .profiling import profile
-    from .results import TrainingError, TrainResult
+    from .errors import InvalidTrainingInput, TrainingError
+    from .results import TrainResult
     from .runs import FitOptions
     from .spark import spark_train
     from .strategy import make_strategy, strategy_choice

@@ -63,20 +63,48 @@ def fit_options(command):
         click.option("--no-flip", is_flag=True, help="No random left-right flips (for digits, text, ...)."),
         click.option("--crop-min", type=click.FloatRange(0, 1, min_open=True), default=None,
                      help=f"Smallest random-crop area (0-1], default {READER.crop_area[0]}."),
+        click.option("--stream", is_flag=True, default=READER.stream,
+                     help="Read a remote dataset part by part through the machine's bounded part cache."),
+        click.option("--cache-limit", default=READER.cache_limit, metavar="BYTES", callback=_byte_size,
+                     help="The part cache's size with --stream: bytes, or with K, M, G, T (default: 80% of what "
+                          "its disk could give it)."),
     ]
     for option in reversed(options):   # decorators apply bottom-up: keep the --help order as listed
         command = option(command)
     return command
 
 
-def reader_options(no_flip: bool, crop_min: float | None) -> dict:
+def reader_options(no_flip: bool, crop_min: float | None, stream: bool = READER.stream,
+                   cache_limit: int | None = READER.cache_limit) -> dict:
     """The reader's `input_options` the fit flags ask for (only what differs from `ReaderOptions`' defaults)."""
     options: dict = {}
     if no_flip:
         options["flip"] = False
     if crop_min is not None:
         options["crop_area"] = (crop_min, READER.crop_area[1])
+    if stream != READER.stream:
+        options["stream"] = stream
+    if cache_limit != READER.cache_limit:
+        options["cache_limit"] = cache_limit
     return options
+
+
+_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def _byte_size(ctx, param, value):
+    """--cache-limit: bytes, or a number with K, M, G or T (powers of 1024)."""
+    if value is None:
+        return None
+    text = str(value).strip().upper().removesuffix("B").removesuffix("I")
+    unit = text[-1:] if text[-1:] in _UNITS and text[-1:] else ""
+    try:
+        size = int(float(text[:len(text) - len(unit)]) * _UNITS[unit])
+    except ValueError:
+        raise click.BadParameter(f"expected bytes, or a number with K, M, G or T, got {value!r}") from None
+    if size < 1:
+        raise click.BadParameter(f"must be at least 1 byte, got {value!r}")
+    return size
 
 
 def _refuse_finished(output_dir, marker: str, overwrite: bool) -> None:
@@ -84,6 +112,13 @@ def _refuse_finished(output_dir, marker: str, overwrite: bool) -> None:
     if output_dir and not overwrite and list(Path(output_dir).glob(marker)):
         raise click.UsageError(f"--output {output_dir} holds the results of an earlier run ({marker}); add "
                                "--overwrite to replace them, or choose another --output")
+
+
+def _throughput_line(result) -> str:
+    """`1,234 images/s, input stall 3%, global batch 256; outputs in runs/...` (the stall where measured)."""
+    stall = "" if result.input_stall is None else f", input stall {result.input_stall:.0%}"
+    return (f"{result.images_per_second:,.0f} images/s{stall}, global batch {result.global_batch_size}; "
+            f"outputs in {result.output_dir}")
 
 
 def _log_to_console(verbose: bool) -> None:
@@ -128,7 +163,7 @@ def _log_to_console(verbose: bool) -> None:
 @click.option("--verbose", "-v", is_flag=True)
 def train(model, data, framework, validation, epochs, steps_per_epoch, batch_size, image_size, width, kind, devices,
           cross_device_ops, no_fallback, probe_timeout, checkpoint_dir, backup_every, output_dir, overwrite, parallel,
-          learning_rate, optimizer, seed, no_flip, crop_min, pin, as_json, verbose):
+          learning_rate, optimizer, seed, no_flip, crop_min, stream, cache_limit, pin, as_json, verbose):
     """Train MODEL on the Parquet dataset DATA (with TF_CONFIG set: one worker of a multi-worker run; with
     --framework torch under torchrun: one rank of a DDP run)."""
     model = model.lower()
@@ -140,7 +175,7 @@ def train(model, data, framework, validation, epochs, steps_per_epoch, batch_siz
         raise click.UsageError(f"{model} is a PyTorch model: add --framework torch")
     _refuse_finished(output_dir, "**/final.pt" if framework == "torch" else "**/final.weights.h5", overwrite)
     _log_to_console(verbose)
-    input_options = reader_options(no_flip, crop_min)
+    input_options = reader_options(no_flip, crop_min, stream, cache_limit)
     if framework == "torch":
         _train_torch(model, data, validation, epochs=epochs, steps_per_epoch=steps_per_epoch,
                      batch_size=batch_size, image_size=image_size,
@@ -169,8 +204,7 @@ def train(model, data, framework, validation, epochs, steps_per_epoch, batch_siz
         click.echo(json.dumps(result.summary()))
         return
     click.echo(f"validation: {json.dumps(result.val_metrics)}")
-    click.echo(f"{result.images_per_second:,.0f} images/s, global batch {result.global_batch_size}; "
-               f"outputs in {result.output_dir}")
+    click.echo(_throughput_line(result))
     if result.experiment:
         click.echo(f"pinned as {result.experiment['pin']} version {result.experiment['version']}")
 
@@ -208,8 +242,7 @@ def _train_torch(model, data, validation, *, width, as_json, pin, **options) -> 
         fields = {f.name for f in dataclasses.fields(BackendChoice)}
         click.echo("strategy: " + BackendChoice(**{k: v for k, v in strategy.items() if k in fields}).describe())
     click.echo(f"validation: {json.dumps(result.val_metrics)}")
-    click.echo(f"{result.images_per_second:,.0f} images/s, global batch {result.global_batch_size}; "
-               f"outputs in {result.output_dir}")
+    click.echo(_throughput_line(result))
     if result.experiment:
         click.echo(f"pinned as {result.experiment['pin']} version {result.experiment['version']}")
 
@@ -291,7 +324,7 @@ def _spark_conf(pairs) -> dict:
 def spark_train_cmd(model, data, framework, master, workers, partition_board, validation, epochs, batch_size,
                     image_size, width, checkpoint_dir, backup_every, output_dir, overwrite, max_restarts, python,
                     driver_host, conf_pairs, slots_timeout, parallel, learning_rate, optimizer, seed, no_flip,
-                    crop_min, as_json, verbose):
+                    crop_min, stream, cache_limit, as_json, verbose):
     """Train MODEL on DATA with --workers workers as one Spark barrier stage (MultiWorkerMirroredStrategy, or
     with --framework torch one DDP rank per task)."""
     model = model.lower()
@@ -310,7 +343,7 @@ def spark_train_cmd(model, data, framework, master, workers, partition_board, va
     from .spark import spark_train
     from .spark_session import spark_session
 
-    input_options = reader_options(no_flip, crop_min)
+    input_options = reader_options(no_flip, crop_min, stream, cache_limit)
     args = dict(model_name=model, data=data, validation_data=validation, epochs=epochs, batch_size=batch_size,
                 image_size=image_size, checkpoint_dir=checkpoint_dir, output_dir=output_dir,
                 learning_rate=learning_rate, optimizer=optimizer, seed=seed,

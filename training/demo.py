@@ -19,6 +19,7 @@ registry and config are never touched, in this process or on disk.
 from __future__ import annotations
 
 from . import keras_env  # noqa: F401  (must precede TensorFlow)
+from .errors import TrainingError
 from .plots import save_figure
 
 import json
@@ -29,7 +30,6 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
-from pinstorm.errors import PinstormError
 from pinstorm.boards import secrets
 
 log = secrets.logger("pinstorm.training")
@@ -51,7 +51,7 @@ EXPERIMENT_PIN = "alexnet-digits"   # the demo's run, pinned to its local board
 LOCAL_BOARD, HTTP_BOARD = "pinstorm-demo", "pinstorm-demo-http"   # names only label them: nothing is registered
 
 
-class DemoError(PinstormError, RuntimeError):
+class DemoError(TrainingError, RuntimeError):
     """The demo cannot run as asked (unknown size, workdir not empty of another demo's files, ...)."""
 
 
@@ -87,6 +87,17 @@ def run_demo(workdir=None, *, size: str = "full", epochs: int | None = None, par
     ``"full"`` reaches >= 0.90 validation accuracy. Returns the stage timings, the strategy
     choice, the final validation metrics and the report's path. ``framework="torch"`` trains with
     PyTorch (stages 6 and 7; the run is not pinned).
+
+    Args:
+        workdir: The folder everything goes into (None: a new temporary folder).
+        size: ``"full"`` or ``"small"``.
+        epochs: Overrides the size's number of epochs (None: the size's).
+        parallel: Parallel fetches, conversions and decodes.
+        echo: A function called with each progress line (None: quiet).
+        framework: ``"tensorflow"`` or ``"torch"``.
+
+    Returns:
+        A dict of the stage timings, the strategy choice, the final validation metrics and the report's path.
     """
     if size not in SIZES:
         raise DemoError(f"size must be one of {sorted(SIZES)}, got {size!r}")

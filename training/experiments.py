@@ -33,6 +33,8 @@ from typing import Any
 from pinstorm.boards import secrets
 from pinstorm.errors import PinstormError
 
+from .errors import TrainingError
+
 log = secrets.logger("pinstorm.training")
 
 TAG = "pinstorm experiment"
@@ -55,7 +57,7 @@ _TOP_FEATURES = {"resnet50": 2048, "mobilenet_v2": 1792}   # classifier inputs (
 _APPLICATION_TRUNK = 30_000_000                            # parameters below the classifier, at most
 
 
-class ExperimentError(PinstormError, ValueError):
+class ExperimentError(TrainingError, ValueError):
     """A run cannot be pinned where asked, or a pinned run cannot be loaded back."""
 
 
@@ -320,7 +322,17 @@ def pin_finished_run(result, target, lineage: dict) -> ExperimentRecord:
 # --------------------------------------------------------------------------- finding and loading
 
 def find_experiments(text: str = "", *, model: str | None = None, dataset: str | None = None, board=None):
-    """Pinned runs (a ``pin_find`` DataFrame) whose description names ``model`` and/or ``dataset``."""
+    """Pinned runs (a ``pin_find`` DataFrame) whose description names ``model`` and/or ``dataset``.
+
+    Args:
+        text: Also found in the run's name or description (case-insensitive).
+        model: The model's name, e.g. ``"alexnet"``.
+        dataset: A word of the data's description, e.g. a pin name.
+        board: As `pin_find`'s (None: every registered board).
+
+    Returns:
+        A `pin_find` DataFrame of the pinned runs.
+    """
     from pinstorm import boards
 
     found = boards.pin_find(text or model or dataset or TAG, board=board)
@@ -535,7 +547,16 @@ def _build_checked(lineage: dict, name: str, max_parameters: int):
 
 
 def experiment_lineage(target: str, board=None, version: str | None = None) -> dict:
-    """The ``lineage.json`` of a pinned run (latest version unless ``version``; a unique prefix works)."""
+    """The ``lineage.json`` of a pinned run (latest version unless ``version``; a unique prefix works).
+
+    Args:
+        target: ``"board/name"``, or ``"name"`` on `board`.
+        board: A registered board's name or a `Board` (None: the default board).
+        version: A full version name or a unique prefix (None: the latest).
+
+    Returns:
+        The lineage record.
+    """
     files, name, _ = _pinned_files(target, board, version)
     return _checked_lineage(files[LINEAGE_FILE], name)
 
@@ -549,6 +570,15 @@ def load_experiment(target: str, board=None, version: str | None = None, *, max_
     from a board someone else writes: the lineage is bounded (a model over ``max_parameters`` is
     refused before it is built) and the weights file is inspected before Keras reads a byte of it
     (``weights_check``: no external files or links, nothing bigger than the model's variables).
+
+    Args:
+        target: ``"board/name"``, or ``"name"`` on `board`.
+        board: A registered board's name or a `Board` (None: the default board).
+        version: A full version name or a unique prefix (None: the latest).
+        max_parameters: A model with more parameters is refused before it is built.
+
+    Returns:
+        The model with its final weights: a Keras model, or a ``torch.nn.Module`` in eval mode.
     """
     from .weights_check import UnsafeWeights, check_weights_file
 

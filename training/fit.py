@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from .keras_env import tensorflow  # must precede TensorFlow
 
+import contextlib
 import os
 import random
 import time
@@ -24,15 +25,17 @@ from pathlib import Path
 tf = tensorflow()   # imported without its start-up noise (see keras_env)
 import tf_keras as keras
 
+from .errors import InvalidTrainingInput, TrainingError
 from . import multiworker, resume
 from .results import TrainResult
 from .runs import DEFAULTS as FIT, SGD_MOMENTUM, FitOptions, check_optimizer, default_output_dir
-from .inputs import TrainingError, is_data_map, map_classes, resolve_input
+from .inputs import is_data_map, map_classes, resolve_input
 from .models import build_model
 from .plots import plot_curves, read_metrics_csv
 from .schedule import ImageSizeSchedule
 from .strategy import make_strategy, strategy_choice, uses_gpus
 from pinstorm.boards import secrets
+from pinstorm.progress import progress_bar
 
 __all__ = ["TrainResult", "TrainingError", "alexnet_train", "train"]
 
@@ -60,6 +63,35 @@ class _Throughput(keras.callbacks.Callback):
         self.epoch_images.append((self.params.get("steps") or 0) * self.global_batch)
 
 
+class _EpochProgress(keras.callbacks.Callback):
+    """The running epoch's steps as pinstorm's progress (`pinstorm.progress`: a bar on a terminal, a line
+    every PINSTORM_PROGRESS_INTERVAL seconds in a log), so a long epoch is never silent. Its logs stay
+    tensors (`_supports_tf_logs`): the per-step hook adds no device sync, only a Python call."""
+
+    _supports_tf_logs = True
+
+    def __init__(self):
+        super().__init__()
+        self._shown = contextlib.ExitStack()
+        self._advance = None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.close()
+        self._advance = self._shown.enter_context(
+            progress_bar(f"epoch {epoch + 1}/{self.params.get('epochs')}", self.params.get("steps"), unit="steps"))
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self._advance is not None:
+            self._advance(1)
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.close()
+
+    def close(self):
+        self._advance = None
+        self._shown.close()
+
+
 def _has_backup(checkpoint_dir: Path | None) -> bool:
     return bool(checkpoint_dir) and tf.train.latest_checkpoint(str(checkpoint_dir / "chief")) is not None
 
@@ -76,7 +108,8 @@ def _backup_callback(checkpoint_dir: Path, backup_every, strategy, train_input, 
     position = dataset_position(train_input.url, batch_size=global_batch // replicas, shard=train_input.shards[0],
                                 shuffle=options.get("shuffle", True), seed=options.get("seed"),
                                 shuffle_buffer=options.get("shuffle_buffer"), num_epochs=None, drop_remainder=True,
-                                state=options.get("state"))
+                                state=options.get("state"), storage_options=options.get("storage_options"),
+                                stream=options.get("stream", False))
     return resume.ResumeState(checkpoint_dir, positions=[position], batches_per_step=local, save_freq=backup_every,
                               origin=saved["steps"] if saved else 0, rank=rank)
 
@@ -136,10 +169,33 @@ def train(
     ``save_freq``). With a Parquet input (or a data map) the position of the input is saved with each
     backup (`training.resume`), and a restarted run continues mid-epoch with exactly the samples the
     interrupted one had not trained on (not with progressive resizing, nor the petastorm engine).
+
+    The options every fit shares (``epochs``, ``batch_size``, ``image_size``, ``num_classes``,
+    ``learning_rate``, ``optimizer``, ``model_kwargs``, ``steps_per_epoch``, ``seed``, ``output_dir``,
+    ``checkpoint_dir``, ``input_options``, ``pin``, ``lineage``) are described once on [`FitOptions`][pinstorm.training.runs.FitOptions].
+
+    Args:
+        model_name: The model to build: ``"alexnet"``, ``"resnet50"`` or ``"mobilenet_v2"`` (`build_model`).
+        data: The training data: a Parquet dataset URL from `convert` (local, fsspec or ``board://``), a
+            data map ``{image, category, categories}`` (converted to Parquet first) or a
+            ``tf.data.Dataset`` of ``(image, label)`` batches.
+        validation_data: Evaluated after each epoch, every row once; the same kinds as ``data`` (None:
+            no validation).
+        strategy: A ``tf.distribute.Strategy``, or None for ``make_strategy("auto")``.
+        parallel: Parallel decode calls of the reader (None: ``tf.data.AUTOTUNE``).
+        cache_dir: Where a data map is converted to Parquet (None: ``<output_dir>/data``).
+        mixed_precision: ``"auto"`` (mixed_float16 when every replica is a GPU), True or False.
+        callbacks: Extra Keras callbacks for ``model.fit``.
+        verbose: Keras's ``verbose`` for ``model.fit`` (0, 1, 2 or ``"auto"``).
+        backup_every: ``"epoch"``, or back up to ``checkpoint_dir`` every that many steps.
+
+    Returns:
+        A `TrainResult`: the history, the final validation metrics, where the run's files went and,
+        with ``pin``, the pinned experiment.
     """
     wall_started, started_at = time.perf_counter(), datetime.now(timezone.utc)
     if data is None:
-        raise TrainingError("train() needs data: a Parquet URL, a data map or a tf.data.Dataset")
+        raise InvalidTrainingInput("train() needs data: a Parquet URL, a data map or a tf.data.Dataset")
     FitOptions.pick(locals())   # the checks every fit shares (training/runs.py)
     sizes = ImageSizeSchedule(image_size, epochs)   # an int, or progressive resizing [(epoch, size), ...]
     image_size = sizes.final
@@ -179,17 +235,18 @@ def train(
         train_input = resolve_input(data, role="train", num_classes=num_classes, classes=None, **common)
     num_classes = num_classes or train_input.num_classes
     if not num_classes:
-        raise TrainingError("num_classes is required when training on a tf.data.Dataset")
+        raise InvalidTrainingInput("num_classes is required when training on a tf.data.Dataset")
     if train_input.num_classes and num_classes != train_input.num_classes:
-        raise TrainingError(f"num_classes={num_classes} but the training data has {train_input.num_classes} classes")
+        raise InvalidTrainingInput(f"num_classes={num_classes} but the training data has "
+                                   f"{train_input.num_classes} classes")
     val_input = None
     if validation_data is not None:
         train_classes = train_input.classes or (map_classes(data) if is_data_map(data) else None)
         val_input = resolve_input(validation_data, role="val", num_classes=num_classes, classes=train_classes,
                                    **common)
         if val_input.classes and train_input.classes and val_input.classes != train_input.classes:
-            raise TrainingError("training and validation data label different classes; convert both with the "
-                                "same `classes`")
+            raise InvalidTrainingInput("training and validation data label different classes; convert both with the "
+                                       "same `classes`")
     steps = steps_per_epoch or train_input.steps
     if seed is not None:
         _seed_python_and_numpy(seed)
@@ -220,20 +277,26 @@ def train(
         fit_callbacks.insert(0, _backup_callback(checkpoint_dir, backup_every, strategy, train_input, global_batch,
                                                  train_options if keeps_position else None, saved_input, rank))
     fit_callbacks += list(callbacks or [])
+    progress = _EpochProgress()
+    if chief:
+        fit_callbacks.append(progress)
 
     started = time.perf_counter()
-    if sizes.progressive:   # one fit per phase, at its size (training/schedule.py)
-        model, history = sizes.fit(
-            compiled_model, lambda n: resolve_input(data, role="train", num_classes=num_classes, classes=None,
-                                                    **{**common, "image_size": n}).dataset,
-            validation_data=(lambda n: resolve_input(validation_data, role="val", num_classes=num_classes,
-                                                     classes=train_classes, **{**common, "image_size": n}).dataset)
-            if val_input else None, epochs=epochs, steps_per_epoch=steps, callbacks=fit_callbacks,
-            checkpoint_dir=checkpoint_dir, verbose=verbose)
-    else:
-        history = model.fit(train_input.dataset, epochs=epochs, steps_per_epoch=steps,
-                            validation_data=val_input.dataset if val_input else None,
-                            callbacks=fit_callbacks, verbose=verbose)
+    try:
+        if sizes.progressive:   # one fit per phase, at its size (training/schedule.py)
+            model, history = sizes.fit(
+                compiled_model, lambda n: resolve_input(data, role="train", num_classes=num_classes, classes=None,
+                                                        **{**common, "image_size": n}).dataset,
+                validation_data=(lambda n: resolve_input(validation_data, role="val", num_classes=num_classes,
+                                                         classes=train_classes, **{**common, "image_size": n}).dataset)
+                if val_input else None, epochs=epochs, steps_per_epoch=steps, callbacks=fit_callbacks,
+                checkpoint_dir=checkpoint_dir, verbose=verbose)
+        else:
+            history = model.fit(train_input.dataset, epochs=epochs, steps_per_epoch=steps,
+                                validation_data=val_input.dataset if val_input else None,
+                                callbacks=fit_callbacks, verbose=verbose)
+    finally:   # a fit that fails mid-epoch leaves no progress bar open
+        progress.close()
     fit_seconds = time.perf_counter() - started
     val_metrics = {}
     if val_input is not None:
@@ -315,7 +378,25 @@ def alexnet_train(
     validation_data=None,
     **kwargs,
 ) -> TrainResult:
-    """Train AlexNet (``width`` scales it down for small inputs and CPUs); see ``train``."""
+    """Train AlexNet (``width`` scales it down for small inputs and CPUs); see ``train``.
+
+    Args:
+        data: As `train`'s.
+        strategy: As `train`'s.
+        epochs: As `train`'s (`FitOptions`).
+        batch_size: As `train`'s (`FitOptions`).
+        image_size: As `train`'s (`FitOptions`).
+        parallel: As `train`'s.
+        checkpoint_dir: As `train`'s (`FitOptions`).
+        width: Scales every layer's channels (0.25: a quarter).
+        normalization: ``"lrn"`` (the paper's local response normalisation), ``"batch"`` or None.
+        dropout: The dropout rate of the dense layers.
+        validation_data: As `train`'s.
+        **kwargs: Any other `train` argument.
+
+    Returns:
+        A `TrainResult`.
+    """
     model_kwargs = dict(width=width, normalization=normalization, dropout=dropout)
     model_kwargs.update(kwargs.pop("model_kwargs", None) or {})
     return train("alexnet", data, validation_data, strategy=strategy, epochs=epochs, batch_size=batch_size,

@@ -9,6 +9,7 @@ finished identical conversion is reused) and a ``tf.data.Dataset`` of ``(image, 
 from __future__ import annotations
 
 from .keras_env import tensorflow  # must precede TensorFlow
+from .errors import InvalidTrainingInput
 
 import hashlib
 import json
@@ -19,7 +20,6 @@ from typing import Any
 
 tf = tensorflow()   # imported without its start-up noise (see keras_env)
 
-from .results import TrainingError  # noqa: F401  (raised here, defined where TF is not imported)
 from pinstorm.boards import secrets
 
 log = secrets.logger("pinstorm.training")
@@ -63,7 +63,7 @@ def _prepare_images(dataset: tf.data.Dataset, image_size: int) -> tf.data.Datase
     """Resize images to ``image_size`` when they are not already, and make labels int32."""
     spec = dataset.element_spec
     if not (isinstance(spec, tuple) and len(spec) == 2):
-        raise TrainingError("a tf.data.Dataset must yield (image, label) pairs")
+        raise InvalidTrainingInput("a tf.data.Dataset must yield (image, label) pairs")
     shape = spec[0].shape
     needs_resize = shape.rank is None or tuple(shape[-3:-1]) != (image_size, image_size)
 
@@ -86,7 +86,7 @@ def _with_data_sharding(dataset: tf.data.Dataset) -> tf.data.Dataset:
 def _dataset_input(dataset: tf.data.Dataset, *, global_batch, image_size, num_classes) -> Input:
     images_spec = dataset.element_spec[0] if isinstance(dataset.element_spec, tuple) else None
     if images_spec is None:
-        raise TrainingError("a tf.data.Dataset must yield (image, label) pairs")
+        raise InvalidTrainingInput("a tf.data.Dataset must yield (image, label) pairs")
     batched = images_spec.shape.rank == 4
     dataset = _prepare_images(dataset, image_size)
     cardinality = int(dataset.cardinality())
@@ -105,8 +105,8 @@ def _parquet_train_input(strategy, url: str, info: dict, *, global_batch, image_
     rows = int(info["rows"])
     steps = rows // global_batch
     if steps < 1:
-        raise TrainingError(f"{url} has {rows} rows, fewer than one global batch of {global_batch}; "
-                            "lower batch_size")
+        raise InvalidTrainingInput(f"{url} has {rows} rows, fewer than one global batch of {global_batch}; "
+                                   "lower batch_size")
 
     shards: list = []
 
@@ -131,7 +131,8 @@ def _parquet_train_input(strategy, url: str, info: dict, *, global_batch, image_
 def _parquet_eval_input(url: str, info: dict, *, global_batch, image_size, parallel, input_options) -> Input:
     """Every validation row once per evaluation (Keras splits each global batch across replicas)."""
     from pinstorm import pipeline
-    options = {k: v for k, v in input_options.items() if k in ("eval_crop", "engine", "reader_workers")}
+    options = {k: v for k, v in input_options.items() if k in ("eval_crop", "engine", "reader_workers", "stream",
+                                                               "cache_limit", "storage_options")}
     dataset = pipeline.make_dataset(url, batch_size=global_batch, image_size=(image_size, image_size),
                                     training=False, num_epochs=1, shuffle=False, parallel=parallel, **options)
     return Input(_with_data_sharding(dataset), int(info["rows"]), int(info["num_classes"]),
@@ -158,5 +159,5 @@ def resolve_input(data, *, role, strategy, global_batch, image_size, parallel, s
                                            parallel=parallel, input_options=input_options)
         resolved.url = url
         return resolved
-    raise TrainingError(f"{role} data must be a Parquet dataset URL, a data map or a tf.data.Dataset, "
-                        f"not {type(data).__name__}")
+    raise InvalidTrainingInput(f"{role} data must be a Parquet dataset URL, a data map or a tf.data.Dataset, "
+                               f"not {type(data).__name__}")

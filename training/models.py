@@ -11,17 +11,17 @@ network trains on 32-64 pixel images on a laptop CPU. Models whose layers would 
 from __future__ import annotations
 
 from .keras_env import tensorflow  # must precede TensorFlow
+from .errors import TrainingError
 
 from typing import Callable
 
 tf = tensorflow()   # imported without its start-up noise (see keras_env)
 import tf_keras as keras
-from pinstorm.errors import PinstormError
 
 from .shapes import alexnet_stem
 
 
-class ModelError(PinstormError, ValueError):
+class ModelError(TrainingError, ValueError):
     """A model was asked for by a name or with a shape it cannot be built with."""
 
 
@@ -140,6 +140,15 @@ def build_model(name: str, input_shape=(224, 224, 3), num_classes: int = 1000, *
     """Build a model by name (``alexnet``, ``resnet50``, ``mobilenet_v2``); kwargs go to its builder.
 
     Call it inside ``strategy.scope()`` so the variables are mirrored.
+
+    Args:
+        name: ``"alexnet"``, ``"resnet50"`` or ``"mobilenet_v2"``.
+        input_shape: ``(height, width, 3)``.
+        num_classes: Output classes.
+        **kwargs: For the builder, e.g. AlexNet's ``width``, ``normalization``, ``dropout``.
+
+    Returns:
+        An uncompiled ``keras.Model``.
     """
     key = name.lower().replace("-", "_")
     if key == "resnet_50":

@@ -17,10 +17,11 @@ import json
 import os
 import socket
 from pathlib import Path
-from pinstorm.errors import PinstormError
+
+from .errors import TrainingError
 
 
-class MultiWorkerError(PinstormError, ValueError):
+class MultiWorkerError(TrainingError, ValueError):
     """``TF_CONFIG`` is missing, malformed, or describes a task that is not in its cluster."""
 
 

@@ -16,6 +16,7 @@ that ``pinstorm.training.profile`` stays the function.
 from __future__ import annotations
 
 from . import keras_env  # noqa: F401  (must precede TensorFlow)
+from .errors import TrainingError
 from .plots import save_figure
 
 import json
@@ -29,7 +30,6 @@ from pathlib import Path
 from typing import Callable
 
 from pinstorm.boards import secrets
-from pinstorm.errors import PinstormError
 
 log = secrets.logger("pinstorm.training")
 
@@ -41,7 +41,7 @@ REPORT_JSON, REPORT_PNG = "profile.json", "profile.png"
 EPOCHS = 3                  # timed fits: the first epoch traces; the fastest of the others is kept
 
 
-class ProfileError(PinstormError, ValueError):
+class ProfileError(TrainingError, ValueError):
     """The profile cannot run as asked (nothing to measure, unknown pins, ...)."""
 
 
@@ -522,6 +522,30 @@ def profile(
     (default ``make_strategy("auto")``), ``parallel`` decodes and ``input_options`` you would train
     with. Writes ``profile.json`` and ``profile.png`` into ``output_dir`` (default: a new
     temporary folder) and returns a ``ProfileReport``.
+
+    Args:
+        dataset: A Parquet dataset URL from `convert`: profiles reading, decoding and training steps
+            (None: those stages are not measured).
+        board: A ``Board``, a registered board name or a data.txt URL: profiles fetching and extraction
+            (None: not measured).
+        pins: The pins of ``board`` to fetch (None: the first ``max_pins`` categories of a
+            ``repartition``-made board, else its first pins).
+        max_pins: How many pins to fetch when ``pins`` is None.
+        model_name: The model whose steps are timed (`build_model`).
+        model_kwargs: Keyword arguments for the model builder.
+        image_size: Square side in pixels the reader resizes to.
+        batch_size: Images per step per replica.
+        strategy: A ``tf.distribute.Strategy`` (None: ``make_strategy("auto")``).
+        parallel: Parallel decode calls of the reader (None: ``tf.data.AUTOTUNE``).
+        fetch_parallel: Pins fetched at once.
+        steps: Steps of the short real fit.
+        max_rows: At most this many rows are read when timing the reader.
+        input_options: Reader options for `make_dataset` (`ReaderOptions`), as you would train with.
+        output_dir: Where ``profile.json`` and ``profile.png`` go (None: a new temporary folder).
+        echo: A function called with each progress line (None: quiet).
+
+    Returns:
+        A ``ProfileReport``: each stage's throughput, and the bound named.
     """
     if dataset is None and board is None:
         raise ProfileError("profile() needs a dataset (Parquet URL), a board, or both")

@@ -8,16 +8,40 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pinstorm.boards import secrets
-from pinstorm.errors import PinstormError
 
-
-class TrainingError(PinstormError, ValueError):
-    """Training cannot start with the arguments given (data, sizes, classes, ...)."""
+from .errors import InvalidTrainingInput, TrainingError  # noqa: F401  (re-exported: their old home)
 
 
 @dataclass
 class TrainResult:
-    """What a fit produced. ``history`` covers this call's epochs; ``metrics_csv`` the whole run."""
+    """What a fit produced. ``history`` covers this call's epochs; ``metrics_csv`` the whole run.
+
+    Attributes:
+        history: Each metric's value per epoch of this call.
+        val_metrics: The final validation metrics (empty without validation data).
+        model: The trained model (Keras, or a ``torch.nn.Module``).
+        epochs: The epochs this call trained (0-based).
+        initial_epoch: The epoch this call started at (after a resume, not 0).
+        global_batch_size: Images per step over all replicas or ranks.
+        replicas: Replicas (TensorFlow) or ranks (PyTorch) that trained.
+        steps_per_epoch: Training steps per epoch.
+        seconds: How long the fit took.
+        images_per_second: Training throughput over all replicas.
+        strategy: What strategy or backend was chosen, and why (a fallback included).
+        output_dir: The run's folder.
+        metrics_csv: The run's per-epoch metrics, every call's epochs included.
+        plot_png: The training curves.
+        tensorboard_dir: The TensorBoard logs (TensorFlow).
+        checkpoint_dir: Where backups were kept (None: none).
+        weights_path: The final weights.
+        num_classes: Output classes.
+        is_chief: This worker or rank wrote the run's files.
+        input_shards: Each input's ``(index, count)`` shard this worker read (None: all of it).
+        experiment: Where ``pin=`` stored the run (board, name, version), else None.
+        framework: ``"tensorflow"`` or ``"torch"``.
+        input_stall: The share of the training time the model waited for its input (torch; None:
+            not measured).
+    """
 
     history: dict[str, list[float]]
     val_metrics: dict[str, float]
@@ -41,6 +65,9 @@ class TrainResult:
     input_shards: list = field(default_factory=list)
     experiment: dict | None = None      # where ``pin=`` stored the run (an ExperimentRecord: board, name, version)
     framework: str = "tensorflow"       # or "torch"
+    # the share of the training time the model waited for its input (the torch path times each batch's
+    # fetch; TensorFlow fetches inside its compiled step, where `pinstorm profile` measures it instead)
+    input_stall: float | None = None
 
     def summary(self) -> dict:
         """Everything but the model, JSON-serialisable (for reports and for Spark to send home)."""

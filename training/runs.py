@@ -13,7 +13,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Mapping
 
-from .results import TrainingError
+from .errors import InvalidTrainingInput
+
 
 # The optimisers a run may name, and SGD's momentum (the AlexNet and ResNet papers' 0.9) for both frameworks.
 OPTIMIZERS = ("adam", "sgd")
@@ -26,7 +27,36 @@ class FitOptions:
     """The options every fit takes, with their defaults (``train`` and ``train_torch`` read them from
     ``DEFAULTS``). ``batch_size`` is per replica or rank; ``input_options`` go to the reader
     (`pipeline.options.ReaderOptions` names what both readers share); ``pin`` (``"board/name"``,
-    ``(board, "name")`` or ``"name"``) pins the finished run with ``lineage`` added to its record."""
+    ``(board, "name")`` or ``"name"``) pins the finished run with ``lineage`` added to its record.
+
+    `train`, `train_torch` (and `spark_train`'s argument dicts) take each of these as a keyword argument
+    of the same name and default; they are described here once.
+
+    Attributes:
+        epochs: Passes over the training data.
+        batch_size: Images per step per replica (TensorFlow) or per rank (PyTorch); the global batch is
+            that times the replicas or ranks.
+        image_size: Square side in pixels the reader crops and resizes to; for `train`, also a
+            progressive-resizing schedule ``[(0, 128), (6, 192), (12, 224)]`` of ``(epoch, size)``
+            (models with global pooling; `training.schedule`).
+        num_classes: Output classes (None: the dataset's number of classes).
+        learning_rate: The optimiser's learning rate, a positive number.
+        optimizer: ``"adam"`` or ``"sgd"`` (momentum 0.9).
+        model_kwargs: Keyword arguments for the model builder (`build_model` / `build_torch_model`).
+        steps_per_epoch: Training steps per epoch (None: a full pass; under DDP the smallest shard's
+            full batches).
+        seed: Makes shuffling, augmentation and initial weights repeatable (None: not seeded).
+        output_dir: Where the run's ``metrics.csv``, ``curves.png``, logs and final weights go (None:
+            ``runs/<model>-<UTC time>``).
+        checkpoint_dir: Back up there during the fit and resume from it when a backup exists; removed
+            after a finished run (None: no backups).
+        input_options: Reader options for a Parquet input, passed to `make_dataset` or
+            `make_torch_loader` (`ReaderOptions`), e.g. ``{"flip": False}`` for digits.
+        pin: Pin the finished run as a new version of this pin: ``"board/name"`` (a registered board),
+            ``(board, "name")`` (a ``Board``) or ``"name"`` (the default board); see `training.experiments`.
+        lineage: A JSON-able dict added to the pinned run's lineage record (e.g. the pins the data came
+            from).
+    """
 
     epochs: int = 10
     batch_size: int = 32
@@ -47,14 +77,16 @@ class FitOptions:
         for name in ("epochs", "batch_size"):
             value = getattr(self, name)
             if not _is_int(value) or value < 1:
-                raise TrainingError(f"{name} must be a positive integer, got {value!r}")
+                raise InvalidTrainingInput(f"{name} must be a positive integer, got {value!r}")
         if self.steps_per_epoch is not None and (not _is_int(self.steps_per_epoch) or self.steps_per_epoch < 1):
-            raise TrainingError(f"steps_per_epoch must be None or a positive integer, got {self.steps_per_epoch!r}")
+            raise InvalidTrainingInput("steps_per_epoch must be None or a positive integer, got "
+                                       f"{self.steps_per_epoch!r}")
         if self.num_classes is not None and (not _is_int(self.num_classes) or self.num_classes < 2):
-            raise TrainingError(f"num_classes must be None or an integer of at least 2, got {self.num_classes!r}")
+            raise InvalidTrainingInput("num_classes must be None or an integer of at least 2, got "
+                                       f"{self.num_classes!r}")
         if isinstance(self.learning_rate, bool) or not isinstance(self.learning_rate, numbers.Real) \
                 or not self.learning_rate > 0:
-            raise TrainingError(f"learning_rate must be a positive number, got {self.learning_rate!r}")
+            raise InvalidTrainingInput(f"learning_rate must be a positive number, got {self.learning_rate!r}")
         object.__setattr__(self, "optimizer", check_optimizer(self.optimizer))
 
     @classmethod
@@ -63,7 +95,11 @@ class FitOptions:
 
     @classmethod
     def pick(cls, arguments: Mapping[str, Any]) -> "FitOptions":
-        """The fit options among a fit's `arguments` (its `locals()`), checked."""
+        """The fit options among a fit's `arguments` (its `locals()`), checked.
+
+        Args:
+            arguments: A fit's arguments by name; the names that are not options are ignored.
+        """
         return cls(**{name: arguments[name] for name in cls.names() if name in arguments})
 
 
@@ -71,7 +107,7 @@ def check_optimizer(name: str) -> str:
     """`name` in lower case, if it is one of `OPTIMIZERS` (the same error for both frameworks)."""
     lowered = str(name).lower()
     if lowered not in OPTIMIZERS:
-        raise TrainingError(f"unknown optimizer {name!r}: use {' or '.join(repr(o) for o in OPTIMIZERS)}")
+        raise InvalidTrainingInput(f"unknown optimizer {name!r}: use {' or '.join(repr(o) for o in OPTIMIZERS)}")
     return lowered
 
 

@@ -19,6 +19,7 @@ training.
 from __future__ import annotations
 
 from .keras_env import tensorflow  # must precede TensorFlow
+from .errors import InvalidTrainingInput
 
 import shutil
 import tempfile
@@ -29,7 +30,6 @@ from typing import Callable
 tf = tensorflow()   # imported without its start-up noise (see keras_env)
 import tf_keras as keras
 
-from .inputs import TrainingError
 from pinstorm.boards import secrets
 
 log = secrets.logger("pinstorm.training")
@@ -54,13 +54,14 @@ class ImageSizeSchedule:
             try:
                 steps = [(int(e), int(s)) for e, s in image_size]
             except (TypeError, ValueError):
-                raise TrainingError(f"image_size must be an int or [(epoch, size), ...], got {image_size!r}") from None
+                raise InvalidTrainingInput("image_size must be an int or [(epoch, size), ...], got "
+                                           f"{image_size!r}") from None
         if not steps or steps[0][0] != 0:
-            raise TrainingError(f"an image-size schedule must start at epoch 0, got {image_size!r}")
+            raise InvalidTrainingInput(f"an image-size schedule must start at epoch 0, got {image_size!r}")
         if any(b[0] <= a[0] for a, b in zip(steps, steps[1:])):
-            raise TrainingError(f"schedule epochs must increase strictly, got {image_size!r}")
+            raise InvalidTrainingInput(f"schedule epochs must increase strictly, got {image_size!r}")
         if any(size < 1 for _, size in steps):
-            raise TrainingError(f"image sizes must be positive, got {image_size!r}")
+            raise InvalidTrainingInput(f"image sizes must be positive, got {image_size!r}")
         self.steps = steps
         bounds = [e for e, _ in steps if e < epochs] + [epochs]
         self.phases = [Phase(start, stop, self.size_at(start)) for start, stop in zip(bounds, bounds[1:])]
@@ -149,5 +150,6 @@ def saved_epoch(backup_dir) -> int | None:
 def _check_portable(model: keras.Model) -> None:
     """Weights whose shapes change with the input size cannot carry over from phase to phase."""
     if any(isinstance(layer, keras.layers.Flatten) for layer in model.layers):
-        raise TrainingError(f"{model.name} flattens its feature maps, so its dense weights depend on the image "
-                            "size; progressive resizing needs a model with global pooling (resnet50, mobilenet_v2)")
+        raise InvalidTrainingInput(f"{model.name} flattens its feature maps, so its dense weights depend on the "
+                                   "image size; progressive resizing needs a model with global pooling (resnet50, "
+                                   "mobilenet_v2)")

@@ -40,6 +40,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from .errors import InvalidTrainingInput
 from .spark_session import (REQUIRED_MODULES, SparkTrainError, available_slots, local_spark_session, probe_executors,
                             session_settings, spark_error_message, spark_session, wait_for_slots)
 from pinstorm.boards import secrets
@@ -254,10 +255,8 @@ def _partition_steps(smallest: int, batch_size: int, replicas: int = 1) -> int:
     being `batch_size` rows per local replica."""
     steps = smallest // (batch_size * replicas)
     if steps < 1:
-        from .results import TrainingError
-
-        raise TrainingError(f"the smallest worker partition has {smallest} rows, fewer than one batch of "
-                            f"{batch_size} x {replicas} replica(s); lower batch_size")
+        raise InvalidTrainingInput(f"the smallest worker partition has {smallest} rows, fewer than one batch of "
+                                   f"{batch_size} x {replicas} replica(s); lower batch_size")
     return steps
 
 
@@ -351,6 +350,28 @@ def spark_train(train_fn_or_args: Callable[[int, int], Any] | dict, num_workers:
     own (its timeout: ``PARTITION_WAIT``, as long as the slowest fetch may take). ``torch_launcher``: ``"auto"``
     (TorchDistributor where the pyarrow its PySpark needs is installed, else pinstorm's barrier stage),
     ``"torch-distributor"`` or ``"barrier"``.
+
+    Args:
+        train_fn_or_args: A function ``fn(rank, num_workers)`` run in each task, or a dict of `train`
+            (``framework="torch"``: `train_torch`) arguments, optionally with ``strategy_args``,
+            ``partition_board``, ``partition_parallel`` and ``partition_dir`` as above.
+        num_workers: Training workers (Spark tasks, or torch processes), gang-scheduled together.
+        spark: A SparkSession, or None to start ``local_spark_session(num_workers)`` and stop it at the end.
+        env: Environment variables for the tasks.
+        max_restarts: Relaunch a failed stage up to this many times.
+        probe: First check that the executors import pinstorm and the framework.
+        slots_timeout: Seconds to wait for executors to register.
+        progress: Where rank 0's per-epoch lines go: True (standard error), a function called with
+            each line, or False (nowhere).
+        framework: ``"tensorflow"`` (``TF_CONFIG`` and ``make_strategy("multiworker")``) or ``"torch"``.
+        torch_launcher: With ``framework="torch"``: ``"auto"``, ``"torch-distributor"`` or ``"barrier"``.
+
+    Returns:
+        A ``SparkTrainResult``: the list of ``WorkerResult``, rank 0 first, plus ``restarts``,
+        ``attempts`` and ``seconds_lost``.
+
+    Raises:
+        SparkTrainError: All ``max_restarts + 1`` attempts failed (the message lists every cause).
     """
     train_fn_or_args = _check_args(train_fn_or_args, num_workers, framework)
     launcher = _chosen_launcher(torch_launcher) if framework == "torch" else None

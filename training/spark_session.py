@@ -22,8 +22,9 @@ import time
 import warnings
 from typing import Iterator
 
-from pinstorm.errors import PinstormError
 from pinstorm.boards import secrets
+
+from .errors import TrainingError
 
 log = secrets.logger("pinstorm.training")
 
@@ -51,7 +52,7 @@ BARRIER_CONF = {
 PANDAS_WARNING = r"PySpark does not yet fully support pandas >= 3"
 
 
-class SparkTrainError(PinstormError, RuntimeError):
+class SparkTrainError(TrainingError, RuntimeError):
     """The barrier stage cannot run (too few slots, executors without TensorFlow) or kept failing."""
 
 

@@ -12,6 +12,7 @@ recorded where ``strategy_choice(strategy)`` finds it.
 from __future__ import annotations
 
 from .keras_env import tensorflow  # must precede TensorFlow
+from .errors import TrainingError
 
 import threading
 import time
@@ -21,7 +22,6 @@ from typing import TYPE_CHECKING
 
 from . import multiworker
 from .fallback import error_line, fallback_warning, probe_outcome
-from pinstorm.errors import PinstormError
 from pinstorm.boards import secrets
 
 if TYPE_CHECKING:            # TensorFlow is imported where it is used: importing this module stays cheap,
@@ -38,7 +38,7 @@ _WORKER_OPS = ("auto", "nccl", "ring", "collective")
 _CHOICES: "weakref.WeakKeyDictionary[tf.distribute.Strategy, StrategyChoice]" = weakref.WeakKeyDictionary()
 
 
-class StrategyError(PinstormError, RuntimeError):
+class StrategyError(TrainingError, RuntimeError):
     """A strategy cannot be built as asked (bad option, devices already initialised, ...)."""
 
 
@@ -74,7 +74,14 @@ class StrategyChoice:
 
 
 def strategy_choice(strategy: tf.distribute.Strategy) -> StrategyChoice | None:
-    """The record ``make_strategy`` kept for ``strategy`` (None for strategies built elsewhere)."""
+    """The record ``make_strategy`` kept for ``strategy`` (None for strategies built elsewhere).
+
+    Args:
+        strategy: A strategy ``make_strategy`` returned.
+
+    Returns:
+        The ``StrategyChoice`` (what was asked, what was built, the probe's result and any fallback), or None.
+    """
     return _CHOICES.get(strategy)
 
 
@@ -273,6 +280,21 @@ def make_strategy(
     ``"nccl"`` or ``"ring"``. If the probe fails, ``fallback="one-device"`` rebuilds with
     ReductionToOneDevice (RING across workers) and logs why; ``fallback=None`` raises
     ProbeError with the original error as its cause.
+
+    Args:
+        kind: ``"auto"``, ``"mirrored"``, ``"multiworker"`` or ``"one-device"``.
+        devices: None (every GPU, else the CPU), a count, or device names.
+        cross_device_ops: How replicas all-reduce: ``"auto"``, ``"nccl"``, ``"hierarchical"``,
+            ``"one-device"``, ``"collective"``, ``"ring"`` (across workers) or a ``tf.distribute.CrossDeviceOps``.
+        fallback: ``"one-device"``: rebuild with ReductionToOneDevice when the probe fails; None: raise.
+        probe: Run a small all-reduce first and fall back if it fails or hangs.
+        probe_timeout: Seconds the probe may take.
+
+    Returns:
+        The ``tf.distribute.Strategy`` (`strategy_choice` gives its record).
+
+    Raises:
+        ProbeError: The probe failed and ``fallback`` is None.
     """
     kind = _normalise(kind)
     if kind not in STRATEGY_KINDS:

@@ -33,7 +33,8 @@ import pickletools
 import zipfile
 from dataclasses import dataclass
 
-from pinstorm.errors import PinstormError
+from .errors import TrainingError
+
 
 OPCODES_PER_TENSOR = 64         # a tensor in a state dict pickles to 35-46 (key, rebuild call, storage id)
 BYTES_PER_TENSOR = 1024         # ~130 bytes each measured; long parameter names take more
@@ -46,7 +47,7 @@ LEGACY_MAGIC = 0x1950A86A20F9469CFC6C   # torch.serialization.MAGIC_NUMBER: the 
 _LEGACY_HEAD = 1 << 16          # bytes of a non-zip file read to find its first pickle
 
 
-class UnsafeCheckpoint(PinstormError, ValueError):
+class UnsafeCheckpoint(TrainingError, ValueError):
     """A torch.save file whose pickle is larger or deeper than the tensors it should hold need."""
 
 

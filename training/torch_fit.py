@@ -26,6 +26,7 @@ imported here.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
@@ -37,15 +38,16 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Callable
 
-from pinstorm.errors import PinstormError
 from pinstorm.extras import require
 
+from .errors import InvalidTrainingInput, TrainingError
 from .fallback import error_line, fallback_warning, probe_failure, probe_outcome
 from .plots import plot_curves, read_metrics_csv
-from .results import TrainingError, TrainResult
+from .results import TrainResult
 from .runs import DEFAULTS as FIT, SGD_MOMENTUM, FitOptions, check_optimizer, default_output_dir
 from .torch_models import build_torch_model
 from pinstorm.boards import secrets
+from pinstorm.progress import progress_bar
 
 torch = require("torch", "torch", "pinstorm.training.train_torch")
 dist = torch.distributed
@@ -64,12 +66,16 @@ CHECKPOINT_EXTRA_OPCODES = 1 << 15    # the metric history (a float per metric p
 CHECKPOINT_EXTRA_BYTES = 32 << 20     # every rank's input position (JSON; ImageNet's bitmap ~160 kB per epoch)
 _LOADER_OPTIONS = ("flip", "crop_area", "eval_crop", "shuffle_buffer", "dct_scale", "verify", "retries",
                    "storage_options", "max_pixels", "prefetch_factor", "multiprocessing_context", "decode",
-                   "decode_threads")
+                   "decode_threads", "stream", "cache_limit")
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 
 
-class BackendProbeError(PinstormError, RuntimeError):
+class BackendProbeError(TrainingError, RuntimeError):
     """The process group's all-reduce probe failed and no fallback was allowed."""
+
+
+class BackendProbeTimeout(BackendProbeError, TimeoutError):
+    """The all-reduce probe hung past its deadline (its thread is abandoned: a collective cannot be cancelled)."""
 
 
 # --------------------------------------------------------------------------- the process group
@@ -131,8 +137,8 @@ def _probe(backend: str, store, rank: int, world: int, timeout: float) -> float:
     thread.start()
     thread.join(timeout)
     if thread.is_alive():
-        raise TimeoutError(f"the {backend} all-reduce probe did not finish within {timeout:g} s (hung collective); "
-                           "its thread was abandoned")
+        raise BackendProbeTimeout(f"the {backend} all-reduce probe did not finish within {timeout:g} s (hung "
+                                  "collective); its thread was abandoned")
     if "error" in outcome:
         raise outcome["error"]
     return outcome["seconds"]
@@ -153,17 +159,30 @@ def init_distributed(backend: str = "auto", *, probe_timeout: float = 60.0, fall
     failed or hung NCCL probe on any rank makes every rank fall back to gloo and logs why
     (``fallback=False``: raise ``BackendProbeError`` instead). A group that already exists is used
     as it is.
+
+    Args:
+        backend: ``"auto"``, ``"nccl"`` or ``"gloo"``.
+        probe_timeout: Seconds the all-reduce probe (and the rendezvous, at least 30) may take.
+        fallback: Fall back to gloo when the NCCL probe fails (False: raise).
+
+    Returns:
+        The ``BackendChoice``: the backend in use, the one asked for, the world size, this rank.
+
+    Raises:
+        InvalidTrainingInput: An unknown backend, or no torch.distributed environment (``RANK``,
+            ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``).
+        BackendProbeError: The NCCL probe failed and ``fallback`` is False.
     """
     if backend not in BACKENDS:
-        raise TrainingError(f"unknown backend {backend!r}; use one of {BACKENDS}")
+        raise InvalidTrainingInput(f"unknown backend {backend!r}; use one of {BACKENDS}")
     if dist.is_initialized():   # made by init_distributed (its record, fallback included) or by the caller
         made = _GROUP.get("choice")
         if made is not None and made.world_size == dist.get_world_size() and made.backend == dist.get_backend():
             return made
         return BackendChoice(dist.get_backend(), backend, dist.get_world_size(), dist.get_rank())
     if not launched_distributed():
-        raise TrainingError("init_distributed needs RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT (torchrun "
-                                 "and TorchDistributor set them)")
+        raise InvalidTrainingInput("init_distributed needs RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT (torchrun "
+                                   "and TorchDistributor set them)")
     store, rank, world = next(dist.rendezvous("env://", timeout=timedelta(seconds=max(probe_timeout, 30.0))))
     chosen = backend if backend != "auto" else ("nccl" if torch.cuda.is_available() else "gloo")
     choice = BackendChoice(chosen, backend, world, rank)
@@ -279,9 +298,9 @@ def load_checkpoint(checkpoint_dir, *, tensors: int | None = None) -> dict | Non
                              extra_opcodes=CHECKPOINT_EXTRA_OPCODES, extra_bytes=CHECKPOINT_EXTRA_BYTES,
                              max_string=CHECKPOINT_EXTRA_BYTES)
     except UnsafeCheckpoint as error:
-        raise TrainingError(f"refused to resume from {error}") from None
+        raise InvalidTrainingInput(f"refused to resume from {error}") from None
     if not isinstance(state, dict) or state.get("format") not in (1, CHECKPOINT_FORMAT):
-        raise TrainingError(f"{path} is not a pinstorm torch checkpoint (format {CHECKPOINT_FORMAT})")
+        raise InvalidTrainingInput(f"{path} is not a pinstorm torch checkpoint (format {CHECKPOINT_FORMAT})")
     return state
 
 
@@ -396,21 +415,47 @@ def train_torch(
     model through ``torch.compile``; batches come from pinned memory with ``non_blocking`` copies and cuDNN
     picks its fastest kernels (``cudnn.benchmark``). ``input_options={"decode": "gpu"}`` decodes the JPEGs
     on the training device (`pipeline.device_decode`).
+
+    The options every fit shares (``epochs``, ``batch_size``, ``image_size``, ``num_classes``,
+    ``learning_rate``, ``optimizer``, ``model_kwargs``, ``steps_per_epoch``, ``seed``, ``output_dir``,
+    ``checkpoint_dir``, ``input_options``, ``pin``, ``lineage``) are described once on [`FitOptions`][pinstorm.training.runs.FitOptions].
+
+    Args:
+        model_name: The model to build: ``"alexnet"``, ``"resnet_small"`` or ``"resnet50"`` (`build_torch_model`).
+        data: The training data: a Parquet dataset URL from `convert` (local, fsspec or ``board://``).
+        validation_data: A Parquet dataset URL evaluated after each epoch, every row once (None: none).
+        num_workers: DataLoader worker processes per rank.
+        backend: The process group's backend under DDP: ``"auto"``, ``"nccl"`` or ``"gloo"``
+            (`init_distributed`).
+        probe_timeout: Seconds the NCCL all-reduce probe may take before it counts as failed.
+        fallback: Fall back to gloo when the NCCL probe fails (False: raise ``BackendProbeError``).
+        threads: torch's intra-op threads (None: under DDP on CPU, the cores shared by this machine's ranks).
+        callbacks: Functions called on every rank as ``fn(epoch, logs)`` after each epoch.
+        backup_every: With ``checkpoint_dir``, also back up every that many steps within an epoch
+            (None: after each epoch only).
+        on_batch: A function called on every rank after each training step as ``fn(epoch, step, ids)``.
+        precision: On a GPU: ``"auto"`` (bf16 autocast where supported, else fp32), ``"bf16"``,
+            ``"fp16"`` (with a gradient scaler) or ``"fp32"``.
+        channels_last: Store images and weights NHWC (None: on CUDA).
+        compile: Run the model through ``torch.compile``.
+
+    Returns:
+        A `TrainResult` (its ``model`` the trained ``torch.nn.Module``).
     """
     from pinstorm import pipeline
 
     wall_started, started_at = time.perf_counter(), datetime.now(timezone.utc)
     if data is None or not isinstance(data, (str, os.PathLike)):
-        raise TrainingError("train_torch needs data as a Parquet dataset URL or folder (convert it first)")
+        raise InvalidTrainingInput("train_torch needs data as a Parquet dataset URL or folder (convert it first)")
     FitOptions.pick(locals())   # the checks every fit shares (training/runs.py)
     if precision not in PRECISIONS:
-        raise TrainingError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+        raise InvalidTrainingInput(f"precision must be one of {PRECISIONS}, got {precision!r}")
     if pin is not None:   # a bad target fails now, not after the fit
         from .experiments import check_target
         check_target(pin)
     if backup_every is not None and (int(backup_every) < 1 or checkpoint_dir is None):
-        raise TrainingError(f"backup_every must be a positive number of steps, with a checkpoint_dir (got "
-                            f"{backup_every!r}, checkpoint_dir={checkpoint_dir!r})")
+        raise InvalidTrainingInput(f"backup_every must be a positive number of steps, with a checkpoint_dir (got "
+                                   f"{backup_every!r}, checkpoint_dir={checkpoint_dir!r})")
     distributed = launched_distributed() or dist.is_initialized()
     own_group = distributed and not dist.is_initialized()
     choice = init_distributed(backend, probe_timeout=probe_timeout, fallback=fallback) if distributed else None
@@ -461,17 +506,17 @@ def _train(model_name, url, validation_data, *, choice, epochs, batch_size, imag
     info = pipeline.dataset_info(url, storage_options=input_options.get("storage_options"))
     num_classes = num_classes or int(info["num_classes"])
     if num_classes != int(info["num_classes"]):
-        raise TrainingError(f"num_classes={num_classes} but {url} has {info['num_classes']} classes")
+        raise InvalidTrainingInput(f"num_classes={num_classes} but {url} has {info['num_classes']} classes")
     options = {k: v for k, v in input_options.items() if k != "shard"}
     unknown = sorted(set(options) - set(_LOADER_OPTIONS))
     if unknown:
-        raise TrainingError(f"unknown input_options {unknown}; make_torch_loader takes {list(_LOADER_OPTIONS)}")
+        raise InvalidTrainingInput(f"unknown input_options {unknown}; make_torch_loader takes {list(_LOADER_OPTIONS)}")
     shard = input_options["shard"] if "shard" in input_options else ((rank, world) if world > 1 else None)
     rows = [int(info["rows"])] if shard is None else _shard_rows(info, world)
     steps = steps_per_epoch or min(rows) // batch_size
     if steps < 1:
-        raise TrainingError(f"{url}: the smallest shard has {min(rows)} rows, fewer than one batch of "
-                                 f"{batch_size}; lower batch_size")
+        raise InvalidTrainingInput(f"{url}: the smallest shard has {min(rows)} rows, fewer than one batch of "
+                                   f"{batch_size}; lower batch_size")
 
     if seed is not None:
         random.seed(seed)
@@ -512,9 +557,9 @@ def _train(model_name, url, validation_data, *, choice, epochs, batch_size, imag
         positions = json.loads(partial["positions"])
         if distributed and shard is None:    # each rank reads a dataset of its own: only its position applies
             if int(partial["world"]) != world:
-                raise TrainingError(f"{checkpoint_dir / CHECKPOINT_FILE} was backed up by {partial['world']} ranks "
-                                    f"each reading a dataset of its own: resume it on {partial['world']} ranks, "
-                                    f"not {world}")
+                raise InvalidTrainingInput(f"{checkpoint_dir / CHECKPOINT_FILE} was backed up by {partial['world']} "
+                                           "ranks each reading a dataset of its own: resume it on "
+                                           f"{partial['world']} ranks, not {world}")
             positions = positions[rank]
         loader.load_state_dict(positions)
         first_step = min(steps, int(partial["step"]) * int(partial["world"]) // world)
@@ -522,11 +567,12 @@ def _train(model_name, url, validation_data, *, choice, epochs, batch_size, imag
     if validation_data is not None:
         val_info = pipeline.dataset_info(os.fspath(validation_data), storage_options=options.get("storage_options"))
         if val_info.get("classes") and info.get("classes") and list(val_info["classes"]) != list(info["classes"]):
-            raise TrainingError("training and validation data label different classes; convert both with the "
-                                     "same `classes`")
+            raise InvalidTrainingInput("training and validation data label different classes; convert both with the "
+                                       "same `classes`")
         val_shard = (rank, world) if world > 1 and int(val_info["row_groups"]) >= world else None
         eval_options = {k: v for k, v in options.items() if k in ("eval_crop", "dct_scale", "verify", "retries",
-                                                                  "storage_options", "max_pixels")}
+                                                                  "storage_options", "max_pixels", "stream",
+                                                                  "cache_limit")}
         if decode_on_device:
             eval_options.update(decode="gpu")
         val_loader = pipeline.make_torch_loader(os.fspath(validation_data), batch_size=batch_size,
@@ -537,7 +583,8 @@ def _train(model_name, url, validation_data, *, choice, epochs, batch_size, imag
     metrics_csv = write_dir / "metrics.csv"
     if history:
         _write_csv(metrics_csv, history)
-    ran, epoch_seconds = [], []
+    ran, epoch_seconds, input_seconds = [], [], 0.0
+    shown = contextlib.ExitStack()
     started = time.perf_counter()
     batches = iter(loader)
     if partial:   # after the iterator is made: making it draws from torch's generator
@@ -550,8 +597,14 @@ def _train(model_name, url, validation_data, *, choice, epochs, batch_size, imag
             sums = torch.zeros(3, dtype=torch.float64, device=device)
             if partial and epoch == initial_epoch and rank == 0:   # the epoch's sums before the backup
                 sums += torch.tensor([float(v) for v in partial["sums"]], dtype=torch.float64, device=device)
-            for step in range(first_step if epoch == initial_epoch else 0, steps):
+            first = first_step if epoch == initial_epoch else 0
+            advance = shown.enter_context(   # the epoch's progress on rank 0: a bar, or log lines (pinstorm.progress)
+                progress_bar(f"epoch {epoch + 1}/{epochs}", steps - first, unit="steps",
+                             enabled=None if rank == 0 else False))
+            for step in range(first, steps):
+                waited = time.perf_counter()
                 images, labels, *ids = next(batches)
+                input_seconds += time.perf_counter() - waited   # the input stall: the model waits for a batch
                 images = images.to(device, non_blocking=True, memory_format=layout)
                 labels = labels.to(device, non_blocking=True)
                 optim.zero_grad(set_to_none=True)
@@ -575,6 +628,8 @@ def _train(model_name, url, validation_data, *, choice, epochs, batch_size, imag
                     _backup(checkpoint_dir, rank, distributed, model=model, optim=optim, epoch=epoch, step=step + 1,
                             world=world, history=history, model_name=model_name, loader=loader,
                             sums=_sum_across(sums.tolist(), distributed))
+                advance(1)
+            shown.close()
             epoch_seconds.append(time.perf_counter() - epoch_started)
             loss_sum, correct, count = _sum_across(sums.tolist(), distributed)
             logs = {"loss": loss_sum / count, "accuracy": correct / count}
@@ -599,6 +654,7 @@ def _train(model_name, url, validation_data, *, choice, epochs, batch_size, imag
             for callback in callbacks:
                 callback(epoch, dict(logs))
     finally:
+        shown.close()
         del batches   # ends the loader's worker processes
     fit_seconds = time.perf_counter() - started
 
@@ -630,5 +686,5 @@ def _train(model_name, url, validation_data, *, choice, epochs, batch_size, imag
         output_dir=str(write_dir), metrics_csv=str(metrics_csv), plot_png=str(plot_png) if plot_png else None,
         checkpoint_dir=str(checkpoint_dir) if checkpoint_dir else None, weights_path=str(weights_path),
         num_classes=num_classes, is_chief=rank == 0, input_shards=[list(shard) if shard else None],
-        framework="torch",
+        framework="torch", input_stall=min(input_seconds / train_seconds, 1.0) if train_seconds else None,
     )

@@ -16,16 +16,16 @@ from __future__ import annotations
 
 from typing import Callable
 
-from pinstorm.errors import PinstormError
 from pinstorm.extras import require
 
+from .errors import TrainingError
 from .shapes import alexnet_stem
 
 torch = require("torch", "torch", "pinstorm.training.torch_models")
 nn = torch.nn
 
 
-class TorchModelError(PinstormError, ValueError):
+class TorchModelError(TrainingError, ValueError):
     """A model was asked for by a name or with a shape it cannot be built with."""
 
 
@@ -198,7 +198,17 @@ TORCH_MODELS: dict[str, Callable[..., nn.Module]] = {"alexnet": AlexNet, "resnet
 
 
 def build_torch_model(name: str, num_classes: int, image_size: int = 224, **kwargs) -> nn.Module:
-    """Build a torch model by name (``alexnet``, ``resnet_small``, ``resnet50``); kwargs go to its constructor."""
+    """Build a torch model by name (``alexnet``, ``resnet_small``, ``resnet50``); kwargs go to its constructor.
+
+    Args:
+        name: ``"alexnet"``, ``"resnet_small"`` or ``"resnet50"``.
+        num_classes: Output classes.
+        image_size: The input images' side in pixels.
+        **kwargs: For the model's constructor, e.g. AlexNet's ``width``.
+
+    Returns:
+        A ``torch.nn.Module``.
+    """
     key = name.lower().replace("-", "_").replace("resnet_50", "resnet50")
     if key not in TORCH_MODELS:
         raise TorchModelError(f"unknown torch model {name!r}; choose one of {sorted(TORCH_MODELS)}")

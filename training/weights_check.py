@@ -28,7 +28,8 @@ import os
 from dataclasses import dataclass
 from typing import Iterable
 
-from pinstorm.errors import PinstormError
+from .errors import TrainingError
+
 
 MAX_CHUNK_BYTES = 64 << 20      # one decompressed chunk (HDF5 allows up to 4 GiB)
 MAX_DEPTH = 16                  # Keras nests layers/<name>/vars; sub-models add a few levels
@@ -38,7 +39,7 @@ FILTERS = {1: "gzip", 2: "shuffle", 3: "fletcher32", 32000: "lzf"}
 _CHUNK_OVERHEAD = 1.01          # a chunk that does not compress is stored slightly larger
 
 
-class UnsafeWeights(PinstormError, ValueError):
+class UnsafeWeights(TrainingError, ValueError):
     """A weights file holds something other than plain, in-file, model-sized numbers."""
 
 

@@ -1,0 +1,484 @@
+"""A bounded local cache of a remote dataset's parts, shared by every reader on the machine (``stream=True``).
+
+Why: ImageNet-21k does not fit a training node's disk, and eight ranks on one node should not fetch the same
+bytes eight times. Without streaming a remote dataset is read straight from object storage every epoch, and a
+``board://`` pin is fetched whole; with it, a reader asks this cache for a local path of each part as its
+epoch plan needs it, and tells it the plan so the next parts are fetched ahead (`PartStream`).
+
+The rules, each kept under one machine-wide file lock (``<root>/.lock``, `filelock`, no shared memory):
+
+* The cache never holds more than ``limit`` bytes: verified parts plus the reservations of downloads in
+  flight (a download reserves the part's recorded size before its first byte). When a part does not fit,
+  verified parts that no reader holds are evicted, least recently used first (`CacheFullError` when
+  everything is held for longer than the wait, or when one part is larger than the limit).
+* A reader *holds* each part it reads (a hold file naming its process); eviction never removes a part being
+  read, and holds of processes that died are dropped. A part fetched ahead is held more lightly: it is
+  evicted only for a reader waiting for the part it reads next, when nothing unheld is left (so readers
+  stalled with parts ahead, a rank waiting in an all-reduce, never stall another); its reader then fetches
+  it again. Only verified parts, which the source can give again, are evicted: the cache is a copy, never
+  the only one.
+* One download per part on the machine: the part's own file lock; whoever waits for it finds the part in
+  place. Downloads go to a temporary name carrying their owner (`boards.tempnames`) and are checked against
+  the part's recorded whole-file xxh3-128 (else its size and footer checksum) before the atomic rename, so a
+  process killed mid-download leaves nothing another uses. A part that fails its checksum is fetched once
+  more, then named (`CorruptPartError`); a dropped connection resumes with a ranged read from the byte it
+  reached; a disk without room for the part fails before a byte is written (`CacheFullError` naming cache
+  and limit).
+
+The root is ``$PINSTORM_CACHE/parts`` (the boards' cache rule); each dataset has a folder named by a hash of
+its URL (credentials left out) and of its parts' identity, so another dataset or a changed one never reuses
+a file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+
+import xxhash
+
+from pinstorm.boards import secrets
+from pinstorm.boards.cache import default_cache_root
+from pinstorm.boards.diskspace import free_bytes, require_room
+from pinstorm.boards.errors import DiskFull
+from pinstorm.boards.tempnames import is_abandoned, sweep, tmp_name
+
+from .errors import PipelineError
+from .verify import CorruptPartError, footer_digest
+
+BLOCK = 8 << 20            # bytes per ranged read of a download
+WAIT_SECONDS = float(os.environ.get("PINSTORM_PART_CACHE_WAIT", "600"))   # for room held by other readers
+AHEAD = 4                  # parts fetched ahead of the reader, at most
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,199}")
+_HOLDS, _RESERVED = ".holds", ".reserved"
+
+log = secrets.logger("pinstorm.pipeline.part_cache")
+
+
+class CacheFullError(PipelineError, OSError):
+    """The part cache cannot take a part: over its limit with every part held, or no room on its disk."""
+
+
+class PartFetchError(PipelineError, OSError):
+    """A part could not be downloaded into the part cache (the connection failed past the retries)."""
+
+
+def default_root() -> Path:
+    return default_cache_root() / "parts"
+
+
+def default_limit(root: Path) -> int:
+    """80% of what the cache's disk could give it: its free bytes (less the boards' reserve) plus what
+    the cache holds already."""
+    usage = free_bytes(root)
+    have = _folder_bytes(root) if root.is_dir() else 0
+    if usage is None:
+        return 8 << 30
+    free, total = usage
+    return max(1, int(0.8 * (max(0, free - min(1 << 30, total // 50)) + have)))
+
+
+def _folder_bytes(root: Path) -> int:
+    total = 0
+    for entry in root.iterdir():
+        if entry.is_dir() and not entry.name.startswith("."):
+            total += sum(f.stat().st_size for f in entry.iterdir() if f.is_file() and _NAME.fullmatch(f.name)
+                         and not f.name.endswith(".lock") and ".tmp-" not in f.name)
+    return total
+
+
+@dataclass
+class Counters:
+    """What this process's cache did (for tests and `bench/bench_streaming.py`)."""
+
+    fetched_bytes: int = 0    # part bytes downloaded
+    fetches: int = 0          # parts downloaded
+    hits: int = 0             # parts found in place
+    evicted: int = 0          # parts this process evicted
+    refetched: int = 0        # parts downloaded again after a checksum mismatch
+    resumed: int = 0          # ranged reads that resumed a cut-off download
+    peak_bytes: int = 0       # the most bytes (parts + reservations) this process saw in the cache
+
+
+COUNTERS = Counters()
+
+
+def reset_counters() -> Counters:
+    """Start counting afresh; returns the counters of before."""
+    global COUNTERS
+    before, COUNTERS = COUNTERS, Counters()
+    return before
+
+
+class PartCache:
+    """The parts of one dataset (`location`, `info` from `pipeline.metadata.read_info`) in a bounded cache.
+
+    Picklable (a DataLoader worker gets a copy): it holds only names, numbers and the source's filesystem.
+    """
+
+    def __init__(self, location, info: dict, *, limit: int | None = None, root: str | os.PathLike | None = None,
+                 retries: int = 2):
+        self.location, self.retries = location, retries
+        self.sizes = {name: entry.get("bytes") for name, entry in info["files"].items()}
+        self.entries = info["files"]
+        self.root = Path(root).expanduser().resolve() if root else default_root().expanduser().resolve()
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.limit = default_limit(self.root) if limit is None else int(limit)
+        for name in self.sizes:
+            if not _NAME.fullmatch(name) or name.endswith(".lock") or ".tmp-" in name:
+                raise CorruptPartError(f"{self.where}: part name {name!r} is not a plain file name")
+        url = secrets.strip_url(location.url)
+        identity = url + "\n" + "\n".join(f"{n} {e.get('bytes')} {e.get('xxh3') or e.get('footer_xxh3')}"
+                                          for n, e in sorted(info["files"].items()))
+        tail = re.sub(r"[^A-Za-z0-9_-]", "_", url.rstrip("/").rsplit("/", 1)[-1])[-40:] or "dataset"
+        self.folder = self.root / f"{tail}-{xxhash.xxh3_64(identity.encode()).hexdigest()}"
+        largest = max(self.sizes, key=lambda n: self.sizes[n] or 0, default=None)
+        if largest is not None and (self.sizes[largest] or 0) > self.limit:
+            raise CacheFullError(f"part cache {self.root} (limit {self.limit:,} bytes): part {url}/{largest} of "
+                                 f"{self.sizes[largest]:,} bytes does not fit; raise cache_limit")
+
+    @property
+    def where(self) -> str:
+        return secrets.strip_url(self.location.url)
+
+    def __getstate__(self):
+        return dict(self.__dict__)
+
+    # -- paths and the machine-wide lock ----------------------------------------------------------
+    def path(self, name: str) -> Path:
+        return self.folder / name
+
+    def _lock(self):
+        from filelock import FileLock
+        return FileLock(str(self.root / ".lock"))   # a new object each time: safe across threads
+
+    def _holds(self) -> Path:
+        return self.root / _HOLDS
+
+    def _reserved(self) -> Path:
+        return self.root / _RESERVED
+
+    def _entry(self, name: str) -> str:
+        return f"{self.folder.name}@{name}@"
+
+    # -- accounting (under the lock) -------------------------------------------------------------
+    def _live(self, folder: Path) -> list[Path]:
+        """Hold or reservation files whose owner runs; the rest are removed."""
+        alive = []
+        try:
+            entries = list(folder.iterdir())
+        except FileNotFoundError:
+            return alive
+        for entry in entries:
+            if is_abandoned(entry) or entry.name.count("@") != 2:
+                with contextlib.suppress(OSError):
+                    entry.unlink()
+                continue
+            alive.append(entry)
+        return alive
+
+    def _state(self):
+        """(bytes in the cache, {(dataset folder, part) read now}, {(dataset folder, part) fetched ahead},
+        [(mtime, path, size)] of verified parts)."""
+        parts, used = [], 0
+        for dataset in self.root.iterdir():
+            if not dataset.is_dir() or dataset.name.startswith("."):
+                continue
+            for entry in dataset.iterdir():
+                if _NAME.fullmatch(entry.name) and not entry.name.endswith(".lock") and ".tmp-" not in entry.name:
+                    stat = entry.stat()
+                    parts.append((stat.st_mtime, entry, stat.st_size))
+                    used += stat.st_size
+        for entry in self._live(self._reserved()):
+            with contextlib.suppress(ValueError, IndexError):
+                used += int(entry.name.split("@")[2].split(".tmp-")[0])
+        reading, ahead = set(), set()
+        for entry in self._live(self._holds()):
+            folder, part, kind = entry.name.split("@")
+            (ahead if kind.startswith("ahead") else reading).add((folder, part))
+        return used, reading, ahead, parts
+
+    def _hold(self, name: str, kind: str = "read") -> Path:
+        """Mark part `name` held by this reader (the caller holds the lock and saw the part in place): "read"
+        (being read: never evicted) or "ahead" (fetched for later: evicted only when a reader waiting for its
+        next part finds nothing else to evict, so no set of readers holding parts ahead can stall another)."""
+        self._holds().mkdir(exist_ok=True)
+        hold = Path(tmp_name(self._holds() / f"{self._entry(name)}{kind}"))   # names its owner: a dead one's is dropped
+        hold.touch()
+        with contextlib.suppress(OSError):
+            os.utime(self.path(name))   # recently used: evicted last
+        return hold
+
+    def release(self, hold: Path) -> None:
+        with contextlib.suppress(OSError):
+            hold.unlink()
+
+    def upgrade(self, name: str, hold: Path) -> Path | None:
+        """Turn an "ahead" hold of part `name` into a "read" hold; None when the part was evicted meanwhile."""
+        with self._lock():
+            read = self._hold(name) if self.path(name).is_file() else None
+        self.release(hold)
+        return read
+
+    def _reserve(self, name: str, size: int, *, wait: bool, stop=lambda: False) -> Path | None:
+        """Room for `size` bytes, evicting unheld parts least recently used first; a reservation file, or
+        None when `wait` is False and there is no room now."""
+        deadline = time.monotonic() + WAIT_SECONDS
+        while True:
+            with self._lock():
+                used, reading, ahead, parts = self._state()
+                parts.sort(key=lambda p: p[0])
+                # unheld parts first; then, for a reader waiting for its next part, parts only fetched ahead
+                for spare in ((reading | ahead), reading) if wait else ((reading | ahead),):
+                    for _, victim, victim_size in parts:
+                        if used + size <= self.limit:
+                            break
+                        if (victim.parent.name, victim.name) in spare or victim == self.path(name):
+                            continue
+                        with contextlib.suppress(FileNotFoundError):
+                            victim.unlink()
+                            used -= victim_size
+                            COUNTERS.evicted += 1
+                if used + size <= self.limit:
+                    self._reserved().mkdir(exist_ok=True)
+                    reservation = Path(tmp_name(self._reserved() / f"{self._entry(name)}{size}"))
+                    reservation.touch()
+                    COUNTERS.peak_bytes = max(COUNTERS.peak_bytes, used + size)
+                    return reservation
+            if not wait or stop():
+                return None
+            if time.monotonic() > deadline:
+                raise CacheFullError(f"part cache {self.root} (limit {self.limit:,} bytes): no room for "
+                                     f"{self.where}/{name} ({size:,} bytes) after {WAIT_SECONDS:.0f} s: {used:,} "
+                                     "bytes are held by readers; raise cache_limit or run fewer readers")
+            time.sleep(0.05)
+
+    # -- the one entry point -----------------------------------------------------------------------
+    def acquire(self, name: str, *, wait: bool = True, stop=lambda: False,
+                kind: str = "read") -> tuple[Path, Path] | None:
+        """(local path, hold) of verified part `name`, downloaded if absent (once on the machine); None when
+        `wait` is False and the cache has no room now, or `stop()` turned true. The hold (`kind`, see `_hold`)
+        keeps it from eviction: `release` it."""
+        from filelock import FileLock
+
+        target = self.path(name)
+        with self._lock():
+            if target.is_file():
+                COUNTERS.hits += 1
+                return target, self._hold(name, kind)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(target) + ".lock"):   # one download of this part on the machine
+            with self._lock():
+                if target.is_file():   # another reader fetched it while we waited
+                    COUNTERS.hits += 1
+                    return target, self._hold(name, kind)
+            size = self.sizes[name]
+            if size is None:
+                size = int(self.location.fs.size(self.location.join(name)))
+            reservation = self._reserve(name, size, wait=wait, stop=stop)
+            if reservation is None:
+                return None
+            try:
+                sweep(self.folder)   # downloads that killed readers left
+                try:
+                    require_room(self.folder, size, what=f"part cache {self.root} (limit {self.limit:,} bytes): "
+                                                         f"{self.where}/{name}")
+                except DiskFull as error:
+                    raise CacheFullError(str(error)) from None
+                tmp = Path(tmp_name(target))
+                try:
+                    if not self._download(name, tmp, size, stop):
+                        return None
+                    with self._lock():
+                        os.replace(tmp, target)
+                        return target, self._hold(name, kind)
+                finally:
+                    with contextlib.suppress(FileNotFoundError):
+                        tmp.unlink()
+            finally:
+                self.release(reservation)
+
+    def _download(self, name: str, tmp: Path, size: int, stop=lambda: False) -> bool:
+        """The verified bytes of part `name` in `tmp`: fetched again once if they fail the checksum; False
+        when `stop()` turned true first."""
+        for attempt in range(2):
+            if not self._fetch(name, tmp, size, stop):
+                return False
+            problem = self._check(name, tmp, size)
+            if problem is None:
+                COUNTERS.fetches += 1
+                return True
+            if attempt:
+                raise CorruptPartError(f"{self.where}/{name}: {problem} after fetching it twice (the part changed "
+                                       "after conversion, or the source serves damaged bytes)")
+            log.warning("%s/%s: %s; fetching it again", self.where, name, problem)
+            COUNTERS.refetched += 1
+
+    def _fetch(self, name: str, tmp: Path, size: int, stop=lambda: False) -> bool:
+        """Ranged reads of `BLOCK` bytes into `tmp`; a read that fails or comes back short resumes from the byte
+        reached (`retries` times in a row without progress). False when `stop()` turned true first."""
+        fs, path = self.location.fs, self.location.join(name)
+        failures = 0
+        with open(tmp, "wb") as out:
+            at = 0
+            while at < size:
+                if stop():
+                    return False
+                end = min(size, at + BLOCK)
+                try:
+                    data = fs.cat_file(path, start=at, end=end)
+                except FileNotFoundError:
+                    from .verify import MissingPartError
+                    raise MissingPartError(f"{self.where}/{name}: part file missing") from None
+                except Exception as error:   # fsspec backends raise many types for a dropped connection
+                    data, problem = b"", error
+                else:
+                    problem = None
+                if len(data) > end - at:
+                    raise CorruptPartError(f"{self.where}/{name}: the source sent {len(data):,} bytes for a range of "
+                                           f"{end - at:,} (it ignores Range requests?)")
+                out.write(data)
+                at += len(data)
+                COUNTERS.fetched_bytes += len(data)
+                if at < end:
+                    failures += 1
+                    if failures > self.retries:
+                        raise PartFetchError(f"{self.where}/{name}: download stopped at byte {at:,} of {size:,} "
+                                             f"after {self.retries} resumed reads: {problem or 'short read'}")
+                    COUNTERS.resumed += 1
+                    log.warning("%s/%s: download cut at byte %d (%s); resuming with a ranged read", self.where,
+                                name, at, problem or "short read")
+                    continue
+                failures = 0
+        return True
+
+    def _check(self, name: str, tmp: Path, size: int) -> str | None:
+        entry = self.entries[name]
+        if tmp.stat().st_size != size:
+            return f"{tmp.stat().st_size:,} bytes, expected {size:,}"
+        if "xxh3" in entry:
+            digest = xxhash.xxh3_128()
+            with open(tmp, "rb") as handle:
+                for block in iter(lambda: handle.read(1 << 22), b""):
+                    digest.update(block)
+            return None if digest.hexdigest() == entry["xxh3"] else "file checksum mismatch"
+        if "footer_xxh3" in entry:
+            import fsspec
+            try:
+                found = footer_digest(fsspec.filesystem("file"), str(tmp), size)
+            except ValueError as error:
+                return str(error)
+            return None if found == entry["footer_xxh3"] else "footer checksum mismatch"
+        return None
+
+    def stream(self, names) -> "PartStream":
+        return PartStream(self, list(names))
+
+
+class PartStream:
+    """The parts one pass reads, in its order (a part may come again): fetched up to `AHEAD` parts ahead of
+    the reader by a thread, each held from its fetch until the reader moves past it. Use as a context
+    manager; `next()` returns the local path of the next part of the plan."""
+
+    def __init__(self, cache: PartCache, names: list[str]):
+        self.cache, self.names = cache, names
+        ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
+        # the bytes one reader may hold ahead of the part it reads: its share of the limit, less a part, so the
+        # holds of N local ranks together never exceed the limit and no rank waits for another's to go
+        largest = max((s or 0 for s in cache.sizes.values()), default=0)
+        self.budget = max(0, cache.limit // ranks - largest)
+        self.ready: OrderedDict[int, tuple[Path, Path] | BaseException] = OrderedDict()
+        self.at = 0   # the plan index the reader asks for next
+        self.waiting = -1   # the plan index the reader is blocked on now (-1: none)
+        self.current: Path | None = None
+        self.stopping = False
+        self.changed = threading.Condition()
+        self.thread = threading.Thread(target=self._fetch_ahead, name="pinstorm-part-prefetch", daemon=True)
+        self.thread.start()
+
+    def _ahead_bytes(self) -> int:
+        return sum(self.cache.sizes[self.names[i]] or 0 for i in self.ready)
+
+    def _fetch_ahead(self) -> None:
+        for index, name in enumerate(self.names):
+            with self.changed:
+                while not self.stopping and index > self.at and (
+                        index - self.at > AHEAD or self._ahead_bytes() + (self.cache.sizes[name] or 0) > self.budget):
+                    self.changed.wait(0.1)
+                if self.stopping:
+                    return
+            try:
+                got = None
+                while got is None and not self.stopping:
+                    # ahead of the reader: only into room free or unheld; the part it waits for: as long as it takes
+                    got = self.cache.acquire(name, wait=index == self.waiting, stop=lambda: self.stopping,
+                                             kind="ahead")
+                    if got is None:
+                        with self.changed:
+                            self.changed.wait(0.05)
+                if got is None:
+                    return
+            except BaseException as error:   # handed to the reader, raised there
+                got = error
+            with self.changed:
+                if self.stopping and isinstance(got, tuple):
+                    self.cache.release(got[1])
+                    return
+                self.ready[index] = got
+                self.changed.notify_all()
+                if isinstance(got, BaseException):
+                    return
+
+    def next(self) -> Path:
+        """The local path of the next part of the plan, verified and held (the previous one is let go)."""
+        with self.changed:
+            self._let_go()
+            index = self.at
+            self.waiting = index
+            self.changed.notify_all()
+            while index not in self.ready:
+                self.changed.wait(0.5)
+                if not self.thread.is_alive() and index not in self.ready:
+                    raise PartFetchError(f"{self.cache.where}: the part prefetch stopped")
+            self.waiting = -1
+            got = self.ready.pop(index)
+            if isinstance(got, BaseException):
+                raise got
+            path, hold = got
+            # held for reading before the prefetch moves on: its next fetch may take back parts held ahead
+            read = self.cache.upgrade(self.names[index], hold)
+            if read is None:   # taken back for a reader that waited for room: fetched again
+                path, read = self.cache.acquire(self.names[index])
+            self.current = read
+            self.at = index + 1
+            self.changed.notify_all()
+        return path
+
+    def _let_go(self) -> None:
+        if self.current is not None:
+            self.cache.release(self.current)
+            self.current = None
+
+    def close(self) -> None:
+        with self.changed:
+            self.stopping = True
+            self.changed.notify_all()
+        self.thread.join()
+        with self.changed:
+            self._let_go()
+            for got in self.ready.values():
+                if isinstance(got, tuple):
+                    self.cache.release(got[1])
+            self.ready.clear()
+
+    def __enter__(self) -> "PartStream":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,405 @@
+"""Streaming reads through the bounded part cache (`pipeline.part_cache`): against moto S3, the
+Range-honouring board server and the fault proxy. Bytes are counted server-side (the proxy's log of
+ranged GETs) or by the cache's own counters; no timing is asserted."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("s3fs")
+
+from servers.faults import FaultProxy  # noqa: E402
+from servers.s3 import S3Server  # noqa: E402
+
+from pinstorm.pipeline import part_cache  # noqa: E402
+from pinstorm.pipeline.part_cache import CacheFullError, PartCache  # noqa: E402
+from pinstorm.pipeline.verify import CorruptPartError  # noqa: E402
+
+PARTS = 6
+
+
+@pytest.fixture(autouse=True)
+def fresh_counters():
+    part_cache.reset_counters()
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    """(local folder, info) of a tiny dataset in 6 parts of one row group each."""
+    from pinstorm.pipeline import convert, make_digits_tree, scan
+    from pinstorm.pipeline.metadata import read_info
+    from pinstorm.pipeline.storage import resolve
+
+    base = tmp_path_factory.mktemp("streaming")
+    tree = make_digits_tree(base / "tree", image_size=32, per_class=6, seed=0)
+    convert(scan(tree), base / "ds", partitions=PARTS, min_row_groups=PARTS, seed=0, progress=False)
+    info = read_info(resolve(base / "ds"))
+    assert len(info["files"]) == PARTS and all(e["row_groups"] == 1 for e in info["files"].values())
+    return str(base / "ds"), info
+
+
+@pytest.fixture(scope="module")
+def s3():
+    with S3Server() as server:
+        import s3fs
+        fs = s3fs.S3FileSystem(**server.storage_options())
+        fs.mkdir("bkt")
+        server.fs = fs
+        yield server
+
+
+@pytest.fixture
+def remote(s3, dataset, request):
+    """(s3 URL through a fault proxy, its storage options, the proxy, the dataset's part bytes)."""
+    local, info = dataset
+    prefix = re.sub(r"[^a-z0-9]", "-", request.node.name.lower())[:50]
+    s3.fs.put(local + "/", f"bkt/{prefix}/", recursive=True)
+    part_cache.reset_counters()
+    with FaultProxy(s3.endpoint) as proxy:
+        yield f"s3://bkt/{prefix}", s3.storage_options(proxy.endpoint), proxy, sum(
+            e["bytes"] for e in info["files"].values())
+
+
+def _part_bytes(proxy) -> int:
+    """Part bytes the server was asked for (ranged GETs of part files)."""
+    total = 0
+    for path, header in proxy.ranges:
+        if path.rsplit("/", 1)[-1].startswith("part-") and header:
+            start, end = header.split("=")[1].split("-")
+            total += int(end) - int(start) + 1
+    return total
+
+
+def _rows(url, *, epochs=2, shuffle=True, **kw):
+    """(label, xxh3 of the JPEG) of every row of `epochs` epochs, in order, read by the framework-free
+    `EpochSource` that both loaders read through (so this runs without torch or TensorFlow too)."""
+    import xxhash
+
+    from pinstorm.pipeline.epochs import open_epochs
+
+    source = open_epochs(url, None, shuffle=shuffle, seed=3, **kw)
+    return [(int(label), xxhash.xxh3_64(bytes(image)).hexdigest())
+            for epoch in range(epochs) for images, labels in source(epoch) for image, label in zip(images, labels)]
+
+
+def _ids(url, *, epochs=2, state_after=None, state=None, **kw):
+    pytest.importorskip("torch")
+    from pinstorm.pipeline import make_torch_loader
+
+    loader = make_torch_loader(url, batch_size=8, image_size=16, seed=3, num_epochs=epochs, return_ids=True, **kw)
+    if state is not None:
+        loader.load_state_dict(state)
+    out = []
+    for batch, (_, labels, ids) in enumerate(loader):
+        out += list(zip(ids.tolist(), labels.tolist()))
+        if state_after is not None and batch + 1 == state_after:
+            return out, loader.state_dict()
+    return out
+
+
+def _cache_bytes(root: Path) -> int:
+    return sum(f.stat().st_size for d in root.iterdir() if d.is_dir() and not d.name.startswith(".")
+               for f in d.iterdir() if f.name.startswith("part-") and not f.name.endswith(".lock"))
+
+
+def test_a_dataset_four_times_the_cache_streams_the_same_rows_within_the_limit(dataset, remote, isolated_pinstorm):
+    local, _ = dataset
+    url, options, proxy, total = remote
+    limit = total // 4 + 1024   # a bit over one part: the reader holds one, fetches the next when room frees
+    expected = _rows(local)
+    assert _rows(url, storage_options=options, stream=True, cache_limit=limit) == expected
+    counters = part_cache.COUNTERS
+    assert counters.peak_bytes <= limit and counters.evicted > 0
+    assert _cache_bytes(isolated_pinstorm / "cache" / "parts") <= limit
+    # one fetch of each part per epoch: the plan reads each part once, and eviction never took one still needed
+    assert _part_bytes(proxy) == counters.fetched_bytes == 2 * total
+
+
+def test_a_dataset_that_fits_is_read_locally_from_the_second_epoch(dataset, remote):
+    local, _ = dataset
+    url, options, proxy, total = remote
+    first = _rows(url, epochs=1, storage_options=options, stream=True, cache_limit=10 * total)
+    assert _part_bytes(proxy) == total
+    proxy.ranges.clear()
+    assert _rows(url, epochs=1, storage_options=options, stream=True, cache_limit=10 * total) == first
+    assert _part_bytes(proxy) == 0 and part_cache.COUNTERS.hits >= PARTS
+
+
+def test_make_dataset_streams_the_same_rows_as_a_local_read(dataset, remote):
+    pytest.importorskip("tensorflow")
+    from pinstorm.pipeline import make_dataset
+
+    local, _ = dataset
+    url, options, proxy, total = remote
+
+    def rows(where, **kw):
+        ds = make_dataset(where, batch_size=8, image_size=16, seed=5, num_epochs=2, return_ids=True, **kw)
+        return [(int(i), int(y)) for _, labels, ids in ds for i, y in zip(ids.numpy(), labels.numpy())]
+
+    assert rows(url, storage_options=options, stream=True, cache_limit=total // 3) == rows(local)
+    assert part_cache.COUNTERS.peak_bytes <= total // 3
+
+
+def test_a_resumed_loader_continues_exactly_with_the_cache_cold_or_warm(dataset, remote, isolated_pinstorm):
+    local, _ = dataset
+    url, options, proxy, total = remote
+    whole = _ids(local, epochs=1)
+    kw = dict(storage_options=options, stream=True, cache_limit=total // 2, epochs=1)
+    head, state = _ids(url, state_after=2, **kw)
+    assert head == whole[:16]
+    assert _ids(url, state=state, **kw) == whole[16:]   # warm: the parts it held may still be there
+    import shutil
+    shutil.rmtree(isolated_pinstorm / "cache" / "parts")
+    assert _ids(url, state=state, **kw) == whole[16:]   # cold
+
+
+def test_a_torch_loader_with_workers_shares_the_cache(dataset, remote):
+    local, _ = dataset
+    url, options, proxy, total = remote
+    kw = dict(epochs=1, num_workers=2, multiprocessing_context="spawn")
+    assert _ids(url, storage_options=options, stream=True, cache_limit=10 * total, **kw) == _ids(local, **kw)
+    assert _part_bytes(proxy) == total
+
+
+_READER = textwrap.dedent("""
+    import json, sys
+    from pinstorm.pipeline import part_cache
+    from pinstorm.pipeline.epochs import open_epochs
+    url, endpoint, limit = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    options = {"endpoint_url": endpoint, "key": "testing-key", "secret": "testing-secret"}
+    source = open_epochs(url, None, shuffle=True, seed=3, storage_options=options, stream=True, cache_limit=limit)
+    ids = [int(label) for _, labels in source(0) for label in labels]
+    print(json.dumps({"ids": ids, "fetched": part_cache.COUNTERS.fetched_bytes}))
+""")
+
+
+def _reader(url, endpoint, limit, env):
+    return subprocess.Popen([sys.executable, "-c", _READER, url, endpoint, str(limit)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_local_ranks_fetch_each_part_once(dataset, remote, isolated_pinstorm):
+    import json
+
+    url, options, proxy, total = remote
+    proxy.delay(r"/part-\d+\.parquet$", 0.2, method="GET")   # downloads overlap: the ranks wait on one another's
+    env = {**os.environ, "PINSTORM_CACHE": str(isolated_pinstorm / "cache"), "LOCAL_WORLD_SIZE": "3"}
+    ranks = [_reader(url, options["endpoint_url"], 10 * total, env) for _ in range(3)]
+    results = []
+    for rank in ranks:
+        out, err = rank.communicate(timeout=300)
+        assert rank.returncode == 0, err[-3000:]
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    assert results[0]["ids"] == results[1]["ids"] == results[2]["ids"] and len(results[0]["ids"]) == 50
+    assert _part_bytes(proxy) == total == sum(r["fetched"] for r in results)
+
+
+def test_a_rank_killed_mid_download_leaves_nothing_another_uses(dataset, remote, isolated_pinstorm):
+    url, options, proxy, total = remote
+    local, _ = dataset
+    proxy.delay(r"/part-\d+\.parquet$", 30, method="GET", times=1)
+    env = {**os.environ, "PINSTORM_CACHE": str(isolated_pinstorm / "cache")}
+    victim = _reader(url, options["endpoint_url"], 10 * total, env)
+    parts = isolated_pinstorm / "cache" / "parts"
+    deadline = time.monotonic() + 120
+    while not any(".tmp-" in f.name for f in parts.glob("*/*")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.communicate()
+    leftovers = [f for f in parts.glob("*/*") if ".tmp-" in f.name]
+    assert leftovers   # what the killed rank was writing
+    assert _rows(url, epochs=1, storage_options=options, stream=True, cache_limit=total // 2) == _rows(local, epochs=1)
+    assert not any(f.exists() for f in leftovers)   # swept, never renamed into place
+    assert not list((parts / ".reserved").iterdir()) and not list((parts / ".holds").iterdir())
+
+
+def test_eviction_never_takes_a_held_part(dataset, remote, isolated_pinstorm, monkeypatch):
+    from pinstorm.pipeline.storage import resolve
+
+    url, options, proxy, total = remote
+    _, info = dataset
+    names = sorted(info["files"])
+    cache = PartCache(resolve(url, options), info, limit=max(e["bytes"] for e in info["files"].values()) + 100)
+    path, hold = cache.acquire(names[0])
+    assert cache.acquire(names[1], wait=False) is None   # no room: the only part is held
+    assert path.is_file()
+    cache.release(hold)
+    path1, hold1 = cache.acquire(names[1], wait=False)
+    assert path1.is_file() and not path.exists()   # let go, so evicted
+    cache.release(hold1)
+    # a part only fetched ahead gives way to a reader waiting for its next part, never to a prefetch
+    ahead_path, ahead = cache.acquire(names[2], kind="ahead")
+    assert cache.acquire(names[3], wait=False) is None and ahead_path.is_file()
+    path3, hold3 = cache.acquire(names[3], wait=True)
+    assert path3.is_file() and not ahead_path.exists() and cache.upgrade(names[2], ahead) is None
+    monkeypatch.setattr(part_cache, "WAIT_SECONDS", 0.3)
+    with pytest.raises(CacheFullError, match=r"no room for .*held by readers"):
+        cache.acquire(names[4], wait=True)   # a part being read is never evicted
+    assert path3.is_file()
+
+
+def test_a_part_that_fails_its_checksum_is_fetched_again_once_then_named(dataset, remote, s3):
+    url, options, proxy, total = remote
+    _, info = dataset
+    name = sorted(info["files"])[2]
+    key = url[len("s3://"):] + "/" + name
+    data = bytearray(s3.fs.cat_file(key))
+    data[len(data) // 3] ^= 0xFF   # same size, so the listing's size check passes
+    s3.fs.pipe_file(key, bytes(data))
+    with pytest.raises(CorruptPartError, match=re.escape(name) + ".*after fetching it twice"):
+        _rows(url, epochs=1, storage_options=options, stream=True, cache_limit=10 * total, shuffle=False)
+    assert part_cache.COUNTERS.refetched == 1
+    assert sum(1 for path, header in proxy.ranges if path.endswith(name) and header) == 2
+
+
+def test_a_dropped_connection_resumes_with_a_ranged_read(dataset, tmp_path, monkeypatch):
+    """Over HTTP (fsspec's HTTP filesystem does not retry a body cut short; s3fs retries the same range itself)."""
+    from pinstorm import boards
+    import shutil
+
+    local, info = dataset
+    shutil.copytree(local, tmp_path / "site" / "ds")
+    monkeypatch.setattr(part_cache, "BLOCK", 4096)   # several ranged reads per part
+    name = sorted(info["files"])[1]
+    part_cache.reset_counters()
+    with boards.serve_board(tmp_path / "site") as base, FaultProxy(base) as proxy:
+        proxy.truncate(re.escape(name) + "$", times=1)
+        got = _rows(f"{proxy.endpoint}/ds", epochs=1, stream=True, cache_limit=10**6)
+    assert got == _rows(local, epochs=1)
+    assert part_cache.COUNTERS.resumed == 1 and part_cache.COUNTERS.fetches == PARTS
+    starts = [int(h.split("=")[1].split("-")[0]) for p, h in proxy.ranges if p.endswith(name) and h]
+    assert len(starts) == len(set(starts)) + 1 and starts == sorted(starts)   # the cut block asked again, once
+    assert [p for p, h in proxy.ranges if p.endswith(name) and not h] == []   # never the whole file
+
+
+def test_a_connection_that_keeps_failing_names_the_part(dataset, tmp_path):
+    from pinstorm import boards
+    from pinstorm.pipeline.part_cache import PartFetchError
+    import shutil
+
+    local, info = dataset
+    shutil.copytree(local, tmp_path / "site" / "ds")
+    name = sorted(info["files"])[0]
+    with boards.serve_board(tmp_path / "site") as base, FaultProxy(base) as proxy:
+        proxy.fail(re.escape(name) + "$", 503, method="GET")
+        with pytest.raises(PartFetchError, match=re.escape(name) + r": download stopped at byte 0 .* after 2 resumed"):
+            _rows(f"{proxy.endpoint}/ds", epochs=1, stream=True, cache_limit=10**6, shuffle=False)
+    parts = tmp_path / "cache" / "parts"
+    assert not [f for f in parts.glob("*/*") if ".tmp-" in f.name or f.name == name]   # nothing half-written kept
+
+
+def test_a_full_disk_is_named_before_a_byte_is_written(dataset, remote, isolated_pinstorm, monkeypatch):
+    from pinstorm.boards import diskspace
+
+    url, options, proxy, total = remote
+    monkeypatch.setattr(diskspace, "free_bytes", lambda folder: (1000, 10**9))
+    with pytest.raises(CacheFullError) as failure:
+        _rows(url, epochs=1, storage_options=options, stream=True, cache_limit=10 * total)
+    message = str(failure.value)
+    assert str(isolated_pinstorm / "cache" / "parts") in message and f"limit {10 * total:,} bytes" in message
+    assert _part_bytes(proxy) == 0
+    assert not [f for f in (isolated_pinstorm / "cache" / "parts").glob("*/part-*") if not f.name.endswith(".lock")]
+
+
+def test_a_part_larger_than_the_limit_is_refused_at_once(dataset, remote):
+    url, options, proxy, total = remote
+    with pytest.raises(CacheFullError, match=r"limit 1,000 bytes\): part s3://.*/part-\d+\.parquet of [\d,]+ "
+                       r"bytes does not fit; raise cache_limit"):
+        _rows(url, epochs=1, storage_options=options, stream=True, cache_limit=1000)
+
+
+def test_streams_over_http_from_the_board_server(dataset, tmp_path):
+    from pinstorm import boards
+    import shutil
+
+    local, info = dataset
+    shutil.copytree(local, tmp_path / "site" / "ds")
+    with boards.serve_board(tmp_path / "site") as base:
+        got = _rows(f"{base}/ds", epochs=1, stream=True, cache_limit=sum(e["bytes"] for e in info["files"].values()))
+    assert got == _rows(local, epochs=1) and part_cache.COUNTERS.fetches == PARTS
+
+
+def test_streams_an_s3_board_pin_without_fetching_it_whole(dataset, s3, isolated_pinstorm):
+    from pinstorm import boards
+
+    local, info = dataset
+    board = boards.board_register("s3", name="bigs3", bucket="streamboard", create_bucket=True, **s3.storage_options())
+    files = sorted(str(p) for p in Path(local).iterdir())
+    board.pin(files, name="ds", type="files")
+    import shutil
+    shutil.rmtree(isolated_pinstorm / "cache" / "bigs3")   # pin() fetched its own copy
+    part_cache.reset_counters()
+    got = _rows("board://bigs3/ds", epochs=1, stream=True, cache_limit=10**6)
+    assert got == _rows(local, epochs=1) and part_cache.COUNTERS.fetches == PARTS
+    fetched = [p.name for p in (isolated_pinstorm / "cache" / "bigs3").rglob("part-*")]
+    assert not fetched   # the pin was not fetched whole
+
+
+def test_the_options_and_the_command_line_flags():
+    from pinstorm.pipeline.options import ReaderOptionError, ReaderOptions
+    from pinstorm.training import cli
+
+    for bad in (0, -1, 1.5, True, "10G"):
+        with pytest.raises(ReaderOptionError, match="cache_limit"):
+            ReaderOptions(cache_limit=bad)
+    assert cli.reader_options(False, None, True, 2**30) == {"stream": True, "cache_limit": 2**30}
+    assert cli._byte_size(None, None, "1.5G") == 3 * 2**29 and cli._byte_size(None, None, "20GiB") == 20 * 2**30
+    import click
+    with pytest.raises(click.BadParameter):
+        cli._byte_size(None, None, "lots")
+
+
+def test_stream_needs_the_pyarrow_engine(dataset):
+    pytest.importorskip("tensorflow")
+    from pinstorm.pipeline import make_dataset
+    from pinstorm.pipeline.options import ReaderOptionError
+
+    with pytest.raises(ReaderOptionError, match="stream=True needs engine='pyarrow'"):
+        make_dataset(dataset[0], batch_size=8, image_size=16, engine="petastorm", stream=True)
+
+
+def test_train_torch_streams_through_input_options(dataset, remote, tmp_path):
+    pytest.importorskip("torch")
+    from pinstorm.training import train_torch
+
+    url, options, proxy, total = remote
+    result = train_torch("alexnet", url, url, epochs=1, batch_size=8, image_size=32, model_kwargs={"width": 0.125},
+                         output_dir=str(tmp_path / "run"),
+                         input_options={"stream": True, "cache_limit": total // 2, "storage_options": options})
+    assert result.output_dir
+    assert _part_bytes(proxy) == part_cache.COUNTERS.fetched_bytes >= total   # train and validation read streamed
+    assert part_cache.COUNTERS.peak_bytes <= total // 2
+
+
+def test_streams_from_gcs_and_a_gcs_board_pin(dataset, isolated_pinstorm):
+    pytest.importorskip("gcsfs")
+    import uuid
+
+    import gcsfs
+    from servers import gcs
+
+    from pinstorm import boards
+
+    local, info = dataset
+    with gcs.GcsServer() as server:
+        bucket = f"stream-{uuid.uuid4().hex[:8]}"
+        fs = gcsfs.GCSFileSystem(**server.storage_options())
+        fs.mkdir(bucket)
+        fs.put(local + "/", f"{bucket}/ds/", recursive=True)
+        got = _rows(f"gs://{bucket}/ds", epochs=1, stream=True, cache_limit=30_000,
+                    storage_options=server.storage_options())
+        assert got == _rows(local, epochs=1) and part_cache.COUNTERS.fetches == PARTS
+        board = boards.board_register("gcs", name="g", bucket=bucket, path="board", **server.storage_options())
+        board.pin(sorted(str(p) for p in Path(local).iterdir()), name="ds", type="files")
+        part_cache.reset_counters()
+        assert _rows("board://g/ds", epochs=1, stream=True, cache_limit=30_000) == got
+        assert part_cache.COUNTERS.fetches == PARTS
