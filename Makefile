@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-modern test-core test-fast test-distributor bench bench-peers clean r-pins gpu-wheels gpu-check
+.PHONY: install demo docs test test-modern test-core test-servers test-fast test-distributor bench bench-peers clean r-pins azurite gpu-wheels gpu-check
 
 # .venv: everything, petastorm included (numpy < 2, pyarrow 14.0.x, as petastorm 0.13.1 needs), on PY.
 # .venv-modern: every extra but petastorm, on a current numpy and pyarrow, on MODERN_PY (CI: the newest
@@ -44,16 +44,23 @@ install: $(STAMP)
 demo: $(STAMP)  ## the main job: digits -> pins -> HTTP board -> Parquet -> AlexNet (MirroredStrategy, NCCL fallback)
 	$(BIN)/pinstorm demo --output demo-output/$$(date +%Y%m%dT%H%M%S)
 
-test: $(STAMP)  ## the whole test suite in the full environment (what CI runs, with test-modern)
-	@.ci/install-r || echo "make test: R or R pins could not be installed; the R interoperability tests will be skipped"
+test: $(STAMP) test-servers  ## the whole test suite in the full environment (what CI runs, with test-modern)
 	$(BIN)/pytest -q -ra --durations=15 tests
 
-test-modern: $(MODERN_STAMP)  ## the suite on numpy 2 and a current pyarrow (petastorm tests skip)
-	@.ci/install-r || echo "make test-modern: R or R pins could not be installed; the R interoperability tests will be skipped"
+test-modern: $(MODERN_STAMP) test-servers  ## the suite on numpy 2 and a current pyarrow (petastorm tests skip)
 	$(MODERN)/bin/pytest -q -ra --durations=15 tests
 
-test-core:  ## the boards core alone (no pipeline/training extras) on CORE_PY, in .venv-py<X.Y>
+test-core: test-servers  ## the boards core alone (no pipeline/training extras) on CORE_PY, in .venv-py<X.Y>
 	venv=$$(.ci/core-env $(CORE_PY)) && $$venv/bin/pytest -q -ra --durations=10 --ignore tests/test_interop_r.py tests
+
+# What the tests drive besides Python packages, installed once and only when missing: R with R pins
+# 0.4.5 / 1.1.0, and Azurite. Without them those tests skip (and fail under CI=true).
+test-servers:
+	@.ci/install-r || echo "make: R or R pins could not be installed; the R interoperability tests will be skipped"
+	@.ci/install-azurite || echo "make: Azurite could not be installed; the Azure board tests will be skipped"
+
+docs: $(STAMP)  ## the user guide and the API reference from the docstrings into site/ (mkdocs --strict; mkdocs.yml)
+	$(BIN)/mkdocs build --strict --site-dir site
 
 test-fast: $(STAMP)  ## skip the tests marked slow
 	$(BIN)/pytest -q -m "not slow" tests
@@ -70,6 +77,9 @@ test-distributor:  ## spark_train on Spark's own TorchDistributor on PySpark 4 (
 bench-peers: $(STAMP)  ## pinstorm's readers against WebDataset, Mosaic, HF datasets, TFRecord, petastorm (~8 GB env)
 	bench/peers-env
 	.venv-peers/bin/python bench/bench_peers.py
+
+azurite:  ## Azurite, the Azure Storage emulator the Azure board tests start (.venv/azurite; only when missing)
+	.ci/install-azurite
 
 r-pins:  ## R and R pins 0.4.5 / 1.1.0 for the interoperability tests (.venv/r-lib; only what is missing)
 	.ci/install-r

@@ -189,3 +189,54 @@ def test_a_back_arrow_between_layers_is_found(toy):
     graph = import_graph(package_dirs(toy))
     assert graph["pinstorm.training.fit"] == {"pinstorm.pipeline", "pinstorm.boards.api"}
     assert back_arrows(graph) == ["pinstorm.pipeline.reader imports pinstorm.training.fit"]
+
+
+LAYER_ERRORS = {"pinstorm.boards": "BoardError", "pinstorm.pipeline": "PipelineError",
+                "pinstorm.training": "TrainingError"}
+
+
+def exception_classes(dirs: dict[str, Path]) -> dict[str, tuple[str, list[str]]]:
+    """Every class defined in pinstorm's source, read with ast (no optional extra is imported): its name ->
+    (its module, the names of its bases)."""
+    found: dict[str, tuple[str, list[str]]] = {}
+    for module, (path, _) in modules(dirs).items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ClassDef):
+                bases = [b.id if isinstance(b, ast.Name) else b.attr if isinstance(b, ast.Attribute) else "?"
+                         for b in node.bases]
+                found[node.name] = (module, bases)
+    return found
+
+
+def ancestors(name: str, classes: dict[str, tuple[str, list[str]]]) -> set[str]:
+    seen: set[str] = set()
+    todo = [name]
+    while todo:
+        for base in classes.get(todo.pop(), ("", []))[1]:
+            if base not in seen:
+                seen.add(base)
+                todo.append(base)
+    return seen
+
+
+def test_every_deliberate_error_subclasses_its_layers_base():
+    """pinstorm.errors promises that each error a layer raises on purpose is a `PinstormError`: under
+    `BoardError`, `PipelineError` or `TrainingError` by layer, with the built-in class users caught before
+    kept as a second base. Private control-flow exceptions (`_Name`) and warnings are not errors."""
+    import builtins
+
+    builtin_errors = {n for n, v in vars(builtins).items() if isinstance(v, type) and issubclass(v, BaseException)}
+    classes = exception_classes(package_dirs(ROOT))
+    wrong, counted = [], 0
+    for name, (module, _) in sorted(classes.items()):
+        family = ancestors(name, classes)
+        layer = next((layer for layer in LAYER_ERRORS if module.startswith(layer + ".")), None)
+        if layer is None or name.startswith("_") or not family & (builtin_errors | {"PinstormError"}):
+            continue
+        if family & {"Warning", "UserWarning", "DeprecationWarning", "RuntimeWarning"}:
+            continue
+        counted += 1
+        if name != LAYER_ERRORS[layer] and LAYER_ERRORS[layer] not in family:
+            wrong.append(f"{module}.{name} (bases {sorted(family)})")
+    assert counted > 40, counted   # the walk sees the errors of every layer
+    assert not wrong, f"errors outside their layer's base: {wrong}"

@@ -55,6 +55,7 @@ USAGE_MISTAKES = {
     "versions": ["versions"],
     "remove": ["remove", "x"],                                                     # no terminal, no --yes
     "repartition": ["repartition", ".", "--board", "b", "--parallel", "0"],
+    "fetch": ["fetch", "b", "--partition", "4/4"],
     "convert --partition": ["convert", "board://b", "out", "--partition", "3/2"],
     "convert --partitions": ["convert", ".", "out", "--partitions", "0"],
     "convert --quality": ["convert", ".", "out", "--quality", "80"],               # needs --max-side
@@ -82,6 +83,7 @@ FAILURES = {
     "inspect": ["inspect", "no-such-dataset", "--no-sheet"],
     "verify": ["verify", "no-such-dataset"],
     "convert": ["convert", "no-such-folder", "out"],
+    "fetch": ["fetch", "no-such-board"],
 }
 
 

@@ -42,7 +42,8 @@ def test_board_commands_load_no_heavy_layer():
         from pinstorm.cli import cli
         result = CliRunner().invoke(cli, ["board", "list"])
         assert result.exit_code == 0, result.output
-        heavy = ["tensorflow", "pyspark", "PIL", "petastorm", "pinstorm.pipeline", "pinstorm.training", "s3fs", "gcsfs"]
+        heavy = ["tensorflow", "pyspark", "PIL", "petastorm", "pinstorm.pipeline", "pinstorm.training", "s3fs", "gcsfs",
+                 "adlfs", "azure.storage.blob"]
         print(json.dumps([m for m in heavy if m in sys.modules]))
     """)
     assert json.loads(out) == []
@@ -51,6 +52,7 @@ def test_board_commands_load_no_heavy_layer():
 @pytest.mark.parametrize("blocked, code, extra", [
     ("s3fs", "from pinstorm import boards; boards.board_register('s3', name='x', bucket='b')", "s3"),
     ("gcsfs", "from pinstorm import boards; boards.board_register('gcs', name='x', bucket='b')", "gcs"),
+    ("adlfs", "from pinstorm import boards; boards.board_azure('c', name='x')", "azure"),
     ("kaggle", "from pinstorm import boards; boards.board_register('kaggle', name='k')", "kaggle"),
     ("PIL", "import pinstorm.pipeline", "pipeline"),
     ("tensorflow", "from pinstorm import training", "training"),

@@ -89,7 +89,7 @@ def test_train_command_takes_a_progressive_resizing_schedule(two_cpu_devices, di
     """`--image-size 0:32,1:40` reaches train() as [(0, 32), (1, 40)]: AlexNet's size-bound dense layers refuse it."""
     result = CliRunner().invoke(cli, ["train", "alexnet", digits_parquet["train"], "--strategy", "one-device",
                                       "--epochs", "2", "--image-size", "0:32,1:40", "--output-dir", str(tmp_path)])
-    assert result.exit_code == 1 and "TrainingError" in result.output and "Traceback" not in result.output
+    assert result.exit_code == 1 and "InvalidTrainingInput" in result.output and "Traceback" not in result.output
     assert "schedule" in result.output.lower() or "pooling" in result.output.lower(), result.output
 
 

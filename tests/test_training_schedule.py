@@ -11,7 +11,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from pinstorm.training.inputs import TrainingError  # noqa: E402
+from pinstorm.training import TrainingError  # noqa: E402
 from pinstorm.training.schedule import ImageSizeSchedule, Phase, saved_epoch  # noqa: E402
 
 

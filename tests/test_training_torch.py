@@ -7,7 +7,6 @@ import json
 import logging
 import os
 import pickle
-import socket
 import subprocess
 import sys
 import textwrap
@@ -20,17 +19,13 @@ torch = pytest.importorskip("torch")
 from pinstorm.training.torch_fit import (BackendProbeError, TrainingError, init_distributed,  # noqa: E402
                                          load_checkpoint, train_torch)
 from pinstorm.training.torch_models import AlexNet, TorchModelError, build_torch_model  # noqa: E402
-from training_support import finish  # noqa: E402
+from training_support import finish, rendezvous_store  # noqa: E402
 
 TINY = dict(width=0.125, normalization=None, dropout=0.0)   # small and quick
 LEARNS = dict(width=0.125, normalization="batch", dropout=0.0)   # with batch norm: 0.3-0.4 after 3 epochs (chance 0.1)
 DIGITS = {"flip": False, "crop_area": (0.6, 1.0)}
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _parameters(model) -> int:
@@ -129,8 +124,9 @@ def test_bad_arguments_are_refused(digits_parquet, tmp_path):
 
 @pytest.fixture
 def one_rank(monkeypatch):
-    """This process as rank 0 of a group of one on 127.0.0.1; the group is torn down afterwards."""
-    for key, value in dict(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port())).items():
+    """This process as rank 0 of a group of one on 127.0.0.1 (its store on a port the OS picks); the group is
+    torn down afterwards."""
+    for key, value in dict(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="0").items():
         monkeypatch.setenv(key, value)
     yield
     if torch.distributed.is_initialized():
@@ -176,15 +172,15 @@ RANK_SCRIPT = textwrap.dedent("""
 def test_two_ranks_each_read_half_and_end_with_identical_weights(digits_parquet, tmp_path, processes):
     """Two processes, gloo on 127.0.0.1 (NCCL asked for, so both ranks fall back together); each reads
     its own half of the row groups, gradients are all-reduced, and both end with the same weights."""
-    port = str(_free_port())
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)
-    ranks = [processes.start([str(script), digits_parquet["train"], digits_parquet["val"], str(tmp_path / "run"),
-                              "nccl"],
-                             env=dict(RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r), LOCAL_WORLD_SIZE="2",
-                                      MASTER_ADDR="127.0.0.1", MASTER_PORT=port))
-             for r in range(2)]
-    outputs = [finish(process, timeout=240) for process in ranks]
+    with rendezvous_store() as rendezvous:
+        ranks = [processes.start([str(script), digits_parquet["train"], digits_parquet["val"],
+                                  str(tmp_path / "run"), "nccl"],
+                                 env=dict(RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r), LOCAL_WORLD_SIZE="2",
+                                          **rendezvous))
+                 for r in range(2)]
+        outputs = [finish(process, timeout=240) for process in ranks]
     results = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
     assert [r["input_shards"] for r in results] == [[[0, 2]], [[1, 2]]]
     assert all(r["replicas"] == 2 and r["global_batch_size"] == 16 for r in results)
@@ -268,10 +264,11 @@ def test_spark_train_command_with_framework_torch(digits_parquet, tmp_path, proc
 
 
 def test_train_command_under_torchrun_is_one_ddp_rank_each(digits_parquet, tmp_path, processes):
-    """torchrun's own rendezvous (its agent's store): two ranks, NCCL asked for, gloo used, rank 0 reports."""
+    """torchrun's own rendezvous (its agent's store; --standalone: on a port torchrun binds itself): two
+    ranks, NCCL asked for, gloo used, rank 0 reports."""
     pinstorm = os.path.join(os.path.dirname(sys.executable), "pinstorm")
-    run = processes.start(["-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-                           "--master-port", str(_free_port()), pinstorm, "train", "alexnet", digits_parquet["train"],
+    run = processes.start(["-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone", pinstorm,
+                           "train", "alexnet", digits_parquet["train"],
                            "--framework", "torch", "--epochs", "1", "--batch-size", "8", "--image-size", "32",
                            "--width", "0.125", "--cross-device-ops", "nccl", "-o", str(tmp_path / "run"), "--json"])
     out, err = finish(run, timeout=240)

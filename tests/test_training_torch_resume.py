@@ -8,7 +8,6 @@ import hashlib
 import json
 import re
 import signal
-import socket
 import sys
 import textwrap
 import zipfile
@@ -20,7 +19,7 @@ pytest_plugins = ["conftest_training"]
 torch = pytest.importorskip("torch")
 
 from pinstorm.training.torch_fit import TrainingError, load_checkpoint, train_torch  # noqa: E402
-from training_support import stderr_of  # noqa: E402
+from training_support import rendezvous_store, stderr_of  # noqa: E402
 
 MODEL = dict(width=0.125, normalization=None, dropout=0.5)   # dropout: the random state must resume too
 DIGITS = {"flip": True, "crop_area": (0.6, 1.0)}             # crops and flips: the input position must too
@@ -191,12 +190,6 @@ def test_the_resumed_run_trains_on_exactly_the_samples_the_killed_one_had_not(di
     assert _digest(trained_before + resumed) == _digest(whole)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 RANK_KILLED_AFTER = textwrap.dedent("""
     import json, sys
     from pinstorm.training.torch_fit import train_torch
@@ -218,15 +211,15 @@ def test_two_ranks_backed_up_mid_epoch_resume_on_one_with_every_remaining_sample
     samples neither rank had trained on before the backup come next, each once, and nothing else first."""
     args = dict(epochs=1, batch_size=8, image_size=32, model_kwargs=MODEL, seed=5, input_options=DIGITS,
                 backup_every=3, output_dir=str(tmp_path / "run"))
-    port = str(_free_port())
-    ranks = [processes.start(["-c", RANK_KILLED_AFTER, digits_parquet["train"], str(tmp_path / "ckpt"),
-                              str(tmp_path / f"rank{r}.json"), "4", json.dumps(args)],
-                             env=dict(RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r), LOCAL_WORLD_SIZE="2",
-                                      MASTER_ADDR="127.0.0.1", MASTER_PORT=port))
-             for r in range(2)]
-    for process in ranks:
-        assert process.wait(240) == 1, stderr_of(process)[-3000:]
-        assert "killed after step 4" in stderr_of(process)
+    with rendezvous_store() as rendezvous:
+        ranks = [processes.start(["-c", RANK_KILLED_AFTER, digits_parquet["train"], str(tmp_path / "ckpt"),
+                                  str(tmp_path / f"rank{r}.json"), "4", json.dumps(args)],
+                                 env=dict(RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r), LOCAL_WORLD_SIZE="2",
+                                          **rendezvous))
+                 for r in range(2)]
+        for process in ranks:
+            assert process.wait(240) == 1, stderr_of(process)[-3000:]
+            assert "killed after step 4" in stderr_of(process)
     saved = load_checkpoint(tmp_path / "ckpt")
     assert (saved["epoch"], saved["partial"]["step"], saved["partial"]["world"]) == (0, 3, 2)
     before = [i for r in range(2) for ids in json.loads((tmp_path / f"rank{r}.json").read_text())[:3] for i in ids]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -67,3 +68,17 @@ def served_experiment(http_board, folder) -> str:
     boards.pin(str(folder), name=folder.name, board=board)
     boards.board_register(url, name="web")
     return f"web/{folder.name}"
+
+
+@contextlib.contextmanager
+def rendezvous_store():
+    """The store the ranks of a test's process group join, served here on a port the OS picked, as
+    torchrun's agent serves its own: no port is chosen before it is bound, so tests running side by side
+    never race for one. Yields the environment a rank needs besides RANK and WORLD_SIZE."""
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    try:
+        yield dict(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port), TORCHELASTIC_USE_AGENT_STORE="True")
+    finally:
+        del store
