@@ -58,7 +58,7 @@ class _TmpWatch:
 
 
 def pin_versus_copy(work: Path, size: int, repeat: int = 3) -> dict:
-    from pinstorm.boards.fs_board import local_board
+    from pinstorm.boards.backends.fs_board import local_board
 
     src = _random_file(work / "big.bin", size)
     copies, pins = [], []

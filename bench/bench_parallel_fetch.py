@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> dict:
     import s3fs
 
     from pinstorm import boards
-    from pinstorm.boards.datatxt_board import DatatxtBoard
+    from pinstorm.boards.backends.datatxt_board import DatatxtBoard
     from tests.servers.s3 import KEY, SECRET
 
     work = Path(tempfile.mkdtemp(prefix="pinstorm-bench-"))

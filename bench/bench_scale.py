@@ -88,7 +88,7 @@ def index_costs(text: bytes) -> dict:
 
 
 def local_curve(sizes: list[int], work: Path) -> list[dict]:
-    from pinstorm.boards.fs_board import local_board
+    from pinstorm.boards.backends.fs_board import local_board
 
     rows = []
     for n in sizes:
@@ -231,7 +231,7 @@ def dataset_startup(work: Path, parts_list: list[int], categories: int = 1000) -
 
 _SLICE = """
 import sys
-from pinstorm.boards.fs_board import local_board
+from pinstorm.boards.backends.fs_board import local_board
 from pinstorm.pipeline import repartition
 repartition(sys.argv[2], local_board("b", sys.argv[1], cache=sys.argv[3]), progress=False)
 """
@@ -242,7 +242,7 @@ def concurrent_writers(work: Path, categories: int = 1000, writers: int = 4) -> 
     repartitioning a disjoint slice into one board at once (every category must end up listed)."""
     import subprocess
 
-    from pinstorm.boards.fs_board import local_board
+    from pinstorm.boards.backends.fs_board import local_board
 
     def run(trees: list[Path], board: Path) -> float:
         start = time.perf_counter()

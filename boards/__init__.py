@@ -17,8 +17,8 @@ from .errors import (BoardError, BoardNotRegistered, CredentialsError, DownloadE
                      VersionNotFound)
 from .errors import AddressInUse, ArchiveTooLarge, DiskFull, LimitExceeded, UnsafePath
 from .metadata import PinMetadata, VersionInfo
-from .parquet_limits import MalformedParquet, ParquetLimitExceeded
-from .archive import ExtractLimits
+from .safety.parquet_limits import MalformedParquet, ParquetLimitExceeded
+from .safety.archive import ExtractLimits
 from .pruning import cache_prune
 from .errors import NotSupported, PinsError, PinsInsecureReadError, PinsVersionError
 from .pins_python import BaseBoard, board_deparse, cache_info

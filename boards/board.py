@@ -24,9 +24,11 @@ from typing import Any, ContextManager, Iterable, Iterator, Sequence
 
 import pandas as pd
 
-from . import archive, drivers, paths, secrets
+from .safety import archive, paths, secrets
+
+from . import drivers
 from .cache import Cache, StaleCacheWarning, check_folder, stamp_path, verify
-from .diskspace import require_room, storage_errors
+from .safety.diskspace import require_room, storage_errors
 from .errors import (BoardError, DownloadError, IntegrityError, InvalidPinName, LimitExceeded, NotSupported,
                      PinNotFound, PinsVersionError, VersionNotFound)
 from .meta import FILE_HASH_FIELD, TIME_FORMAT, PinMeta, format_created, hash_matches, parse_version, utc_now

@@ -36,11 +36,11 @@ import urllib3
 import xxhash
 from filelock import FileLock
 
-from . import secrets
-from .diskspace import require_room
+from .safety import secrets
+from .safety.diskspace import require_room
 from .errors import BoardError, DownloadError, IntegrityError, LimitExceeded
 from .meta import PinMeta, hash_file, hash_files, hash_matches
-from .paths import contained
+from .safety.paths import contained
 from .tempnames import FOREIGN_MAX_AGE, sweep, tmp_name
 
 ENV_CACHE = "PINSTORM_CACHE"

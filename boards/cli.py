@@ -124,7 +124,7 @@ def _require_options(kind: str, **given) -> None:
 
 
 def _where(spec: dict) -> str:
-    from .secrets import redact_text, secret_values
+    from .safety.secrets import redact_text, secret_values
 
     where = spec.get("url") or spec.get("path") or spec.get("bucket") or spec.get("container") or ""
     if not where and spec.get("kind") in (None, "local"):
@@ -165,7 +165,7 @@ def _check_answers(make_board, name: str) -> None:
 @json_option
 def board_list_cmd(as_json):
     """List registered boards (credentials in URLs and options shown as ***)."""
-    from .secrets import redact_text, secret_values
+    from .safety.secrets import redact_text, secret_values
 
     rows = []
     for name, spec in registry.board_specs().items():

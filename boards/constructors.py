@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import platformdirs
 
-from . import secrets
+from .safety import secrets
 from .board import BOARD_OPTIONS, Board
 from .errors import BoardError
 from .storage import StorageBase
@@ -71,7 +71,7 @@ def board_folder(path: str | os.PathLike[str], versioned: bool = True, allow_pic
     Returns:
         The `Board` (not registered: pass it as ``board=`` or to `board_register`).
     """
-    from .fs_board import FolderStorage
+    from .backends.fs_board import FolderStorage
 
     root = Path(path).expanduser().resolve()
     name = name or root.name or "folder"
@@ -104,7 +104,7 @@ def board_local(versioned: bool = True, allow_pickle_read: bool | None = None, *
     Returns:
         The `Board` (not registered: pass it as ``board=`` or to `board_register`).
     """
-    from .fs_board import FolderStorage
+    from .backends.fs_board import FolderStorage
 
     root = Path(path).expanduser().resolve() if path else default_local_path()
     spec = _spec("local", path=str(root) if path else None, versions=versioned, cache=cache,
@@ -160,7 +160,7 @@ def board_url(path: str, pin_paths: dict[str, str | list[str]] | None = None, ca
     Returns:
         A read-only `Board`.
     """
-    from .url_board import UrlStorage
+    from .backends.url_board import UrlStorage
 
     name = name or _name_from_url(path)
     spec = _spec("url", url=path, pins=pin_paths, cache=cache, **options)
@@ -185,7 +185,7 @@ def board_datatxt(url: str, *, cache: Any = None, name: str | None = None, **opt
     Returns:
         A read-only `Board` (not registered: pass it as ``board=`` or to `board_register`).
     """
-    from .url_board import datatxt_storage
+    from .backends.url_board import datatxt_storage
 
     name = name or _name_from_url(url)
     spec = _spec("datatxt", url=url, cache=cache, **options)
@@ -282,7 +282,7 @@ def board_azure(path: str, versioned: bool = True, cache: Any = None, allow_pick
 def _azure_board(container: str, folder: str, *, versioned: bool = True, cache: Any = None,
                  name: str | None = None, create_bucket: bool = False, allow_pickle_read: bool | None = None,
                  **storage_options: Any) -> Board:
-    from .azure_board import azure_storage
+    from .backends.azure_board import azure_storage
 
     spec = _spec("azure", container=container, path=folder or None, versions=versioned, cache=cache,
                  **storage_options)
@@ -298,7 +298,7 @@ def _azure_board(container: str, folder: str, *, versioned: bool = True, cache: 
 def _bucket_board(kind: str, bucket: str, folder: str, *, versioned: bool = True, cache: Any = None,
                   name: str | None = None, endpoint_url: str | None = None, create_bucket: bool = False,
                   allow_pickle_read: bool | None = None, **storage_options: Any) -> Board:
-    from .cloud import gcs_storage, s3_storage
+    from .backends.cloud import gcs_storage, s3_storage
 
     make = s3_storage if kind == "s3" else gcs_storage
     spec = _spec(kind, bucket=bucket, path=folder or None, endpoint_url=endpoint_url, versions=versioned,
@@ -328,7 +328,7 @@ def board_kaggle(token: str | os.PathLike[str] | None = None, *, cache: Any = No
     Returns:
         A read-only `Board` (not registered: pass it as ``board=`` or to `board_register`).
     """
-    from .kaggle_board import KaggleStorage
+    from .backends.kaggle_board import KaggleStorage
 
     spec = _spec("kaggle", token=str(token) if token else None, cache=cache, **options)
 

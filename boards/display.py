@@ -16,7 +16,7 @@ import html
 from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol, TypeVar
 
-from . import paths, secrets
+from .safety import paths, secrets
 from .meta import TIME_FORMAT, PinMeta
 
 PIN_ROWS = 20  # pins whose details a board view reads and shows

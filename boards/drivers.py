@@ -26,7 +26,7 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 
-from . import parquet_limits
+from .safety import parquet_limits
 from .errors import BoardError, LimitExceeded, NotSupported, PinsInsecureReadError
 
 NOT_LOADED = object()

@@ -26,7 +26,7 @@ import yaml
 
 from .errors import MalformedMetadata
 from .index import dump_yaml, load_yaml
-from .paths import check_relative, check_segment
+from .safety.paths import check_relative, check_segment
 
 MANIFEST_FILE = "_pins.yaml"
 MAX_MANIFEST_BYTES = 16 << 20

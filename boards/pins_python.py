@@ -82,7 +82,7 @@ def _base_board(board: str, fs: Any, versioned: bool = True, meta_factory: Any =
 
     prots = _protocols(fs)
     if prots & {"file", "local"}:
-        from .fs_board import FolderStorage
+        from .backends.fs_board import FolderStorage
 
         root = Path(board).expanduser().resolve()
 
@@ -96,7 +96,7 @@ def _base_board(board: str, fs: Any, versioned: bool = True, meta_factory: Any =
     if kind is None:
         raise NotSupported(f"BaseBoard: no pinstorm board over a {sorted(prots)} filesystem; "
                            "use file, s3, gcs or abfs")
-    from .cloud import BucketStorage, S3Storage
+    from .backends.cloud import BucketStorage, S3Storage
     from .constructors import _bucket_path
 
     bucket, folder = _bucket_path(kind, board)
@@ -104,7 +104,7 @@ def _base_board(board: str, fs: Any, versioned: bool = True, meta_factory: Any =
     endpoint = getattr(fs, "endpoint_url", None) or (getattr(fs, "client_kwargs", None) or {}).get("endpoint_url")
     cls: type[BucketStorage] = S3Storage if kind == "s3" else BucketStorage
     if kind == "azure":
-        from .azure_board import AzureStorage
+        from .backends.azure_board import AzureStorage
 
         cls, endpoint = AzureStorage, None  # the account's endpoint stays in the filesystem object
 

@@ -25,12 +25,12 @@ import platformdirs
 import yaml
 from filelock import FileLock
 
-from . import secrets
+from .safety import secrets
 from .board import Board
 from .constructors import board_from_spec, default_board_name, default_local_path  # noqa: F401 (cli shows the path)
 from .errors import BoardError, BoardNotRegistered
 
-_public = secrets.public  # the one rule for what may be saved (boards/secrets.py)
+_public = secrets.public  # the one rule for what may be saved (boards/safety/secrets.py)
 
 ENV_CONFIG = "PINSTORM_CONFIG"
 DEFAULT_BOARD = "local"

@@ -20,7 +20,7 @@ from typing import Any, ContextManager, Iterator, Protocol, runtime_checkable
 from .cache import Cache
 from .errors import PinNotFound, ReadOnlyBoard, VersionNotFound
 from .meta import PinMeta
-from .names import check_pin_name
+from .safety.names import check_pin_name
 from .tempnames import staging_dir
 
 # Field in data.txt marking a pin that pinstorm zipped for transport: pin_get unzips it by default.

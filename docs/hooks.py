@@ -78,12 +78,20 @@ if griffe is not None:
                 if folder is None or name in mod.members:
                     continue
                 layer = self._visit(name, folder / "__init__.py", mod, agent)
-                # as griffe's loader does, a submodule takes the place of a same-named import in the
-                # package (pipeline's `convert`): the reference names such objects by their module
-                for path in sorted(folder.glob("*.py")):
-                    if path.name != "__init__.py":
-                        layer.set_member(path.stem, self._visit(path.stem, path, layer, agent))
+                self._mount(folder, layer, agent)
                 mod.set_member(name, layer)
+
+        def _mount(self, folder: Path, package: griffe.Module, agent: griffe.Visitor) -> None:
+            """The modules and subpackages (``boards/backends``, ``boards/safety``) of `folder` under `package`.
+            As griffe's loader does, a submodule takes the place of a same-named import in the package
+            (pipeline's `convert`): the reference names such objects by their module."""
+            for path in sorted(folder.glob("*.py")):
+                if path.name != "__init__.py":
+                    package.set_member(path.stem, self._visit(path.stem, path, package, agent))
+            for sub in sorted(p for p in folder.iterdir() if (p / "__init__.py").is_file()):
+                subpackage = self._visit(sub.name, sub / "__init__.py", package, agent)
+                self._mount(sub, subpackage, agent)
+                package.set_member(sub.name, subpackage)
 
         @staticmethod
         def _visit(name: str, path: Path, parent: griffe.Module, agent: griffe.Visitor) -> griffe.Module:

@@ -116,9 +116,9 @@ def in_cli_terms(message: str) -> str:
 
 
 def _masked(text: str) -> str:
-    """`text` with URL passwords and secret query values masked (`boards.secrets`, the one rule). Imported
+    """`text` with URL passwords and secret query values masked (`boards.safety.secrets`, the one rule). Imported
     here, not at the top: this module imports no layer until one of its commands runs."""
-    from pinstorm.boards.secrets import redact_text
+    from pinstorm.boards.safety.secrets import redact_text
 
     return redact_text(text)
 

@@ -11,16 +11,19 @@ from pinstorm.extras import ensure
 ensure("PIL", "pipeline", "pinstorm.pipeline")
 
 from .convert import ConvertResult, DatasetExistsError, convert
+from .epochs import shard_row_groups
 from .errors import InvalidPipelineInput, PipelineError
 from .images import UndecodableImage, check_image
 from .info import dataset_info
 from .layout import EmptyClassesWarning, Layout, LayoutError, scan
-from .metadata import DatasetNotFound, IncompleteDatasetError, MalformedDatasetError, UntrustedSchemaError
+from .metadata import DatasetNotFound, IncompleteDatasetError, MalformedDatasetError, UntrustedSchemaError, read_info
 from .options import ReaderOptionError, ReaderOptions
+from .positions import ResumeStateError
 from .reader import DatasetPosition, IncompleteEpochError, dataset_position, make_dataset
 from .repartition import imagenet_partition, repartition
 from .samples import digits_quirks, imagenet_size_jpegs, make_digits_tree, make_imagenet_size_tree
-from .verify import CorruptPartError, MissingPartError, verify_dataset
+from .storage import Location, locate
+from .verify import CHECKSUMMED, CorruptPartError, MissingPartError, open_part, read_row_group, verify_dataset
 
 __all__ = [
     "scan", "repartition", "imagenet_partition", "convert", "make_dataset", "dataset_position", "DatasetPosition",
@@ -29,7 +32,10 @@ __all__ = [
     "IncompleteEpochError", "UndecodableImage", "check_image", "digits_quirks", "imagenet_size_jpegs",
     "make_imagenet_size_tree", "EmptyClassesWarning", "CorruptPartError", "MissingPartError", "verify_dataset",
     "MalformedDatasetError", "UntrustedSchemaError", "ReaderOptions", "ReaderOptionError",
-    "PipelineError", "InvalidPipelineInput", "DatasetNotFound",
+    "PipelineError", "InvalidPipelineInput", "DatasetNotFound", "ResumeStateError",
+    # for training and tools that read row groups themselves: locate a dataset, read its checked info,
+    # open a part and read a row group with every check, cut an epoch into shards
+    "Location", "locate", "read_info", "open_part", "read_row_group", "CHECKSUMMED", "shard_row_groups",
     "make_spark_converter", "SparkDatasetConverter", "SparkConverterError",
 ]
 

@@ -63,7 +63,8 @@ from .metadata import (ARROW_SCHEMA, COMMON_METADATA, FORMAT_VERSION, PART_PREFI
 from pinstorm.progress import progress_bar
 from .storage import is_board_url, parse_board_url, resolve
 from .verify import CHECKSUM, footer_digest, table_digest, writer_options
-from pinstorm.boards import secrets
+from pinstorm.boards.safety import secrets
+from pinstorm import boards
 
 log = secrets.logger(__name__)
 
@@ -854,7 +855,7 @@ def _convert_to_board(plan, classes, names, split, url, *, parallel, overwrite, 
     The dataset sits in a subfolder of the pin (``<pin>/part-*.parquet``): the pin's own version
     folder also holds its ``data.txt``, which petastorm would take for a Parquet file.
     """
-    from pinstorm import boards
+
     board, pin = parse_board_url(url)
     staging = Path(tempfile.mkdtemp(prefix="pinstorm-convert-"))
     try:

@@ -21,7 +21,7 @@ from .metadata import check_petastorm_metadata, petastorm_guard, read_info
 from .options import ReaderOptionError, ReaderOptions
 from .storage import Location, locate, locate_stream, petastorm_filesystem
 from .verify import CHECKSUMMED, CorruptPartError, check_parts, open_part, read_row_group, rows_digest, verified
-from pinstorm.boards import secrets
+from pinstorm.boards.safety import secrets
 
 # The reader's logger: its messages predate this module, and users filter on that name.
 log = secrets.logger("pinstorm.pipeline.reader")
@@ -32,7 +32,20 @@ class IncompleteEpochError(PipelineError, RuntimeError):
 
 
 def shard_row_groups(info: dict, shard) -> list[int]:
-    """Global row-group indexes of one shard: index % count == shard index (petastorm's rule)."""
+    """Global row-group indexes of one shard: index % count == shard index (petastorm's rule).
+
+    Every reader, and training's step count for each rank, cuts an epoch with this one rule.
+
+    Args:
+        info: The dataset's info (`read_info` or `dataset_info`).
+        shard: ``(index, count)``, or None for every row group.
+
+    Returns:
+        The row-group indexes of the shard, in order.
+
+    Raises:
+        InvalidPipelineInput: A malformed shard, or more shards than row groups.
+    """
     groups = info["row_groups"]
     if shard is None:
         return list(range(groups))
@@ -43,8 +56,9 @@ def shard_row_groups(info: dict, shard) -> list[int]:
     if count < 1 or not 0 <= index < count:
         raise InvalidPipelineInput(f"shard index must be in [0, {count}), got {shard!r}")
     if count > groups:
-        raise InvalidPipelineInput(f"{info.get('url', 'dataset')} has {groups} row groups, fewer than {count} shards: some "
-                         f"workers would get no data; convert with more partitions or a smaller row_group_size_mb")
+        raise InvalidPipelineInput(f"{info.get('url', 'dataset')} has {groups} row groups, fewer than {count} "
+                                   "shards: some workers would get no data; convert with more partitions or a "
+                                   "smaller row_group_size_mb")
     return [g for g in range(groups) if g % count == index]
 
 

@@ -25,7 +25,7 @@ import os
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from pinstorm.boards import secrets
+from pinstorm.boards.safety import secrets
 
 from .errors import InvalidPipelineInput, PipelineError
 

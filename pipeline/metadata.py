@@ -42,6 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from pinstorm.boards.safety.parquet_limits import BoundedParquetFile
 from .errors import PipelineError
 
 COMMON_METADATA = "_common_metadata"
@@ -237,7 +238,6 @@ def write_common_metadata(location, info: dict, row_groups_per_file: dict[str, i
 def read_common_metadata(location) -> dict:
     """The key-value metadata of ``_common_metadata`` (bytes -> bytes), read within
     `MAX_COMMON_METADATA_BYTES`; `IncompleteDatasetError` when there is none."""
-    from pinstorm.boards.parquet_limits import BoundedParquetFile
 
     marker = location.join(COMMON_METADATA)
     try:
@@ -259,7 +259,18 @@ def read_common_metadata(location) -> dict:
 
 
 def read_info(location) -> dict:
-    """The pinstorm JSON of a complete dataset, checked (`check_info`), or `IncompleteDatasetError`."""
+    """The pinstorm JSON of a complete dataset, checked (`check_info`), or `IncompleteDatasetError`.
+
+    Args:
+        location: Where the dataset is (`locate`).
+
+    Returns:
+        The dataset's info: rows, classes, row groups, parts with their sizes and checksums.
+
+    Raises:
+        IncompleteDatasetError: No finished dataset there.
+        MalformedDatasetError: Metadata too large, unreadable or contradicting itself.
+    """
     kv = read_common_metadata(location)
     if PINSTORM_KEY not in kv:
         raise IncompleteDatasetError(f"{location.url}: {COMMON_METADATA} has no pinstorm metadata "

@@ -43,9 +43,9 @@ from pathlib import Path
 
 import xxhash
 
-from pinstorm.boards import secrets
+from pinstorm.boards.safety import secrets
 from pinstorm.boards.cache import default_cache_root
-from pinstorm.boards.diskspace import free_bytes, require_room
+from pinstorm.boards.safety.diskspace import free_bytes, require_room
 from pinstorm.boards.errors import DiskFull
 from pinstorm.boards.tempnames import is_abandoned, sweep, tmp_name
 

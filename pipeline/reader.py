@@ -29,7 +29,7 @@ at all is refused naming its part, row group and original file name.
 
 No code from the dataset runs, and no row group is decoded past the memory budget
 (`PINSTORM_MAX_ROW_GROUP_BYTES`): the pyarrow engine reads parts through
-`boards.parquet_limits.BoundedParquetFile`; the petastorm engine is used only when
+`boards.safety.parquet_limits.BoundedParquetFile`; the petastorm engine is used only when
 ``_common_metadata``'s pickled Unischema is byte-for-byte pinstorm's own (`UntrustedSchemaError`
 otherwise, at `make_dataset`), petastorm's unpickler is guarded while it opens the dataset, and
 every row group of the shard is bounded the same way before petastorm is handed the dataset.

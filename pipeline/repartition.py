@@ -16,7 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 from .errors import InvalidPipelineInput
 from .layout import Layout, is_image_name, scan
 from pinstorm.progress import progress_bar
-from pinstorm.boards import secrets
+from pinstorm.boards.safety import secrets
+from pinstorm import boards
 
 log = secrets.logger(__name__)
 
@@ -50,7 +51,7 @@ def repartition(root, board, zip: bool = True, parallel: int | None = None, *, p
     Returns:
         The ``categories`` DataFrame (``id``, ``name``, ``images``), as pinned.
     """
-    from pinstorm import boards
+
     import pandas as pd
 
     layout = root if isinstance(root, Layout) else scan(root)
@@ -85,7 +86,6 @@ def repartition(root, board, zip: bool = True, parallel: int | None = None, *, p
 
 def default_parallel(board) -> int:
     """Threads `repartition` pins with when not told: by the kind of board (see `PARALLEL`)."""
-    from pinstorm import boards
 
     return PARALLEL.get(boards.board_get(board).kind, REMOTE_PARALLEL)
 
@@ -109,7 +109,7 @@ def imagenet_partition(partition: int, partitions: int, board, parallel=None, *,
     Returns:
         The data map, ready for `convert`.
     """
-    from pinstorm import boards
+
     if not isinstance(partitions, int) or partitions < 1:
         raise InvalidPipelineInput(f"partitions must be a positive integer, got {partitions!r}")
     if not isinstance(partition, int) or not 0 <= partition < partitions:

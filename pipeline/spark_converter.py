@@ -38,7 +38,7 @@ import time
 import uuid
 from datetime import datetime, timezone
 
-from pinstorm.boards import secrets
+from pinstorm.boards.safety import secrets
 
 from .convert import (SparkConverterError, _attempt_tmp_name, _remove_attempt_temporaries, _run_job,
                       commit_dataset, write_part_file)

@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
+from pinstorm import boards
 from .errors import InvalidPipelineInput
 
 BOARD_SCHEME = "board://"
@@ -18,12 +19,26 @@ BOARD_SCHEME = "board://"
 
 @dataclass(frozen=True)
 class Location:
-    fs: object            # an fsspec filesystem
-    path: str             # the dataset folder on `fs`, no trailing slash
-    url: str              # a URL petastorm understands (file://... for local folders)
+    """Where a dataset lives: what `locate` returns and the part readers take.
+
+    Args:
+        fs: An fsspec filesystem.
+        path: The dataset folder on `fs`, no trailing slash.
+        url: A URL petastorm understands (``file://...`` for a local folder).
+        storage_options: The fsspec options `fs` was made with.
+    """
+
+    fs: object
+    path: str
+    url: str
     storage_options: dict
 
     def join(self, name: str) -> str:
+        """The path of file `name` inside the dataset folder.
+
+        Args:
+            name: A file name (a part, ``_common_metadata``).
+        """
         return f"{self.path}/{name}"
 
     @property
@@ -62,10 +77,21 @@ def resolve(url, storage_options: dict | None = None) -> Location:
 
 
 def locate(url, storage_options: dict | None = None) -> Location:
-    """Like `resolve`, but a ``board://<board>/<pin>`` URL is fetched (cached) and its local folder used."""
+    """Like `resolve`, but a ``board://<board>/<pin>`` URL is fetched (cached) and its local folder used.
+
+    Args:
+        url: A folder, an fsspec URL (``s3://``, ``gs://``, ``https://``) or ``board://<board>/<pin>``.
+        storage_options: fsspec options for a remote URL (credentials, endpoint).
+
+    Returns:
+        The dataset's `Location`: its filesystem, folder and URL.
+
+    Raises:
+        InvalidPipelineInput: A board URL whose pin holds no pinstorm dataset.
+    """
     if not is_board_url(url):
         return resolve(url, storage_options)
-    from pinstorm import boards
+
     board, pin = parse_board_url(url)
     files = boards.pin_get(pin, board=board)
     if not isinstance(files, (list, tuple)) or not files:
@@ -82,7 +108,7 @@ def locate_stream(url, storage_options: dict | None = None) -> Location:
     read one at a time (`part_cache`). Other board kinds (HTTP data.txt, Kaggle) are refused."""
     if not is_board_url(url):
         return resolve(url, storage_options)
-    from pinstorm import boards
+
     name, pin = parse_board_url(url)
     board = boards.board_get(name)
     storage = board.storage

@@ -19,7 +19,7 @@ written with Parquet page CRCs (`PAGE_CRC`), verified whenever a read takes a co
 does not cover (wnid, filename, height, width) or a part has no content checksums; a read of image and
 label alone skips them, as the content checksum covers those bytes already (`reader_options`).
 
-Parts are opened as `boards.parquet_limits.BoundedParquetFile`: a footer that disagrees with the
+Parts are opened as `boards.safety.parquet_limits.BoundedParquetFile`: a footer that disagrees with the
 dataset's metadata (row groups, rows per row group) is a `CorruptPartError`, and a row group that
 would decode past the memory budget (`PINSTORM_MAX_ROW_GROUP_BYTES`, default 512 MiB; dictionary
 expansion included) is refused before it is decoded (`ParquetLimitExceeded`).
@@ -33,7 +33,7 @@ import numpy as np
 import pyarrow as pa
 import xxhash
 
-from pinstorm.boards.parquet_limits import UnreadableRowGroup
+from pinstorm.boards.safety.parquet_limits import BoundedParquetFile, UnreadableRowGroup
 from pinstorm.errors import PinstormError
 
 from .errors import PipelineError
@@ -166,9 +166,21 @@ def check_parts(location, info: dict, names=None) -> None:
 
 def open_part(location, info: dict, name: str, columns=None):
     """A bounded Parquet file (`BoundedParquetFile`) for one part, after its footer checksum matched
-    (when recorded) and its row groups agree with the dataset's metadata. `columns`: all that will be
-    read from it (None: any), which decides whether page CRCs are verified (`reader_options`)."""
-    from pinstorm.boards.parquet_limits import BoundedParquetFile
+    (when recorded) and its row groups agree with the dataset's metadata.
+
+    Args:
+        location: Where the dataset is (`locate`).
+        info: The dataset's info (`read_info`).
+        name: The part's file name (a key of ``info["files"]``).
+        columns: All that will be read from it (None: any), which decides whether page CRCs are verified.
+
+    Returns:
+        An open `BoundedParquetFile`; close it when done.
+
+    Raises:
+        MissingPartError: The part is not there.
+        CorruptPartError: Its bytes differ from what `convert` wrote.
+    """
 
     entry = info["files"][name]
     path = location.join(name)
@@ -218,7 +230,22 @@ def _check_footer(handle, info: dict, name: str, where: str) -> None:
 
 
 def read_row_group(handle, location, info: dict, name: str, rg: int, columns=CHECKSUMMED):
-    """Row group `rg` of an open part, after its content checksum matched (when recorded)."""
+    """Row group `rg` of an open part, after its content checksum matched (when recorded).
+
+    Args:
+        handle: The part, from `open_part`.
+        location: Where the dataset is (for messages).
+        info: The dataset's info (`read_info`).
+        name: The part's file name.
+        rg: The row group's index inside the part.
+        columns: The columns to read (the checksummed ones are always read with them).
+
+    Returns:
+        The row group as a pyarrow Table.
+
+    Raises:
+        CorruptPartError: Its content differs from what `convert` wrote.
+    """
     entry = info["files"][name]
     columns = list(columns)
     digests = entry.get("row_group_xxh3")

@@ -35,9 +35,12 @@ def modules(dirs: dict[str, Path]) -> dict[str, tuple[Path, bool]]:
     """Every module name -> (its file, whether it is a package ``__init__``)."""
     found = {}
     for package, folder in dirs.items():
-        for path in sorted(folder.glob("*.py")):
-            name = package if path.stem == "__init__" else f"{package}.{path.stem}"
-            found[name] = (path, path.stem == "__init__")
+        for path in sorted(folder.rglob("*.py")):   # subpackages too (boards/backends, boards/safety)
+            if "__pycache__" in path.parts:
+                continue
+            parts = path.relative_to(folder).with_suffix("").parts
+            parts = parts[:-1] if parts[-1] == "__init__" else parts
+            found[".".join((package, *parts))] = (path, path.stem == "__init__")
     return found
 
 
@@ -240,3 +243,39 @@ def test_every_deliberate_error_subclasses_its_layers_base():
             wrong.append(f"{module}.{name} (bases {sorted(family)})")
     assert counted > 40, counted   # the walk sees the errors of every layer
     assert not wrong, f"errors outside their layer's base: {wrong}"
+
+
+def test_training_uses_the_pipelines_public_api_only():
+    """Training imports `pinstorm.pipeline` (its `__all__`: readers, `locate`, `open_part`,
+    `read_row_group`, `shard_row_groups`, ...), never a pipeline module: the pipeline's insides can change
+    without breaking training."""
+    graph = import_graph(package_dirs(ROOT))
+    inside = [f"{module} imports {target}" for module, targets in sorted(graph.items())
+              if module.startswith("pinstorm.training") for target in sorted(targets)
+              if target.startswith("pinstorm.pipeline.")]
+    assert not inside, inside
+    assert any("pinstorm.pipeline" in targets for m, targets in graph.items() if m.startswith("pinstorm.training"))
+
+
+def test_imports_between_layers_sit_at_the_top_of_modules():
+    """Where one layer uses another shows at the top of the module, not inside a function; a lazy import
+    is allowed only where an optional extra makes it necessary, and its line says so (a comment naming
+    the extra)."""
+    hidden = []
+    for name, (path, _) in modules(package_dirs(ROOT)).items():
+        rank = layer_of(name)
+        if rank is None:
+            continue
+        source = path.read_text()
+        lines = source.splitlines()
+        for node in ast.walk(ast.parse(source, filename=str(path))):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)) or node.col_offset == 0:
+                continue
+            targets = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                       else [node.module or ""] if not node.level else [])
+            if isinstance(node, ast.ImportFrom) and node.module == "pinstorm":
+                targets = [f"pinstorm.{a.name}" for a in node.names]
+            others = [t for t in targets if layer_of(t) is not None and layer_of(t) != rank]
+            if others and "extra" not in lines[node.lineno - 1]:
+                hidden.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {others} inside a function")
+    assert not hidden, hidden

@@ -9,7 +9,7 @@ import zipfile
 
 import pytest
 
-from pinstorm.boards.archive import extract
+from pinstorm.boards.safety.archive import extract
 from pinstorm.boards.errors import UnsafeArchive
 
 

@@ -132,7 +132,7 @@ def test_a_corrupted_blob_is_refused_and_never_cached(azurite_server, container,
 KILLED_DOWNLOAD = textwrap.dedent("""
     import json, os, signal, sys
     from pinstorm import boards
-    from pinstorm.boards.fs_board import FsStorage
+    from pinstorm.boards.backends.fs_board import FsStorage
     options = json.loads(sys.argv[1])
     board = boards.board_register(options.pop("kind"), name="container", **options)
     def first_bytes_then_die(self, name, version, file, dest, offset=0):
@@ -213,7 +213,7 @@ def test_eight_concurrent_writer_processes_lose_no_index_entry(azurite_server, c
 def test_index_writes_are_conditional(azurite_server, container):
     """A writer that read an older index cannot overwrite a newer one (If-Match: ETag), and a writer
     that saw no index cannot overwrite one created since (If-None-Match: *)."""
-    from pinstorm.boards.fs_board import IndexConflict
+    from pinstorm.boards.backends.fs_board import IndexConflict
     from pinstorm.boards.index import INDEX_FILE, dump_index
 
     one = boards.board_azure(container, create_bucket=True, **azurite_server.storage_options()).storage
@@ -334,7 +334,7 @@ def test_a_connection_string_is_masked_in_logs_records_and_messages():
     connection string is an option or only quoted in a library's message."""
     import logging
 
-    from pinstorm.boards import secrets
+    from pinstorm.boards.safety import secrets
 
     conn = azurite.connection_string("http://127.0.0.1:9")  # nothing listens there: no request is made
     board = boards.board_azure("lineage-container/run", name="runs", connection_string=conn)

@@ -109,7 +109,7 @@ KILLED_PIN = textwrap.dedent("""
 KILLED_GET = textwrap.dedent("""
     import sys, time
     from pinstorm import boards
-    from pinstorm.boards.datatxt_board import DatatxtStorage
+    from pinstorm.boards.backends.datatxt_board import DatatxtStorage
     real = DatatxtStorage.download_file
     def pausing_download(self, *args, **kwargs):  # pause after the first file landed in the cache's partial folder
         real(self, *args, **kwargs)

@@ -107,7 +107,7 @@ def test_forbidden_and_missing_objects_are_clear(gcs_server, bucket, tmp_path):
 
 
 def test_importing_boards_cloud_turns_off_the_gcsfs_grpc_probe_unless_set():
-    code = "import os, pinstorm.boards.cloud, gcsfs; print(os.environ['GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT'])"
+    code = "import os, pinstorm.boards.backends.cloud, gcsfs; print(os.environ['GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT'])"
     env = {k: v for k, v in os.environ.items() if k != "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "false", out.stderr

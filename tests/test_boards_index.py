@@ -44,7 +44,7 @@ WRITER = textwrap.dedent("""
 CRASHER = textwrap.dedent("""
     import json, os, signal, sys
     from pinstorm import boards
-    from pinstorm.boards.fs_board import FsStorage
+    from pinstorm.boards.backends.fs_board import FsStorage
     options = json.loads(sys.argv[1])
     board = boards.board_register(options.pop("kind"), name="shared", **options)
     FsStorage._update_index = lambda self, *a, **k: os.kill(os.getpid(), signal.SIGKILL)
@@ -162,7 +162,7 @@ def test_repair_command_and_stale_entries(tmp_path):
 def test_s3_index_writes_are_conditional(s3_server, tmp_path):
     """On S3 a writer that read an older index cannot overwrite a newer one (If-Match), and a writer
     that saw no index cannot overwrite one created since (If-None-Match)."""
-    from pinstorm.boards.fs_board import IndexConflict
+    from pinstorm.boards.backends.fs_board import IndexConflict
     from pinstorm.boards.index import INDEX_FILE, dump_index
 
     bucket = f"cond-{uuid.uuid4().hex[:10]}"

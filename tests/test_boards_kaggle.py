@@ -62,7 +62,7 @@ def kaggle_home(tmp_path, monkeypatch):
         monkeypatch.delenv(var, raising=False)
     # importing `kaggle` signs in with whatever credentials exist (a token would be checked against
     # api.kaggle.com): import it now, with none
-    from pinstorm.boards.kaggle_board import _kaggle_api_class
+    from pinstorm.boards.backends.kaggle_board import _kaggle_api_class
 
     _kaggle_api_class()
     return home
@@ -286,7 +286,7 @@ def test_kaggle_archives_extract_within_the_boards_limits(kaggle_server, token_f
 
 
 def test_client_adapter_is_separate_from_the_board(board):
-    from pinstorm.boards import kaggle_client
+    from pinstorm.boards.backends import kaggle_client
 
     assert isinstance(board._client, kaggle_client.KaggleClient)
     assert kaggle_client.competition_of("c/titanic") == "titanic" and kaggle_client.competition_of("a/b") is None

@@ -74,7 +74,7 @@ def test_a_resume_onto_damaged_bytes_starts_over_once(tmp_path):
 KILLED_DOWNLOAD = textwrap.dedent("""
     import json, os, signal, sys
     from pinstorm import boards
-    from pinstorm.boards.fs_board import FsStorage
+    from pinstorm.boards.backends.fs_board import FsStorage
     options = json.loads(sys.argv[1])
     board = boards.board_register(options.pop("kind"), name="bucket", **options)
     def first_bytes_then_die(self, name, version, file, dest, offset=0):
@@ -129,7 +129,7 @@ def test_a_download_that_cannot_fit_says_so_before_it_starts(tmp_path, small_dis
 
 
 def test_an_extraction_that_cannot_fit_says_so_before_it_starts(tmp_path, small_disk):
-    from pinstorm.boards import archive
+    from pinstorm.boards.safety import archive
 
     src = tmp_path / "a.zip"
     with zipfile.ZipFile(src, "w", compression=zipfile.ZIP_DEFLATED) as zf:

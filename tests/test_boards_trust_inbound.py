@@ -21,9 +21,10 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from pinstorm import boards
-from pinstorm.boards import index, paths
-from pinstorm.boards.archive import ExtractLimits, extract
-from pinstorm.boards.datatxt_board import DatatxtBoard
+from pinstorm.boards import index
+from pinstorm.boards.safety import paths
+from pinstorm.boards.safety.archive import ExtractLimits, extract
+from pinstorm.boards.backends.datatxt_board import DatatxtBoard
 from pinstorm.boards.errors import (ArchiveTooLarge, DownloadError, LimitExceeded, MalformedMetadata,
                                     UnsafeArchive, UnsafePath)
 from pinstorm.boards.serve import RangeRequestHandler
@@ -492,7 +493,7 @@ def test_cloud_board_legacy_paths_cannot_escape_the_cache(tmp_path, monkeypatch)
 @given(name=st.one_of(_texts, st.text(max_size=12)))
 def test_property_accepted_pin_names_and_url_file_names_are_one_segment(tmp_path, name):
     from pinstorm.boards.errors import InvalidPinName
-    from pinstorm.boards.names import check_pin_name
+    from pinstorm.boards.safety.names import check_pin_name
 
     cache = boards.Cache(tmp_path / "c")
     try:

@@ -342,7 +342,7 @@ def test_reader_refuses_a_corrupted_row_group_before_any_of_its_rows(noisy_datas
 def test_page_crcs_are_verified_for_every_column_the_content_checksum_does_not_cover(noisy_dataset, monkeypatch):
     """Readers of image and label (checked by the row-group checksum) skip the CRC pass over the JPEG pages;
     a read of any other column, or of a part without row-group checksums, keeps it (pyarrow >= 15)."""
-    from pinstorm.boards import parquet_limits
+    from pinstorm.boards.safety import parquet_limits
     from pinstorm.pipeline import verify
     from pinstorm.pipeline.epochs import open_epochs
 

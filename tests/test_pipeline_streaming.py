@@ -298,7 +298,7 @@ def test_a_connection_that_keeps_failing_names_the_part(dataset, tmp_path):
 
 
 def test_a_full_disk_is_named_before_a_byte_is_written(dataset, remote, isolated_pinstorm, monkeypatch):
-    from pinstorm.boards import diskspace
+    from pinstorm.boards.safety import diskspace
 
     url, options, proxy, total = remote
     monkeypatch.setattr(diskspace, "free_bytes", lambda folder: (1000, 10**9))

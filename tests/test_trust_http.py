@@ -321,7 +321,7 @@ _word = st.text("abcdefghijklmnopqrstuvwxyz0123456789-_.~", min_size=1, max_size
        param=st.sampled_from(["token", "access_token", "sig", "X-Amz-Signature", "api_key", "X-Goog-Credential"]),
        path=_word, where=st.sampled_from(["url", "endpoint_url", "proxy"]))
 def test_no_url_secret_survives_saving_naming_or_printing(user, password, token, param, path, where):
-    from pinstorm.boards import secrets
+    from pinstorm.boards.safety import secrets
 
     url = f"https://{quote(user, safe='')}:{quote(password, safe='')}@host.example:8443/{path}?a=1&{param}={token}"
     clean, auth, query = secrets.split_url(url)

@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 
 from pinstorm import boards
 from pinstorm.boards.errors import LimitExceeded
-from pinstorm.boards.parquet_limits import (BoundedParquetFile, MalformedParquet, ParquetLimitExceeded,
+from pinstorm.boards.safety.parquet_limits import (BoundedParquetFile, MalformedParquet, ParquetLimitExceeded,
                                             check_arrow_file, check_file)
 from pinstorm.errors import PinstormError
 from pinstorm.pipeline.metadata import (ARROW_SCHEMA, COMMON_METADATA, PINSTORM_KEY, ROW_GROUPS_PER_FILE_KEY,

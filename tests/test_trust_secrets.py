@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from pinstorm.boards import secrets
+from pinstorm.boards.safety import secrets
 from pinstorm.boards.serve import RangeRequestHandler
 from training_support import NO_FLIP, TINY
 

@@ -21,7 +21,7 @@ import pytest
 pytest.importorskip("mypy")
 
 ROOT = Path(__file__).resolve().parents[1]
-STRICT_MODULES = ["board", "api", "constructors", "storage", "registry", "parallel", "cache", "archive", "pruning",
+STRICT_MODULES = ["board", "api", "constructors", "storage", "registry", "parallel", "cache", "safety.archive", "pruning",
                   "metadata", "display"]
 
 

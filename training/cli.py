@@ -13,9 +13,12 @@ from pathlib import Path
 
 import click
 
-from pinstorm.pipeline.options import DEFAULTS as READER
+from pinstorm.pipeline import ReaderOptions
+
 from .runs import DEFAULTS as FIT, OPTIMIZERS
 from .strategy import STRATEGY_KINDS   # a plain tuple: importing it does not load TensorFlow
+
+READER = ReaderOptions()   # the readers' defaults, shown in the flags' help
 
 MODEL_NAMES = ("alexnet", "resnet50", "mobilenet_v2")
 FRAMEWORKS = ("tensorflow", "torch")

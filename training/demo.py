@@ -30,7 +30,8 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
-from pinstorm.boards import secrets
+from pinstorm.boards.safety import secrets
+from pinstorm import boards, pipeline
 
 log = secrets.logger("pinstorm.training")
 
@@ -117,8 +118,6 @@ def run_demo(workdir=None, *, size: str = "full", epochs: int | None = None, par
 
         configure_cpu_devices(2)
 
-    from pinstorm import pipeline
-
     stages: list[Stage] = []
     total = 7
 
@@ -171,15 +170,13 @@ def clear_demo(workdir) -> list[str]:
 
 def _local_board(board_dir: Path, cache_dir: Path):
     """The demo's writable board: a folder in the workdir with its own cache there."""
-    from pinstorm import boards
 
     return boards.board_folder(board_dir, cache=cache_dir / "local", name=LOCAL_BOARD)
 
 
 def _run_stages(workdir, settings, size, parallel, say, record, stages, layout, board_dir, cache_dir) -> dict:
     """Stages 2-7 (a TensorFlow run is pinned to the demo's local board)."""
-    from pinstorm import boards
-    from pinstorm import pipeline
+
     from .experiments import source_pins
 
     n_train = len(layout.items("train"))
@@ -324,8 +321,6 @@ def demo_data(workdir, *, size: str = "small", parallel: int = 4):
     """
     if size not in SIZES:
         raise DemoError(f"size must be one of {sorted(SIZES)}, got {size!r}")
-    from pinstorm import boards
-    from pinstorm import pipeline
 
     settings = SIZES[size]
     workdir = Path(workdir)

@@ -30,8 +30,11 @@ from importlib.metadata import PackageNotFoundError, version as package_version
 from pathlib import Path
 from typing import Any
 
-from pinstorm.boards import secrets
+from pinstorm.boards.safety import secrets
 from pinstorm.errors import PinstormError
+from pinstorm import boards, pipeline
+from pinstorm.boards.errors import InvalidPinName
+from pinstorm.boards.safety.names import check_pin_name
 
 from .errors import TrainingError
 
@@ -69,8 +72,6 @@ def parse_target(target, board=None) -> tuple[Any, str]:
 
     The name is checked by the boards' own rule (``check_pin_name``) before a long fit, not after it.
     """
-    from pinstorm.boards.errors import InvalidPinName
-    from pinstorm.boards.names import check_pin_name
 
     if isinstance(target, tuple) and len(target) == 2:
         board, target = target
@@ -89,7 +90,6 @@ def parse_target(target, board=None) -> tuple[Any, str]:
 
 def check_target(target) -> tuple[Any, str]:
     """Fail before training, not after it: the board must exist (a Board, or a registered name) and be writable."""
-    from pinstorm import boards
 
     board, name = parse_target(target)
     instance = boards.board_get(board)
@@ -115,7 +115,6 @@ def package_versions() -> dict[str, str | None]:
 
 def source_pins(names, board) -> list[dict]:
     """The latest version of each pin in ``names`` on ``board``: what a dataset was built from."""
-    from pinstorm import boards
 
     out = []
     for name in names:
@@ -144,8 +143,6 @@ def dataset_lineage(data, resolved_url: str | None = None, storage_options: dict
     if record["kind"] == "data map":
         record["converted_to"] = url
     try:
-        from pinstorm import pipeline
-
         info = pipeline.dataset_info(url, storage_options=storage_options)
         record.update({k: info.get(k) for k in ("rows", "num_classes", "split", "source", "created", "plan", "bytes")})
     except Exception as error:  # noqa: BLE001 - lineage must never fail a finished fit
@@ -264,7 +261,6 @@ def _size(count: int) -> str:
 
 def pin_run(result, target, lineage: dict) -> ExperimentRecord:
     """Pin a finished run's files and ``lineage`` as a new version of ``target``; returns where it went."""
-    from pinstorm import boards
 
     started = time.perf_counter()
     board, name = parse_target(target)
@@ -333,7 +329,6 @@ def find_experiments(text: str = "", *, model: str | None = None, dataset: str |
     Returns:
         A `pin_find` DataFrame of the pinned runs.
     """
-    from pinstorm import boards
 
     found = boards.pin_find(text or model or dataset or TAG, board=board)
     keep = found["description"].fillna("").str.startswith(TAG)
@@ -345,8 +340,6 @@ def find_experiments(text: str = "", *, model: str | None = None, dataset: str |
 
 
 def _pinned_files(target: str, board, version) -> tuple[dict[str, Path], str, Any]:
-    from pinstorm import boards
-
     board, name = parse_target(target, board)
     paths = boards.pin_get(name, board=board, version=version, files=True)
     files = {Path(p).name: Path(p) for p in paths}

@@ -34,8 +34,9 @@ from .models import build_model
 from .plots import plot_curves, read_metrics_csv
 from .schedule import ImageSizeSchedule
 from .strategy import make_strategy, strategy_choice, uses_gpus
-from pinstorm.boards import secrets
+from pinstorm.boards.safety import secrets
 from pinstorm.progress import progress_bar
+from pinstorm.pipeline import dataset_position
 
 __all__ = ["TrainResult", "TrainingError", "alexnet_train", "train"]
 
@@ -101,7 +102,6 @@ def _backup_callback(checkpoint_dir: Path, backup_every, strategy, train_input, 
     also saves the input's position (`resume.ResumeState`), which this worker's pipeline started at `saved`."""
     if options is None or len(train_input.shards) != 1:
         return keras.callbacks.BackupAndRestore(backup_dir=str(checkpoint_dir), save_freq=backup_every)
-    from pinstorm.pipeline.reader import dataset_position
 
     replicas = strategy.num_replicas_in_sync
     local = len(getattr(strategy.extended, "worker_devices", ())) or replicas   # the replicas this pipeline feeds

@@ -20,7 +20,8 @@ from typing import Any
 
 tf = tensorflow()   # imported without its start-up noise (see keras_env)
 
-from pinstorm.boards import secrets
+from pinstorm.boards.safety import secrets
+from pinstorm import pipeline
 
 log = secrets.logger("pinstorm.training")
 
@@ -50,7 +51,7 @@ def map_classes(data_map: dict) -> list | None:
 
 def _convert_data_map(data_map: dict, cache_dir: Path, split: str, classes, parallel) -> str:
     """Convert a data map to Parquet under ``cache_dir`` (the pipeline reuses a finished identical one)."""
-    from pinstorm import pipeline
+
     digest = hashlib.sha1(json.dumps([list(map(str, data_map["image"])), list(map(str, data_map["category"])),
                                       list(classes or [])]).encode()).hexdigest()[:12]
     target = cache_dir / f"{split}-{digest}"
@@ -101,7 +102,7 @@ def _dataset_input(dataset: tf.data.Dataset, *, global_batch, image_size, num_cl
 def _parquet_train_input(strategy, url: str, info: dict, *, global_batch, image_size, parallel, seed,
                          input_options):
     """One endless ``make_dataset`` per worker over its own shard, batched per replica."""
-    from pinstorm import pipeline
+
     rows = int(info["rows"])
     steps = rows // global_batch
     if steps < 1:
@@ -130,7 +131,7 @@ def _parquet_train_input(strategy, url: str, info: dict, *, global_batch, image_
 
 def _parquet_eval_input(url: str, info: dict, *, global_batch, image_size, parallel, input_options) -> Input:
     """Every validation row once per evaluation (Keras splits each global batch across replicas)."""
-    from pinstorm import pipeline
+
     options = {k: v for k, v in input_options.items() if k in ("eval_crop", "engine", "reader_workers", "stream",
                                                                "cache_limit", "storage_options")}
     dataset = pipeline.make_dataset(url, batch_size=global_batch, image_size=(image_size, image_size),
@@ -148,7 +149,6 @@ def resolve_input(data, *, role, strategy, global_batch, image_size, parallel, s
         classes = classes or map_classes(data)
         data = _convert_data_map(data, cache_dir, "train" if training else "val", classes, parallel)
     if isinstance(data, (str, os.PathLike)):
-        from pinstorm import pipeline
         url = os.fspath(data)
         info = pipeline.dataset_info(url, storage_options=input_options.get("storage_options"))
         if training:

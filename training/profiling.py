@@ -29,7 +29,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from pinstorm.boards import secrets
+from pinstorm.boards.safety import secrets
+from pinstorm import boards, pipeline
+from pinstorm.pipeline import CHECKSUMMED, locate, open_part, read_info, read_row_group
 
 log = secrets.logger("pinstorm.training")
 
@@ -110,7 +112,6 @@ def _cold_board(board):
 
     ``board``: a ``Board``, a registered name or a data.txt URL. Nothing is registered.
     """
-    from pinstorm import boards
 
     cache = tempfile.mkdtemp(prefix="pinstorm-profile-cache-")
     if isinstance(board, str) and board.startswith(("http://", "https://")):
@@ -128,7 +129,6 @@ def _cold_board(board):
 
 def _default_pins(board, max_pins: int) -> list[str]:
     """The first categories of a board made by ``repartition``, else its first pins."""
-    from pinstorm import boards
 
     try:
         table = boards.pin_get("categories", board=board)
@@ -150,8 +150,6 @@ def _remote_files(clone, pins: list[str], fetched: dict) -> list[tuple[object, s
     ``describe()`` gives the board's location (a URL or a folder).
     """
     import fsspec
-
-    from pinstorm import boards
 
     base = str(clone.describe()).rstrip("/")
     fs = getattr(clone, "fs", None)   # a cloud board's filesystem carries its endpoint and credentials
@@ -189,7 +187,6 @@ def _is_image(path) -> bool:
 
 def _board_stages(board, pins, max_pins: int, fetch_parallel: int, scratch: Path):
     """(stages, fetch speed as a fraction of a raw copy or None, the pins fetched, the board's kind)."""
-    from pinstorm import boards
 
     clone, cache = _cold_board(board)
     try:
@@ -251,9 +248,6 @@ def _parquet_read(url: str, max_rows: int, min_seconds: float = 0.5, storage_opt
 
     A small dataset is read again until ``min_seconds`` have passed, so the rate is not all start-up.
     """
-    from pinstorm.pipeline.metadata import read_info
-    from pinstorm.pipeline.storage import locate
-    from pinstorm.pipeline.verify import CHECKSUMMED, open_part, read_row_group
 
     location = locate(url, storage_options)  # what make_dataset reads, and as it reads it: checked and bounded row groups
     info = read_info(location)
@@ -284,7 +278,6 @@ def _decode(url: str, *, batch: int, image_size: int, parallel, input_options: d
 
     The first batch (graph building, first reads) is not timed; at least one epoch or 20 batches are.
     """
-    from pinstorm import pipeline
 
     options = {k: v for k, v in input_options.items()
                if k in ("crop_area", "flip", "engine", "reader_workers", "storage_options")}
@@ -332,8 +325,6 @@ def _cached_steps(url, strategy, model, *, image_size, batch_size, steps, storag
     from .keras_env import tensorflow
 
     tf = tensorflow()
-
-    from pinstorm import pipeline
 
     global_batch = batch_size * strategy.num_replicas_in_sync
     reader = pipeline.make_dataset(url, batch_size=global_batch, image_size=(image_size, image_size), training=True,
@@ -572,7 +563,6 @@ def profile(
             for stage in board_stages:
                 add(stage)
         if dataset is not None:
-            from pinstorm import pipeline
             from .strategy import make_strategy, uses_gpus
 
             url = os.fspath(dataset)

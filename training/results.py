@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from pinstorm.boards import secrets
+from pinstorm.boards.safety import secrets
 
 from .errors import InvalidTrainingInput, TrainingError  # noqa: F401  (re-exported: their old home)
 

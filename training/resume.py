@@ -18,7 +18,7 @@ import json
 import os
 from pathlib import Path
 
-from pinstorm.pipeline.positions import ResumeStateError
+from pinstorm.pipeline import ResumeStateError
 
 tf = tensorflow()
 import tf_keras as keras  # noqa: E402

@@ -13,6 +13,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Mapping
 
+from pinstorm.boards.meta import TIME_FORMAT
 from .errors import InvalidTrainingInput
 
 
@@ -113,7 +114,6 @@ def check_optimizer(name: str) -> str:
 
 def default_output_dir(model_name: str) -> Path:
     """``runs/<model>-<UTC time>``: a new folder per run, named in the pins version-time format."""
-    from pinstorm.boards.meta import TIME_FORMAT
 
     return Path(RUNS_FOLDER) / f"{model_name}-{datetime.now(timezone.utc).strftime(TIME_FORMAT)}"
 

@@ -30,7 +30,7 @@ from typing import Callable
 tf = tensorflow()   # imported without its start-up noise (see keras_env)
 import tf_keras as keras
 
-from pinstorm.boards import secrets
+from pinstorm.boards.safety import secrets
 
 log = secrets.logger("pinstorm.training")
 

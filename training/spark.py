@@ -43,7 +43,8 @@ from typing import Any, Callable
 from .errors import InvalidTrainingInput
 from .spark_session import (REQUIRED_MODULES, SparkTrainError, available_slots, local_spark_session, probe_executors,
                             session_settings, spark_error_message, spark_session, wait_for_slots)
-from pinstorm.boards import secrets
+from pinstorm.boards.safety import secrets
+from pinstorm import boards, pipeline
 from .runs import FitOptions, default_output_dir
 
 __all__ = ["Attempt", "SparkTrainError", "SparkTrainResult", "WorkerResult", "available_slots",
@@ -202,7 +203,6 @@ def _fetch_partition(args: dict, rank: int, num_workers: int, all_gather: Callab
     (``rows_per_worker`` in the returned record). ``own_dir``: this rank's output folder; the slice is
     converted under ``partition_dir``, else ``cache_dir``, else ``<own_dir>/data``.
     """
-    from pinstorm import boards, pipeline
 
     spec = dict(args["partition_board"])
     # the board's name is part of its cache path: a stable name lets a relaunched task (and the other
@@ -268,7 +268,6 @@ def _partition_board_spec(board) -> dict:
     registered name the spec of the board it names. The spec goes to the executors in the task
     (secrets included, as the executors need them to sign in) and is never written to disk.
     """
-    from pinstorm import boards
 
     if isinstance(board, dict):
         if "kind" not in board:

@@ -22,7 +22,7 @@ import time
 import warnings
 from typing import Iterator
 
-from pinstorm.boards import secrets
+from pinstorm.boards.safety import secrets
 
 from .errors import TrainingError
 

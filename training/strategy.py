@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from . import multiworker
 from .fallback import error_line, fallback_warning, probe_outcome
-from pinstorm.boards import secrets
+from pinstorm.boards.safety import secrets
 
 if TYPE_CHECKING:            # TensorFlow is imported where it is used: importing this module stays cheap,
     import numpy as np       # so the CLI can read STRATEGY_KINDS without loading TensorFlow

@@ -46,8 +46,10 @@ from .plots import plot_curves, read_metrics_csv
 from .results import TrainResult
 from .runs import DEFAULTS as FIT, SGD_MOMENTUM, FitOptions, check_optimizer, default_output_dir
 from .torch_models import build_torch_model
-from pinstorm.boards import secrets
+from pinstorm.boards.safety import secrets
 from pinstorm.progress import progress_bar
+from pinstorm import pipeline
+from pinstorm.pipeline import shard_row_groups
 
 torch = require("torch", "torch", "pinstorm.training.train_torch")
 dist = torch.distributed
@@ -312,7 +314,6 @@ def _optimizer(name: str, parameters, learning_rate: float):
 
 def _shard_rows(info: dict, world: int) -> list[int]:
     """Rows of each rank's shard (the loader's rule), so every rank can compute the same step count."""
-    from pinstorm.pipeline.epochs import shard_row_groups
 
     if world == 1:
         return [int(info["rows"])]
@@ -442,7 +443,6 @@ def train_torch(
     Returns:
         A `TrainResult` (its ``model`` the trained ``torch.nn.Module``).
     """
-    from pinstorm import pipeline
 
     wall_started, started_at = time.perf_counter(), datetime.now(timezone.utc)
     if data is None or not isinstance(data, (str, os.PathLike)):
@@ -467,7 +467,7 @@ def train_torch(
                       input_options=dict(input_options or {}), num_workers=num_workers,
                       steps_per_epoch=steps_per_epoch, threads=threads, callbacks=list(callbacks or []),
                       backup_every=int(backup_every) if backup_every else None, on_batch=on_batch,
-                      pipeline=pipeline, precision=precision, channels_last=channels_last, compiled=compile)
+                      precision=precision, channels_last=channels_last, compiled=compile)
     finally:
         if own_group and dist.is_initialized():
             dist.destroy_process_group()
@@ -487,7 +487,7 @@ def train_torch(
 
 def _train(model_name, url, validation_data, *, choice, epochs, batch_size, image_size, num_classes,
            learning_rate, optimizer, model_kwargs, seed, output_dir, checkpoint_dir, input_options, num_workers,
-           steps_per_epoch, threads, callbacks, backup_every, on_batch, pipeline, precision="fp32",
+           steps_per_epoch, threads, callbacks, backup_every, on_batch, precision="fp32",
            channels_last=None, compiled=False) -> TrainResult:
     distributed = choice is not None
     rank, world = (choice.rank, choice.world_size) if distributed else (0, 1)

@@ -6,7 +6,7 @@ read back as a plain `datatxt` board in tests.
 
 Import note: gcsfs probes a gRPC endpoint for ~60 s per bucket unless
 `GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false` is set before gcsfs is imported; importing this module
-sets that default (as `boards.cloud` does).
+sets that default (as `boards.backends.cloud` does).
 """
 
 from __future__ import annotations

@@ -20,10 +20,10 @@ from typing import Any
 
 from pinstorm.extras import require
 
-from . import index as board_index
-from .cache import Cache
+from .. import index as board_index
+from ..cache import Cache
 from .cloud import BucketStorage, _check_bucket, _root, _secrets
-from .errors import BoardError, CredentialsError
+from ..errors import BoardError, CredentialsError
 from .fs_board import IndexConflict
 
 # connection-string fields that are credentials (the rest, endpoints and the account name, are not)

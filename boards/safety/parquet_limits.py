@@ -35,7 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .errors import LimitExceeded, MalformedMetadata
+from ..errors import LimitExceeded, MalformedMetadata
 
 MIB = 1 << 20
 ROW_GROUP_ENV = "PINSTORM_MAX_ROW_GROUP_BYTES"

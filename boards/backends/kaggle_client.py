@@ -19,8 +19,8 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
-from .errors import BoardError, CredentialsError, DownloadError, PinNotFound
-from .secrets import redact_text
+from ..errors import BoardError, CredentialsError, DownloadError, PinNotFound
+from ..safety.secrets import redact_text
 
 ENV_ENDPOINT = "PINSTORM_KAGGLE_ENDPOINT"
 PRODUCTION = "https://api.kaggle.com"

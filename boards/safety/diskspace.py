@@ -8,7 +8,7 @@ import errno
 import shutil
 from pathlib import Path
 
-from .errors import BoardError, DiskFull
+from ..errors import BoardError, DiskFull
 
 # kept free beyond what a transfer needs: 1 GiB, or 2% of a small disk
 def reserve(total: int) -> int:

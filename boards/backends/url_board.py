@@ -20,13 +20,13 @@ import posixpath
 import time
 from pathlib import Path
 
-from .cache import Cache
+from ..cache import Cache
 from .datatxt_board import LEGACY, DatatxtStorage
-from .errors import DownloadError, MalformedMetadata, PinNotFound
-from .index import load_yaml
-from .manifest import MANIFEST_FILE, dump_manifest, parse_manifest
-from .meta import PinMeta, parse_version
-from .paths import check_relative, check_segment
+from ..errors import DownloadError, MalformedMetadata, PinNotFound
+from ..index import load_yaml
+from ..manifest import MANIFEST_FILE, dump_manifest, parse_manifest
+from ..meta import PinMeta, parse_version
+from ..safety.paths import check_relative, check_segment
 
 DATATXT, MANIFEST = "datatxt", "manifest"
 

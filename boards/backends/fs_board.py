@@ -50,17 +50,17 @@ from typing import Any, Iterator
 import fsspec
 from filelock import FileLock
 
-from . import index as board_index
-from . import legacy_view
-from .cache import Cache, verify, write_stamp
-from . import secrets as secret_rules
-from .errors import (BoardError, IndexNotWritten, IntegrityError, InvalidPinName, LimitExceeded, MalformedMetadata,
+from .. import index as board_index
+from .. import legacy_view
+from ..cache import Cache, verify, write_stamp
+from ..safety import secrets as secret_rules
+from ..errors import (BoardError, IndexNotWritten, IntegrityError, InvalidPinName, LimitExceeded, MalformedMetadata,
                      PinNotFound)
-from .meta import PinMeta, parse_version
-from .manifest import sync_manifest
-from .names import check_pin_name
-from .storage import StorageBase
-from .tempnames import FOREIGN_MAX_AGE, TMP_MARK, is_temporary, sweep, tmp_name
+from ..meta import PinMeta, parse_version
+from ..manifest import sync_manifest
+from ..safety.names import check_pin_name
+from ..storage import StorageBase
+from ..tempnames import FOREIGN_MAX_AGE, TMP_MARK, is_temporary, sweep, tmp_name
 
 INDEX_ROUNDS = 60  # reconciliation rounds before giving up (the versions are stored either way)
 PARSED_META_ENTRIES = 4096  # parsed data.txt kept per local board (a few MB at most)

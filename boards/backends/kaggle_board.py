@@ -26,13 +26,13 @@ import xxhash
 
 from pinstorm.extras import ensure
 
-from . import paths, secrets
-from .storage import StorageBase
-from .cache import Cache
-from .errors import CredentialsError, InvalidPinName, PinNotFound, ReadOnlyBoard, UnsafePath, VersionNotFound
+from ..safety import paths, secrets
+from ..storage import StorageBase
+from ..cache import Cache
+from ..errors import CredentialsError, InvalidPinName, PinNotFound, ReadOnlyBoard, UnsafePath, VersionNotFound
 from .kaggle_client import (COMPETITION_PREFIX, ENV_ENDPOINT, PRODUCTION, KaggleClient,  # noqa: F401
                             _kaggle_api_class, competition_of, normalise_endpoint)
-from .meta import TIME_FORMAT, PinMeta
+from ..meta import TIME_FORMAT, PinMeta
 
 _OWNER = re.compile(r"^[A-Za-z0-9]+(?:[_-][A-Za-z0-9]+)*$")  # Kaggle allows '_' in owner slugs only
 _SLUG = re.compile(r"^[A-Za-z0-9]+(?:-[A-Za-z0-9]+)*$")

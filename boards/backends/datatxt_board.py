@@ -41,15 +41,15 @@ import requests
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
-from . import index as board_index
-from . import paths, secrets
-from .cache import (HTTP_DEADLINE, HTTP_MIN_RATE, HTTP_TIMEOUT, Cache, TransferLimits, _stream_to, bounded_blocks,
+from .. import index as board_index
+from ..safety import paths, secrets
+from ..cache import (HTTP_DEADLINE, HTTP_MIN_RATE, HTTP_TIMEOUT, Cache, TransferLimits, _stream_to, bounded_blocks,
                     declared_cap)
-from .errors import DownloadError, LimitExceeded, MalformedMetadata, PinNotFound, UnsafePath
-from .legacy_view import pin_folder
-from .meta import PinMeta, parse_version
-from .storage import StorageBase
-from .tempnames import tmp_name
+from ..errors import DownloadError, LimitExceeded, MalformedMetadata, PinNotFound, UnsafePath
+from ..legacy_view import pin_folder
+from ..meta import PinMeta, parse_version
+from ..storage import StorageBase
+from ..tempnames import tmp_name
 
 LEGACY = "legacy"  # the one pseudo-version of a legacy (unversioned) pin
 POOL_SIZE = 32  # connections kept per host: pin_get_many runs up to 16 threads on one board
@@ -418,7 +418,7 @@ def _plain(value: Any) -> bool:
 def DatatxtBoard(name: str, url: str, **options: Any):  # noqa: N802 - the class name earlier releases had
     """A Board over `DatatxtStorage` (data.txt only, no R legacy version listing), built as earlier
     releases built their `DatatxtBoard` objects; new code uses `boards.board_datatxt(url, ...)`."""
-    from .board import BOARD_OPTIONS, Board
+    from ..board import BOARD_OPTIONS, Board
 
     own = {k: options.pop(k) for k in BOARD_OPTIONS if k in options}
     return Board(DatatxtStorage(name, url, **options), spec={"kind": "datatxt", "url": url, **options}, **own)

@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 
 from .diskspace import require_room
-from .errors import ArchiveTooLarge, UnsafeArchive
+from ..errors import ArchiveTooLarge, UnsafeArchive
 
 ARCHIVE_SUFFIXES = (".zip", ".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".gz")
 

@@ -28,14 +28,14 @@ os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
 from pinstorm.extras import require  # noqa: E402
 
-from . import legacy_view  # noqa: E402
-from . import secrets as secret_rules  # noqa: E402
-from .tempnames import FOREIGN_MAX_AGE  # noqa: E402
-from .cache import Cache  # noqa: E402
-from .errors import BoardError, CredentialsError, DownloadError  # noqa: E402
+from .. import legacy_view  # noqa: E402
+from ..safety import secrets as secret_rules  # noqa: E402
+from ..tempnames import FOREIGN_MAX_AGE  # noqa: E402
+from ..cache import Cache  # noqa: E402
+from ..errors import BoardError, CredentialsError, DownloadError  # noqa: E402
 from .fs_board import FsStorage, IndexConflict, _modified  # noqa: E402
-from . import index as board_index  # noqa: E402
-from .meta import parse_version  # noqa: E402
+from .. import index as board_index  # noqa: E402
+from ..meta import parse_version  # noqa: E402
 
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$")
 _CREDENTIAL_ERRORS = {"NoCredentialsError", "PartialCredentialsError", "NoAuthTokenError",

@@ -18,7 +18,7 @@ import re
 from pathlib import Path, PurePosixPath
 from urllib.parse import urljoin, urlsplit
 
-from .errors import UnsafePath
+from ..errors import UnsafePath
 
 _SEGMENT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._+=@,-]*$")
 _MAX_SEGMENT = 200
