@@ -23,10 +23,10 @@ from .pruning import cache_prune
 from .errors import NotSupported, PinsError, PinsInsecureReadError, PinsVersionError
 from .pins_python import BaseBoard, board_deparse, cache_info
 from . import pins_python as _pins_python
-from .registry import board_deregister, board_get, board_list, board_names, board_register
+from .registry import KINDS, board_deregister, board_get, board_list, board_names, board_register, resolve_board
 from .parallel import PinFetchError, pin_get_many
 from .serve import serve_board
-from .storage import Storage, StorageBase
+from .storage import Maintenance, Storage, StorageBase
 
 
 __all__ = [
@@ -34,10 +34,10 @@ __all__ = [
     "IndexNotWritten", "IntegrityError", "InvalidPinName", "MalformedMetadata", "PinNotFound", "ReadOnlyBoard",
     "AddressInUse", "PinFetchError", "StaleCacheWarning", "UnsafeArchive", "VersionNotFound", "board_deregister", "board_get",
     "board_list", "board_register", "pin", "pin_find", "pin_get", "pin_get_many", "pin_info",
-    "pin_remove", "pin_versions", "serve_board", "board_names",
+    "pin_remove", "pin_versions", "serve_board", "board_names", "resolve_board", "KINDS",
     # constructors (no registration) and the storage protocol behind every board
     "board_azure", "board_datatxt", "board_folder", "board_from_spec", "board_gcs", "board_kaggle", "board_local", "board_s3",
-    "board_temp", "board_url", "Storage", "StorageBase",
+    "board_temp", "board_url", "Maintenance", "Storage", "StorageBase",
     # bounds and containment of untrusted boards (docs/boards.md, "Security model")
     "ArchiveTooLarge", "DiskFull", "ExtractLimits", "LimitExceeded", "MalformedParquet", "ParquetLimitExceeded",
     "UnsafePath",

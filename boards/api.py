@@ -1,8 +1,9 @@
 """The module-level pins API (`pin`, `pin_get`, `pin_write`, ...), resolving `board=` through the registry.
 
-Names mirror legacy R pins so scripts port directly; each takes `board=` as a registered name or a
-Board object. With `board=None`, writes go to the default "local" board and reads look there first,
-then in the other registered boards, as R's `pin_get` did.
+Names mirror legacy R pins so scripts port directly; each takes `board=` in any form
+`registry.resolve_board` takes (a registered name, a Board, `board://NAME`, an http(s) URL, a spec
+dict) and resolves it there. With `board=None`, writes go to the default "local" board and reads look
+there first, then in the other registered boards, as R's `pin_get` did.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from .board import FIND_COLUMNS, Board
 from .errors import PinNotFound
 from .metadata import PinMetadata
 from .pruning import PRUNE_GRACE
-from .registry import DEFAULT_BOARD, board_get, board_names
+from .registry import DEFAULT_BOARD, board_names, resolve_board
 
 
 def _board_holding(name: str, board: str | Board | None) -> Board:
@@ -24,8 +25,8 @@ def _board_holding(name: str, board: str | Board | None) -> Board:
     refused, a malformed or hostile index: any error) is skipped with a warning naming it and why:
     it never hides the pins of the others."""
     if board is not None:
-        return board_get(board)
-    default = board_get(DEFAULT_BOARD)
+        return resolve_board(board)
+    default = resolve_board(DEFAULT_BOARD)
     try:
         default.list_versions(name)
         return default
@@ -36,7 +37,7 @@ def _board_holding(name: str, board: str | Board | None) -> Board:
         if other == DEFAULT_BOARD:
             continue
         try:
-            candidate = board_get(other)
+            candidate = resolve_board(other)
             if name in {e.get("name") for e in candidate.list_entries()}:
                 break
         except Exception as e:  # noqa: BLE001 - whatever one board's index does, the others still answer
@@ -87,7 +88,7 @@ def pin(x: Any, name: str | None = None, board: str | Board | None = None, descr
         ReadOnlyBoard: `board` cannot be written.
         InvalidPinName: `name` is not a safe pin name.
     """
-    return board_get(board).pin(x, name=name, description=description, zip=zip, metadata=metadata,
+    return resolve_board(board).pin(x, name=name, description=description, zip=zip, metadata=metadata,
                                 type=type, title=title, tags=tags)
 
 
@@ -101,7 +102,7 @@ def batch(board: str | Board | None = None) -> ContextManager[Any]:
     Returns:
         A context manager; batches nest, and the outermost one publishes.
     """
-    return board_get(board).batch()
+    return resolve_board(board).batch()
 
 
 def pin_get(name: str | list[str], board: str | Board | None = None, cache: bool = True,
@@ -185,7 +186,7 @@ def pin_find(text: str = "", board: str | Board | list[Any] | None = None, name:
     frames = []
     for b in targets:
         try:
-            frames.append(board_get(b).pin_find(text, name=name, extended=extended))
+            frames.append(resolve_board(b).pin_find(text, name=name, extended=extended))
         except Exception as e:  # noqa: BLE001 - one unreadable board (any error) must not hide the others
             if board is not None:
                 raise
@@ -245,7 +246,7 @@ def pin_remove(name: str, board: str | Board | None = None, version: str | None 
         ReadOnlyBoard: `board` cannot be written.
         PinNotFound: No such pin.
     """
-    board_get(board).pin_remove(name, version=version)
+    resolve_board(board).pin_remove(name, version=version)
 
 
 # ---- pins 1.x / pins-python names, with board= ---------------------------------------------------
@@ -278,7 +279,7 @@ def pin_search(search: str | None = None, board: str | Board | None = None) -> p
     Returns:
         A DataFrame of pins-python's columns (name, type, title, created, file_size, meta), one row per pin.
     """
-    return board_get(board).pin_search(search)
+    return resolve_board(board).pin_search(search)
 
 
 def pin_versions_prune(name: str, board: str | Board | None = None, n: int | None = None,
@@ -300,7 +301,7 @@ def pin_versions_prune(name: str, board: str | Board | None = None, n: int | Non
     Raises:
         ReadOnlyBoard: `board` cannot be written.
     """
-    return board_get(board).pin_versions_prune(name, n=n, days=days, grace=grace)
+    return resolve_board(board).pin_versions_prune(name, n=n, days=days, grace=grace)
 
 
 def pin_version_delete(name: str, version: str, board: str | Board | None = None) -> None:
@@ -315,7 +316,7 @@ def pin_version_delete(name: str, version: str, board: str | Board | None = None
         ReadOnlyBoard: `board` cannot be written.
         VersionNotFound: No such version.
     """
-    board_get(board).pin_version_delete(name, version)
+    resolve_board(board).pin_version_delete(name, version)
 
 
 def pin_write(x: Any, name: str | None = None, board: str | Board | None = None, **kwargs: Any) -> PinMetadata:
@@ -332,7 +333,7 @@ def pin_write(x: Any, name: str | None = None, board: str | Board | None = None,
         The stored version's `PinMetadata`.
     """
     _check_order("pin_write", x, name)
-    return board_get(board).pin_write(x, name=name, **kwargs)
+    return resolve_board(board).pin_write(x, name=name, **kwargs)
 
 
 def pin_upload(paths: Any, name: str | None = None, board: str | Board | None = None,
@@ -349,7 +350,7 @@ def pin_upload(paths: Any, name: str | None = None, board: str | Board | None = 
         The stored version's `PinMetadata`.
     """
     _check_order("pin_upload", paths, name)
-    return board_get(board).pin_upload(paths, name=name, **kwargs)
+    return resolve_board(board).pin_upload(paths, name=name, **kwargs)
 
 
 def pin_read(name: str, board: str | Board | None = None, version: str | None = None,
@@ -400,7 +401,7 @@ def pin_list(board: str | Board | None = None) -> list[str]:
     Returns:
         The pin names.
     """
-    return board_get(board).pin_list()
+    return resolve_board(board).pin_list()
 
 
 def pin_exists(name: str, board: str | Board | None = None) -> bool:
@@ -413,7 +414,7 @@ def pin_exists(name: str, board: str | Board | None = None) -> bool:
     Returns:
         True when it does.
     """
-    return board_get(board).pin_exists(name)
+    return resolve_board(board).pin_exists(name)
 
 
 def pin_delete(names: str | list[str], board: str | Board | None = None) -> None:
@@ -426,7 +427,7 @@ def pin_delete(names: str | list[str], board: str | Board | None = None) -> None
     Raises:
         PinNotFound: A name the board does not hold.
     """
-    board_get(board).pin_delete(names)
+    resolve_board(board).pin_delete(names)
 
 
 def write_board_manifest(board: str | Board | None = None) -> dict[str, list[str]]:
@@ -441,7 +442,7 @@ def write_board_manifest(board: str | Board | None = None) -> dict[str, list[str
     """
     from .manifest import write_board_manifest as _write
 
-    return _write(board_get(board))
+    return _write(resolve_board(board))
 
 
 def _check_order(function: str, first: Any, second: Any) -> None:

@@ -30,11 +30,11 @@ from . import drivers
 from .cache import Cache, StaleCacheWarning, check_folder, stamp_path, verify
 from .safety.diskspace import require_room, storage_errors
 from .errors import (BoardError, DownloadError, IntegrityError, InvalidPinName, LimitExceeded, NotSupported,
-                     PinNotFound, PinsVersionError, VersionNotFound)
+                     PinNotFound, PinsVersionError, ReadOnlyBoard, VersionNotFound)
 from .meta import FILE_HASH_FIELD, TIME_FORMAT, PinMeta, format_created, hash_matches, parse_version, utc_now
 from .metadata import PinMetadata, VersionInfo, as_list, created_timestamp
 from .pruning import PRUNE_GRACE, check_prune_rules, version_age, versions_to_prune
-from .storage import ZIPPED_FIELD, Storage
+from .storage import ZIPPED_FIELD, Maintenance, Storage
 from .tempnames import tmp_name
 from pinstorm.progress import progress_bar
 
@@ -51,8 +51,9 @@ class Board:
 
     `versions=False` keeps only the newest version of each pin (R's `versions = FALSE`, pins-python's
     `versioned=False`). `max_extract_bytes` / `max_extract_ratio` bound archive extraction.
-    Backend-specific extras (a folder board's `rebuild_index()`, `fs`, `root`) are reached through
-    the board too; they are documented on the backend class.
+    Storage maintenance (`rebuild_index`, `sweep_temporaries`, `stored_versions`) is the explicit
+    `storage.Maintenance` interface (`Board.maintenance`); other backend extras (`fs`, `root`, a bucket's
+    `ensure_bucket`, ...) are on `Board.storage` and documented on the backend class.
 
     Boards are made by the constructors (`board_folder`, `board_s3`, ...), not directly.
 
@@ -64,8 +65,6 @@ class Board:
         spec: ``{"kind": ..., **options}``, what `board_from_spec` makes this board from (`Board.spec`).
         allow_pickle_read: Whether `pin_read` may unpickle ``joblib`` pins (None: ``PINS_ALLOW_PICKLE_READ``).
     """
-
-    board: str  # pins-python's `board.board`: where the board lives, as its constructor was given it
 
     def __init__(self, storage: Storage, *, versions: bool = True, max_extract_bytes: int | None = None,
                  max_extract_ratio: float | None = None, spec: dict[str, Any] | None = None,
@@ -111,19 +110,81 @@ class Board:
         copy = Board(self.storage.with_cache(cache), versions=self.versions, spec={**self._spec, "cache": cache},
                      allow_pickle_read=self.allow_pickle_read)
         copy.extract_limits = self.extract_limits
-        if "board" in self.__dict__:
+        if "_given" in self.__dict__:
             copy.board = self.board
         return copy
 
-    def __getattr__(self, attr: str) -> Any:
-        """Backend extras (`rebuild_index`, `fs`, `root`, ...) come from the storage."""
-        if attr.startswith("__") or attr in ("storage", "_spec", "_written", "board", "allow_pickle_read"):
-            if attr == "board":  # pins-python's: where the board lives, as given to its constructor
-                return getattr(self.storage, "root", None) or getattr(self.storage, "url", None) or self.describe()
-            if attr == "allow_pickle_read":
-                return None
-            raise AttributeError(attr)
-        return getattr(self.storage, attr)
+    @property
+    def board(self) -> str:
+        """pins-python's `board.board`: where the board lives, as its constructor was given it."""
+        given = self.__dict__.get("_given")
+        if given is not None:
+            return str(given)
+        return str(getattr(self.storage, "root", None) or getattr(self.storage, "url", None) or self.describe())
+
+    @board.setter
+    def board(self, value: str) -> None:
+        self.__dict__["_given"] = value
+
+    @property
+    def fs(self) -> Any:
+        """pins-python's `board.fs`: the board's fsspec filesystem (folder and bucket boards; an HTTP or
+        Kaggle board has none: AttributeError)."""
+        try:
+            return self.storage.fs  # type: ignore[attr-defined]
+        except AttributeError:
+            raise AttributeError(f"a {self.kind} board has no fsspec filesystem") from None
+
+    # ---- storage maintenance: the explicit interface (`storage.Maintenance`) --------------------
+    @property
+    def maintenance(self) -> Maintenance | None:
+        """The storage's maintenance operations (`storage.Maintenance`: `rebuild_index`,
+        `sweep_temporaries`, `stored_versions`), or None on a board with no index of its own
+        (HTTP, Kaggle). Backend-specific extras (`fs`, `root`, ...) are on `Board.storage`."""
+        return self.storage if isinstance(self.storage, Maintenance) else None
+
+    def _maintained(self, action: str) -> Maintenance:
+        maintenance = self.maintenance
+        if maintenance is None:
+            raise ReadOnlyBoard(f"board {self.name!r} ({self.kind}) has no index of its own to {action}")
+        return maintenance
+
+    def rebuild_index(self, sweep: bool = True) -> int:
+        """Rebuild the board's data.txt index from the pins it stores (`pinstorm board repair`).
+
+        Args:
+            sweep: Also remove what killed writers left (`sweep_temporaries`).
+
+        Returns:
+            The number of pins the index lists.
+
+        Raises:
+            ReadOnlyBoard: The board has no index of its own (HTTP, Kaggle).
+        """
+        return self._maintained("rebuild").rebuild_index(sweep=sweep)
+
+    def sweep_temporaries(self, older_than: float | None = None) -> int:
+        """Remove what killed writers left (staging folders; on buckets, versions with no data.txt).
+
+        Args:
+            older_than: Seconds; only what is at least this old (None: the storage's default).
+
+        Returns:
+            The number of items removed.
+
+        Raises:
+            ReadOnlyBoard: The board has no index of its own (HTTP, Kaggle).
+        """
+        storage = self._maintained("sweep")
+        return storage.sweep_temporaries() if older_than is None else storage.sweep_temporaries(older_than=older_than)
+
+    def stored_versions(self) -> dict[str, list[str]]:
+        """Pin name -> version names, from what the board stores (not its index).
+
+        Raises:
+            ReadOnlyBoard: The board has no index of its own (HTTP, Kaggle).
+        """
+        return self._maintained("list").stored_versions()
 
     @property
     def versioned(self) -> bool:

@@ -73,7 +73,18 @@ def board() -> None:
     """Register, list and remove boards (saved in the user config file)."""
 
 
-@board.command("register")
+def _register_help() -> str:
+    """`board register`'s help, its list of kinds read from the kind table (`constructors.KINDS`)."""
+    from .constructors import KINDS
+
+    rows = "\n".join(f"  {kind:<8} {row.description}" for kind, row in KINDS.items())
+    return ("Register a board: KIND is one of the kinds below, or an http(s) URL (a url board).\n\n"
+            "The board must answer (its index or bucket can be listed; a local folder exists or can be made)\n"
+            "unless --no-check. A name that is taken, including the default board `local`, is replaced only\n"
+            "with --force (or when you say yes at the prompt).\n\n\b\nKinds:\n" + rows)
+
+
+@board.command("register", help=_register_help())
 @click.argument("kind")
 @click.option("--name", help="Name to register under (default: the kind, or a slug of the URL).")
 @click.option("--path", help="Folder of a local board, or prefix inside a bucket.")
@@ -87,15 +98,12 @@ def board() -> None:
 @click.option("--force", "-f", is_flag=True, help="Replace a board already registered under this name.")
 @click.option("--no-check", is_flag=True, help="Register without checking that the board answers.")
 def board_register_cmd(kind, name, path, url, bucket, endpoint_url, cache, no_versions, options, force, no_check):
-    """Register a board: KIND is local, datatxt, s3, gcs, azure, kaggle, or an http(s) URL.
-
-    The board must answer (its index or bucket can be listed; a local folder exists or can be made)
-    unless --no-check. A name that is taken, including the default board `local`, is replaced only
-    with --force (or when you say yes at the prompt).
-    """
-    from .constructors import board_from_spec, default_board_name
+    from .constructors import KINDS, board_from_spec, default_board_name, is_http_url, kinds_text
 
     kind_name = kind.lower()
+    if not is_http_url(kind) and kind_name not in KINDS:
+        raise click.BadParameter(f"{kind!r} is not a board kind; use one of {kinds_text()}", param_hint="KIND")
+    kind = kind if is_http_url(kind) else kind_name
     _require_options(kind_name, url=url, bucket=bucket)
     opts = {k: v for k, v in dict(path=path, url=url, bucket=bucket, endpoint_url=endpoint_url,
                                   cache=cache).items() if v is not None}
@@ -111,15 +119,16 @@ def board_register_cmd(kind, name, path, url, bucket, endpoint_url, cache, no_ve
                       + (f"; it replaces {replaced}" if replaced else "")))
 
 
-# Options a kind cannot do without, as the flags that give them.
-_REQUIRED = {"datatxt": ("url", "--url URL"), "s3": ("bucket", "--bucket NAME"), "gcs": ("bucket", "--bucket NAME"),
-             "gcloud": ("bucket", "--bucket NAME"), "azure": ("bucket", "--bucket CONTAINER")}
+# The flags that give the options a kind requires (`KINDS[kind].required`).
+_FLAGS = {"url": "--url URL", "bucket": "--bucket NAME"}
 
 
 def _require_options(kind: str, **given) -> None:
-    if kind in _REQUIRED:
-        key, flag = _REQUIRED[kind]
+    from .constructors import KINDS
+
+    for key in KINDS[kind].required if kind in KINDS else ():
         if not given.get(key):
+            flag = "--bucket CONTAINER" if kind == "azure" else _FLAGS.get(key, f"--option {key}=VALUE")
             raise click.UsageError(f"`board register {kind}` needs {flag}")
 
 
@@ -200,11 +209,12 @@ def board_repair_cmd(name, older_than):
     writers left (after a crash, or writes by tools that do not keep the index)."""
     from .errors import ReadOnlyBoard
 
-    b = registry.board_get(name)
-    if not hasattr(b, "rebuild_index"):
+    b = registry.resolve_board(name)
+    maintenance = b.maintenance
+    if maintenance is None:
         raise ReadOnlyBoard(f"board {name!r} ({b.kind}) has no index of its own to repair")
-    removed = b.sweep_temporaries(older_than=older_than)
-    count = b.rebuild_index(sweep=False)
+    removed = maintenance.sweep_temporaries(older_than=older_than)
+    count = maintenance.rebuild_index(sweep=False)
     extra = f"; removed {removed} abandoned temporary item(s)" if removed else ""
     click.echo(f"repaired board {name!r} ({b.describe()}): the index lists {count} pin(s){extra}")
 
@@ -250,7 +260,7 @@ def pin_cmd(paths, name, board, zip_, description):
     target = paths[0] if len(paths) == 1 else list(paths)
     if name is None and len(paths) > 1:
         raise click.UsageError("give --name when pinning several paths")
-    b = registry.board_get(board)
+    b = registry.resolve_board(board)
     pin_name = name or default_pin_name(target)
     result = b.pin(target, name=pin_name, zip=zip_, description=description)
     version = b.pin_versions(pin_name)["version"].iloc[-1]
@@ -289,7 +299,7 @@ def find_cmd(text, board, extended, as_json):
 @json_option
 def list_cmd(board, as_json):
     """The names of a board's pins, one per line (the default board unless --board)."""
-    names = registry.board_get(board).pin_list()
+    names = registry.resolve_board(board).pin_list()
     if as_json:
         click.echo(_json(names))
     else:

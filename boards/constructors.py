@@ -5,7 +5,7 @@ pins-python's names (`board_folder`, `board_local`, `board_temp`, `board_url`, `
 Each splits its options in two: the Board's own (`versions`/`versioned`, extraction bounds) and the
 storage's (everything else), so a backend never sees user-level policy. `board_from_spec` builds a
 board from `{"kind": ..., **options}`, which is how the registry, the CLI and Spark workers make
-boards; `registry.KINDS` maps each kind to one of the functions here.
+boards; `KINDS`, the one table of kinds, maps each kind to one of the functions here.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import os
 import re
 import tempfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import platformdirs
 
@@ -338,37 +338,105 @@ def board_kaggle(token: str | os.PathLike[str] | None = None, *, cache: Any = No
     return _board(storage, spec, name, {"cache": cache, **options})
 
 
-# ---- from a spec (the registry, the CLI, Spark workers) -----------------------------------------
-def _from_kind(kind: str, name: str, options: dict[str, Any]) -> Board:
-    """The board of `kind` with `board_register`'s options (bucket=, path=, url=, ...)."""
-    options = dict(options)
-    if kind in ("local", "folder"):
-        if kind == "folder" and options.get("path"):
-            return board_folder(options.pop("path"), options.pop("versions", True), name=name, **options)
-        return board_local(options.pop("versions", True), name=name, **options)
-    if kind in ("url", "datatxt"):
-        url = options.pop("url", None)
-        if not url:
-            raise BoardError(f"{kind} board {name!r} needs a url (the board's base URL)")
-        if kind == "url":
-            return board_url(url, options.pop("pins", None), name=name, **options)
-        return board_datatxt(url, name=name, **options)
-    if kind in ("s3", "gcs", "gcloud"):
-        bucket = options.pop("bucket", None)
-        if not bucket:
-            raise BoardError(f"{kind} board {name!r} needs a bucket")
+# ---- the kind table: the one list of board kinds (the registry, the CLI, docs and errors read it) ----
+class Kind(NamedTuple):
+    """One row of `KINDS`: how a kind's board is made from `board_register`'s options.
+
+    Args:
+        make: ``make(name, options)`` -> the `Board` (`options`: the spec without ``kind``).
+        required: The options the kind cannot do without (``url``, ``bucket``...).
+        description: One line for the CLI's help and the docs.
+    """
+
+    make: Callable[[str, dict[str, Any]], Board]
+    required: tuple[str, ...]
+    description: str
+
+
+def _need(kind: str, name: str, options: dict[str, Any], key: str, what: str) -> Any:
+    value = options.pop(key, None)
+    if not value:
+        raise BoardError(f"{kind} board {name!r} needs {what}")
+    return value
+
+
+def _make_local(name: str, options: dict[str, Any]) -> Board:
+    return board_local(options.pop("versions", True), name=name, **options)
+
+
+def _make_folder(name: str, options: dict[str, Any]) -> Board:
+    if options.get("path"):
+        return board_folder(options.pop("path"), options.pop("versions", True), name=name, **options)
+    return board_local(options.pop("versions", True), name=name, **options)
+
+
+def _make_url(name: str, options: dict[str, Any]) -> Board:
+    url = _need("url", name, options, "url", "a url (the board's base URL)")
+    return board_url(url, options.pop("pins", None), name=name, **options)
+
+
+def _make_datatxt(name: str, options: dict[str, Any]) -> Board:
+    return board_datatxt(_need("datatxt", name, options, "url", "a url (the board's base URL)"), name=name, **options)
+
+
+def _make_bucket(kind: str) -> Callable[[str, dict[str, Any]], Board]:
+    def make(name: str, options: dict[str, Any]) -> Board:
+        bucket = _need(kind, name, options, "bucket", "a bucket")
         return _bucket_board("gcs" if kind == "gcloud" else kind, bucket, options.pop("path", "") or "",
                              versioned=options.pop("versions", True), name=name, **options)
-    if kind == "azure":
-        container = options.pop("container", None) or options.pop("bucket", None)  # the CLI's --bucket
-        if not container:
-            raise BoardError(f"azure board {name!r} needs a container (container= or bucket=)")
-        return _azure_board(container, str(options.pop("path", "") or ""), versioned=options.pop("versions", True),
-                            name=name, **options)
-    if kind == "kaggle":
-        return board_kaggle(name=name, **options)
-    raise BoardError(f"unknown board kind {kind!r}; use one of local, folder, url, datatxt, s3, gcs, azure, kaggle "
-                     "or an http(s) URL")
+    return make
+
+
+def _make_azure(name: str, options: dict[str, Any]) -> Board:
+    container = options.pop("container", None) or options.pop("bucket", None)  # the CLI's --bucket
+    if not container:
+        raise BoardError(f"azure board {name!r} needs a container (container= or bucket=)")
+    return _azure_board(container, str(options.pop("path", "") or ""), versioned=options.pop("versions", True),
+                        name=name, **options)
+
+
+def _make_kaggle(name: str, options: dict[str, Any]) -> Board:
+    return board_kaggle(name=name, **options)
+
+
+# kind -> how its board is made. An http(s) URL given where a kind is expected is a "url" board.
+KINDS: dict[str, Kind] = {
+    "local": Kind(_make_local, (), "a folder (path=; default: the user data folder, $PINSTORM_BOARD)"),
+    "folder": Kind(_make_folder, (), "a folder (path=), as pins-python's board_folder"),
+    "url": Kind(_make_url, ("url",), "an http(s) board: its data.txt, else its _pins.yaml, or pins= paths"),
+    "datatxt": Kind(_make_datatxt, ("url",), "a read-only http(s) board indexed by data.txt"),
+    "s3": Kind(_make_bucket("s3"), ("bucket",), "an S3 bucket (bucket=, path= a prefix, endpoint_url=)"),
+    "gcs": Kind(_make_bucket("gcs"), ("bucket",), "a Google Cloud Storage bucket (bucket=, path=)"),
+    "gcloud": Kind(_make_bucket("gcloud"), ("bucket",), "the same as gcs"),
+    "azure": Kind(_make_azure, ("bucket",), "an Azure Blob container (container= or bucket=, path=)"),
+    "kaggle": Kind(_make_kaggle, (), "Kaggle datasets and competitions, read-only"),
+}
+"""The kind table, the one list of board kinds: kind -> `Kind` (its constructor, required options and a
+description). `board_register`, `board_from_spec`, ``pinstorm board register`` (its help and checks) and
+error messages read it; a new backend adds a row here. An http(s) URL where a kind is expected is a
+``url`` board."""
+
+
+def is_http_url(text: Any) -> bool:
+    """Whether `text` is an http(s) URL (where a kind is expected, a "url" board).
+
+    Args:
+        text: Anything.
+    """
+    return isinstance(text, str) and text.lower().startswith(("http://", "https://"))
+
+
+def kinds_text() -> str:
+    """The kinds as one phrase for help and error messages: ``local, folder, ... or an http(s) URL``."""
+    return ", ".join(KINDS) + " or an http(s) URL"
+
+
+def _from_kind(kind: str, name: str, options: dict[str, Any]) -> Board:
+    """The board of `kind` with `board_register`'s options (bucket=, path=, url=, ...)."""
+    row = KINDS.get(kind)
+    if row is None:
+        raise BoardError(f"unknown board kind {kind!r}; use one of {kinds_text()}")
+    return row.make(name, dict(options))
 
 
 def board_from_spec(spec: dict[str, Any], name: str | None = None) -> Board:
@@ -385,7 +453,7 @@ def board_from_spec(spec: dict[str, Any], name: str | None = None) -> Board:
     """
     options = {k: v for k, v in spec.items() if k != "kind"}
     kind = str(spec.get("kind") or "local")
-    if kind.startswith(("http://", "https://")):
+    if is_http_url(kind):
         options["url"] = kind
         kind = "url"
     board = _from_kind(kind, name or default_board_name(kind if kind != "url" else options["url"]), options)
@@ -395,7 +463,7 @@ def board_from_spec(spec: dict[str, Any], name: str | None = None) -> Board:
 
 def default_board_name(kind: str) -> str:
     """The name a board of `kind` (or an http(s) URL) gets when none is given."""
-    if kind.startswith(("http://", "https://")):
+    if is_http_url(kind):
         return _name_from_url(kind)
     return "gcs" if kind == "gcloud" else kind
 

@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable
 from .board import Board
 from .errors import BoardError
 from pinstorm.progress import progress_bar
-from .registry import board_get
+from .registry import resolve_board
 
 DEFAULT_THREADS = 16
 _ERROR_MODES = ("raise", "return")
@@ -124,7 +124,7 @@ def pin_get_many(names: Iterable[str], board: str | Board | None = None, paralle
         raise ValueError(f"errors must be one of {_ERROR_MODES}, got {errors!r}")
     names = list(dict.fromkeys(names))  # once each, in the order given
     options: dict[str, Any] = {"extract": extract, "cache": cache, "files": files, "download": download}
-    target = board_get(board)
+    target = resolve_board(board)
     results: dict[str, Any] = {}
     failures: dict[str, BaseException] = {}
     if not names:

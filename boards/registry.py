@@ -1,4 +1,6 @@
-"""Which boards exist: `board_register`, `board_deregister`, `board_list`, `board_get`.
+"""Which boards exist: `board_register`, `board_deregister`, `board_list`, `board_get`, and
+`resolve_board`, the one place a board argument (a name, None, `board://NAME`, an http(s) URL, a spec
+dict or a `Board`) becomes a `Board`.
 
 A board named "local" always exists. Registrations made in Python last for the process unless
 `persist=True`; the CLI persists them in a YAML file (`$PINSTORM_CONFIG`, else `boards.yaml` in
@@ -28,6 +30,7 @@ from filelock import FileLock
 from .safety import secrets
 from .board import Board
 from .constructors import board_from_spec, default_board_name, default_local_path  # noqa: F401 (cli shows the path)
+from .constructors import KINDS, is_http_url, kinds_text
 from .errors import BoardError, BoardNotRegistered
 
 _public = secrets.public  # the one rule for what may be saved (boards/safety/secrets.py)
@@ -35,7 +38,7 @@ _public = secrets.public  # the one rule for what may be saved (boards/safety/se
 ENV_CONFIG = "PINSTORM_CONFIG"
 DEFAULT_BOARD = "local"
 
-KINDS = ("local", "folder", "url", "datatxt", "s3", "gcs", "gcloud", "azure", "kaggle")  # or an http(s) URL
+BOARD_SCHEME = "board://"
 _lock = threading.RLock()
 _boards: dict[str, Board] = {}
 _specs: dict[str, dict[str, Any]] = {}
@@ -142,12 +145,14 @@ def board_register(board: str = "local", name: str | None = None, *, persist: bo
                    **options: Any) -> Board:
     """Register a board and return it.
 
-    `board` is a kind ("local", "datatxt", "s3", "gcs"/"gcloud", "azure", "kaggle") or an http(s) URL
-    of a data.txt board. Options go to the board: `path=`, `url=`, `cache=`, `versions=`, `bucket=`
+    `board` is a kind of the kind table `KINDS` (``local``, ``folder``, ``url``, ``datatxt``, ``s3``,
+    ``gcs``, ``gcloud``, ``azure``, ``kaggle``) or an http(s) URL (a ``url`` board). Options go to the
+    board: `path=`, `url=`, `cache=`, `versions=`, `bucket=`
     (`container=` for azure), ...
 
     Args:
-        board: The board's kind, or the http(s) URL of a data.txt board.
+        board: The board's kind (a key of `KINDS`), or an http(s) URL (a ``url`` board: data.txt, else
+            ``_pins.yaml``).
         name: The name to register it under (None: the kind, ``"gcs"`` for ``"gcloud"``, or a name made
             from the URL such as ``host-8000-team``). Registering a name again replaces the board.
         persist: Also save it to the config file (``$PINSTORM_CONFIG``, else ``boards.yaml`` in the user's
@@ -156,7 +161,12 @@ def board_register(board: str = "local", name: str | None = None, *, persist: bo
 
     Returns:
         The registered `Board`.
+
+    Raises:
+        BoardError: `board` is neither a kind of `KINDS` nor an http(s) URL, or a required option is missing.
     """
+    if not is_http_url(board) and board not in KINDS:
+        raise BoardError(f"unknown board kind {board!r}; use one of {kinds_text()}")
     name = name or default_board_name(board)
     with _lock:
         _ensure_loaded()
@@ -210,21 +220,41 @@ def board_names() -> list[str]:
     return [DEFAULT_BOARD] + sorted(names - {DEFAULT_BOARD})
 
 
-def board_get(name: str | Board | None = None) -> Board:
-    """The Board registered under `name` (the default "local" board for None).
+def resolve_board(board: str | dict[str, Any] | Board | None = None) -> Board:
+    """The one place that turns a board argument into a `Board`; every ``board=`` goes through it.
+
+    The rules: a `Board` is returned as it is; None is the default board ``"local"``; a registered
+    name is that board (made from its registration on first use); ``board://NAME`` is the board
+    registered as NAME (pipeline URLs ``board://NAME/PIN`` name it the same way); an http(s) URL is
+    a ``url`` board (the server's ``data.txt``, else its ``_pins.yaml``), made for this call and not
+    registered; a dict is a spec ``{"kind": ..., **options}`` (`board_from_spec`, kinds from `KINDS`).
+    The module-level read functions (`pin_get`, `pin_info`, ...) given None also look in the other
+    registered boards when ``local`` lacks the pin; that is a search, and it too starts here.
 
     Args:
-        name: A registered name, a `Board` (returned as it is), or None for ``"local"``.
+        board: A `Board`, None, a registered name, ``board://NAME``, an http(s) URL or a spec dict.
 
     Returns:
-        The `Board`, made from its registration on first use.
+        The `Board`.
 
     Raises:
-        BoardNotRegistered: No board is registered under `name`.
+        BoardNotRegistered: A name (or ``board://NAME``) that is not registered.
+        BoardError: A spec whose kind is not in `KINDS`, or an argument of another type.
     """
-    if isinstance(name, Board):
-        return name
-    name = name or DEFAULT_BOARD
+    if isinstance(board, Board):
+        return board
+    if isinstance(board, dict):
+        return board_from_spec(board)
+    if board is not None and not isinstance(board, str):
+        raise BoardError(f"a board must be a Board, a registered name, board://NAME, an http(s) URL or a spec "
+                         f"dict, not {type(board).__name__}")
+    if is_http_url(board):
+        return board_from_spec({"kind": "url", "url": board})
+    name = board or DEFAULT_BOARD
+    if name.startswith(BOARD_SCHEME):
+        name = name[len(BOARD_SCHEME):].strip("/")
+        if not name or "/" in name:
+            raise BoardError(f"expected board://<board-name>, got {board!r}")
     with _lock:
         _ensure_loaded()
         if name in _boards:
@@ -238,6 +268,22 @@ def board_get(name: str | Board | None = None) -> Board:
             return _boards[name]
     raise BoardNotRegistered(f"board {name!r} is not registered; register it with board_register() or "
                              f"`pinstorm board register` (registered: {', '.join(board_names())})")
+
+
+def board_get(name: str | Board | None = None) -> Board:
+    """The Board registered under `name` (the default "local" board for None); `resolve_board`'s rules.
+
+    Args:
+        name: A registered name, a `Board` (returned as it is), None for ``"local"``, or any other
+            form `resolve_board` takes.
+
+    Returns:
+        The `Board`, made from its registration on first use.
+
+    Raises:
+        BoardNotRegistered: No board is registered under `name`.
+    """
+    return resolve_board(name)
 
 
 def board_list() -> list[str]:

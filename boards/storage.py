@@ -4,8 +4,9 @@
 (`fs_board.FolderStorage`), a bucket (`cloud.BucketStorage`), an HTTP data.txt or `_pins.yaml` site
 (`datatxt_board.DatatxtStorage`, `url_board.UrlStorage`), Kaggle (`kaggle_board.KaggleStorage`) —
 subclasses `StorageBase`, which gives the read-only and no-index defaults, and overrides what it can
-do. A new backend goes here: implement the primitives, add a constructor in `constructors.py`, a kind
-in `registry.KINDS`, and run the board tests against a real server for it.
+do. A new backend goes here: implement the primitives, add a constructor in `constructors.py`, a row
+in the kind table `constructors.KINDS` (the registry, the CLI and error messages read it), and run
+the board tests against a real server for it.
 """
 
 from __future__ import annotations
@@ -159,6 +160,30 @@ class Storage(Protocol):
             action: What was refused: ``"pin"``, ``"remove"``, ...
             name: The pin's name (None: the board as a whole).
         """
+
+
+@runtime_checkable
+class Maintenance(Protocol):
+    """Storage maintenance: what a backend with an index of its own (folders, buckets) also does.
+
+    `Board.maintenance` is the storage when it implements these, else None; `Board.rebuild_index`,
+    `Board.sweep_temporaries` and `Board.stored_versions` call them (`pinstorm board repair`).
+    """
+
+    def rebuild_index(self, sweep: bool = True) -> int:
+        """Rebuild data.txt from the stored versions; returns the number of pins listed.
+
+        Args:
+            sweep: Also remove abandoned temporaries first.
+        """
+    def sweep_temporaries(self, older_than: float = ...) -> int:
+        """Remove abandoned staging folders (and, on buckets, unfinished versions); returns how many.
+
+        Args:
+            older_than: Seconds; only what is at least this old.
+        """
+    def stored_versions(self) -> dict[str, list[str]]:
+        """Pin name -> version names, from the stored files (not the index)."""
 
 
 class StorageBase:

@@ -10,6 +10,7 @@ from pinstorm.extras import ensure
 
 ensure("PIL", "pipeline", "pinstorm.pipeline")
 
+from .contracts import DataMap, DatasetInfo
 from .convert import ConvertResult, DatasetExistsError, convert
 from .epochs import shard_row_groups
 from .errors import InvalidPipelineInput, PipelineError
@@ -27,7 +28,7 @@ from .verify import CHECKSUMMED, CorruptPartError, MissingPartError, open_part, 
 
 __all__ = [
     "scan", "repartition", "imagenet_partition", "convert", "make_dataset", "dataset_position", "DatasetPosition",
-    "dataset_info", "make_digits_tree",
+    "dataset_info", "make_digits_tree", "DatasetInfo", "DataMap",
     "Layout", "LayoutError", "ConvertResult", "DatasetExistsError", "IncompleteDatasetError",
     "IncompleteEpochError", "UndecodableImage", "check_image", "digits_quirks", "imagenet_size_jpegs",
     "make_imagenet_size_tree", "EmptyClassesWarning", "CorruptPartError", "MissingPartError", "verify_dataset",

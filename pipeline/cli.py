@@ -110,12 +110,16 @@ def convert(source, output, partitions, split, slice_, classes_from, row_group_s
     if quality is not None and max_side is None:
         raise click.BadParameter("--quality sets the quality of images --max-side downscales; give --max-side",
                                  param_hint="--quality")
+    board_slice = {}
     if is_board_url(source):
         board = source[len("board://"):].strip("/")
         if "/" in board:
             board, _ = parse_board_url(source)
         index, count = _partition(slice_) if slice_ else (0, 1)
-        source_obj = imagenet_partition(index, count, board)
+        if spark_master:   # the executors fetch the categories from the board, not this machine
+            source_obj, board_slice = f"board://{board}", {"partition": (index, count)}
+        else:
+            source_obj = imagenet_partition(index, count, board)
     else:
         if slice_:
             raise click.BadParameter("--partition needs a board:// SOURCE", param_hint="--partition")
@@ -131,7 +135,7 @@ def convert(source, output, partitions, split, slice_, classes_from, row_group_s
     try:
         result = run(source_obj, output, partitions=partitions, split=split, classes=classes, seed=seed,
                      row_group_size_mb=row_group_size_mb, min_row_groups=min_row_groups, parallel=parallel,
-                     overwrite=overwrite, **limits)
+                     overwrite=overwrite, **limits, **board_slice)
     finally:
         if session is not None:
             session.stop()

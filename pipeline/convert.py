@@ -55,9 +55,10 @@ from typing import Callable
 
 import xxhash
 
+from .contracts import DataMap
 from .errors import InvalidPipelineInput, PipelineError
 from .images import DEFAULT_MAX_PIXELS, DOWNSCALE_QUALITY, UndecodableImage, check_image, decode_cost, read_header
-from .layout import EmptyClassesWarning, Layout, scan
+from .layout import EmptyClassesWarning, Layout, is_image_name, scan
 from .metadata import (ARROW_SCHEMA, COMMON_METADATA, FORMAT_VERSION, PART_PREFIX, PROGRESS, REPORT, TMP_PREFIX,
                        part_name, read_info, write_common_metadata)
 from pinstorm.progress import progress_bar
@@ -171,6 +172,71 @@ def _binary_file_map(df) -> dict:
     return {"image": local, "category": categories, "classes": sorted(set(categories))}
 
 
+_LABEL_FILE_LIMIT = 256 * 2**20   # LOC_val_solution.csv is ~10 MB for ImageNet
+
+
+def is_remote_tree(source) -> bool:
+    """A tree given as an fsspec URL other than a local folder or a board (``s3://bucket/tree``)."""
+    from urllib.parse import urlparse
+
+    if not isinstance(source, str) or is_board_url(source) or "://" not in source:
+        return False
+    return urlparse(source).scheme not in ("", "file")
+
+
+def scan_remote(url: str, storage_options: dict | None = None) -> tuple[Layout, dict[str, int]]:
+    """`scan` of a tree in a bucket (any fsspec URL): (a Layout whose paths are URLs, {URL: size}).
+
+    One listing of the tree (names and sizes, no image read) is mirrored as empty files in a private
+    temporary folder, with the two small label files (``LOC_synset_mapping.txt``,
+    ``LOC_val_solution.csv``) copied, and `scan` reads that: the very rules, classes and order of a
+    local scan. A URL carrying a password or a secret query value is refused: every image path (hence
+    the report) starts with the URL, so credentials go in `storage_options`."""
+    if secrets.has_secret(url):
+        raise InvalidPipelineInput(f"{secrets.redact_url(url)}: put credentials in storage_options, not in the "
+                                   "tree's URL (each image's path, written in the report, starts with it)")
+    location = resolve(url, storage_options)
+    fs, root = location.fs, location.path
+    listing = fs.find(root, withdirs=True, detail=True)
+    prefix = location.url          # the URL as given: the executors open each image by it
+    staging = Path(tempfile.mkdtemp(prefix="pinstorm-scan-"))
+    sizes: dict[str, int] = {}
+    try:
+        mirror = staging / "tree"
+        mirror.mkdir()
+        for path, detail in sorted(listing.items()):
+            relative = path[len(root):].strip("/")
+            if not relative or any(part in ("", ".", "..") for part in relative.split("/")):
+                continue
+            target = mirror / relative
+            if detail.get("type") == "directory":
+                target.mkdir(parents=True, exist_ok=True)
+                continue
+            name = os.path.basename(relative)
+            if name in ("LOC_synset_mapping.txt", "LOC_val_solution.csv"):
+                if int(detail.get("size") or 0) > _LABEL_FILE_LIMIT:
+                    raise InvalidPipelineInput(f"{secrets.redact_url(url)}/{relative}: larger than "
+                                               f"{_LABEL_FILE_LIMIT // 2**20} MB")
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(fs.cat_file(path))
+            elif is_image_name(name):
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.touch()
+                sizes[f"{prefix}/{relative}"] = int(detail.get("size") or 0)
+        layout = scan(mirror)
+        local = str(mirror)
+
+        def remote(path: str) -> str:
+            return prefix + path[len(local):]
+
+        layout = Layout(prefix, layout.kind, [(remote(p), w) for p, w in layout.train],
+                        [(remote(p), w) for p, w in layout.val], layout.classes, layout.names,
+                        [remote(p) for p in layout.unlabelled], layout.empty_classes)
+        return layout, sizes
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
 def _source_items(source, classes, split):
     """(items [(path, wnid)], classes, names, description, scope) from a Layout, a data map or a folder.
 
@@ -185,22 +251,20 @@ def _source_items(source, classes, split):
         description = f"{source.root} ({source.kind}, {split})"
         scope = None
     elif isinstance(source, Mapping):
-        missing = {"image", "category"} - set(source)
-        if missing:
+        data_map = DataMap.from_source(source)   # a DataMap or a plain dict with its keys
+        if data_map is None:
+            missing = {"image", "category"} - set(source)
             raise InvalidPipelineInput(f"a data map needs keys 'image' and 'category'; missing {sorted(missing)}")
-        images, categories = list(source["image"]), list(source["category"])
-        if len(images) != len(categories):
-            raise InvalidPipelineInput(f"data map: {len(images)} images but {len(categories)} categories")
-        items = [(os.fspath(p), str(c)) for p, c in zip(images, categories)]
+        items = list(zip(data_map.image, data_map.category))
         # `classes` (all wnids, set by imagenet_partition) keeps labels global when one slice is converted.
-        default_classes = list(source.get("classes") or source.get("categories") or [])
+        default_classes = data_map.label_classes()
         if not default_classes and classes is None:
-            default_classes = sorted(set(categories))
+            default_classes = sorted(set(data_map.category))
             log.warning("data map without `classes`: labels number its own %d categories; pass classes= (or "
                         "a map from imagenet_partition) so that other conversions agree", len(default_classes))
-        names = dict(source.get("names") or {})
+        names = dict(data_map.names or {})
         description = f"data map of {len(items)} images"
-        scope = [str(c) for c in source["categories"]] if source.get("categories") is not None else None
+        scope = [str(c) for c in data_map.categories] if data_map.categories is not None else None
     else:
         raise InvalidPipelineInput(f"source must be a Layout, a data map or a folder, not {type(source).__name__}")
     if not items:
@@ -233,7 +297,7 @@ class _Plan:
         return range(part * per_part, (part + 1) * per_part)
 
 
-def _plan(items, classes, partitions, row_group_size_mb, min_row_groups, seed, limits=()) -> _Plan:
+def _plan(items, classes, partitions, row_group_size_mb, min_row_groups, seed, limits=(), sizes=None) -> _Plan:
     if partitions < 1:
         raise InvalidPipelineInput(f"partitions must be at least 1, got {partitions}")
     n = len(items)
@@ -243,13 +307,13 @@ def _plan(items, classes, partitions, row_group_size_mb, min_row_groups, seed, l
     rows = sorted((path, wnid, label_of[wnid]) for path, wnid in items)
     random.Random(seed).shuffle(rows)
 
-    sizes = []
+    known_sizes, sample = sizes, []   # `sizes`: {path: bytes} of a listed remote tree
     for path, _, _ in rows[:256]:   # already shuffled: a fair sample
         try:
-            sizes.append(os.path.getsize(path))
-        except OSError:
+            sample.append(known_sizes[path] if known_sizes is not None else os.path.getsize(path))
+        except (OSError, KeyError):
             pass
-    mean_bytes = max(1.0, sum(sizes) / len(sizes)) if sizes else 110e3
+    mean_bytes = max(1.0, sum(sample) / len(sample)) if sample else 110e3
     rows_per_group = max(1, int(row_group_size_mb * 2**20 / mean_bytes))
     groups = max(math.ceil(n / rows_per_group), min(min_row_groups, n), partitions)
     groups = math.ceil(groups / partitions) * partitions
@@ -322,13 +386,14 @@ _malloc_trim = None
 _READ_WHOLE_BELOW = 16 * 2**20   # smaller files are read at once and their header parsed once
 
 
-def _load(row, max_pixels, budget, max_side=None, quality=DOWNSCALE_QUALITY):
+def _load(row, max_pixels, budget, max_side=None, quality=DOWNSCALE_QUALITY, fs=None):
     """Read and check one file: (row, CheckedImage) or (row, reason it was skipped).
 
     The decode waits for its share of the memory budget, computed from the header before any pixel is
     decoded. A file over 16 MB has its header read first, so an image too large for `max_pixels` is
     refused without reading it whole; a smaller one is read at once and its header parsed once, by
     `check_image` (a second parse cost ~5 % of the check, pure Python under the GIL).
+    `fs`: the fsspec filesystem of a remote tree (paths are its URLs); the same bounds hold.
     """
     path = row[0]
     name = os.path.basename(path)
@@ -342,8 +407,9 @@ def _load(row, max_pixels, budget, max_side=None, quality=DOWNSCALE_QUALITY):
 
     check = functools.partial(check_image, name=name, max_pixels=max_pixels, max_side=max_side, quality=quality)
     try:
-        with open(path, "rb") as handle:
-            size = os.fstat(handle.fileno()).st_size
+        with (open(path, "rb") if fs is None else fs.open(path, "rb")) as handle:
+            size = os.fstat(handle.fileno()).st_size if fs is None else int(getattr(handle, "size", None)
+                                                                              or fs.size(path) or 0)
             if size == 0:
                 return row, "empty file"
             if size < _READ_WHOLE_BELOW:
@@ -384,7 +450,8 @@ def _loaded_groups(groups, pool, load):
             future.cancel()
 
 
-def write_part_file(location, name: str, groups, advance=None, tmp_name: str | None = None) -> dict:
+def write_part_file(location, name: str, groups, advance=None, tmp_name: str | None = None,
+                    extra_fields=None) -> dict:
     """Write part `name` in `location` from `groups`: an iterable of row groups, each an iterable of
     ``((path, wnid, label), checked)`` pairs where `checked` is a `CheckedImage` or the reason the file
     was skipped. Returns the part's progress entry (rows, row groups, checksums, skipped, re-encoded).
@@ -392,11 +459,16 @@ def write_part_file(location, name: str, groups, advance=None, tmp_name: str | N
     The part is written under `tmp_name` (default ``_tmp.<name>``) and renamed into place when whole, so
     a reader (or a retried writer: the Spark converter gives each attempt its own `tmp_name`) never
     sees half a part. `convert` and the Spark converter both write every part through here.
+    `extra_fields` (Arrow fields; the Spark converter's extra DataFrame columns): each pair then carries a
+    third item, the row's values of those columns, stored after pinstorm's six columns.
     """
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     tmp = location.join(tmp_name or TMP_PREFIX + name)
+    extra_fields = list(extra_fields or [])
+    schema = pa.schema(list(ARROW_SCHEMA) + extra_fields, metadata=ARROW_SCHEMA.metadata) if extra_fields \
+        else ARROW_SCHEMA
     entry = {"rows": 0, "row_group_rows": [], "row_group_xxh3": [], "skipped": [], "reencoded": [],
              "class_rows": {}}
     # A native file for local folders: pyarrow then writes without Python file objects (or the GIL).
@@ -404,14 +476,16 @@ def write_part_file(location, name: str, groups, advance=None, tmp_name: str | N
     try:
         with (pa.OSFile(tmp, "wb") if location.is_local else _Hashing(location.fs.open(tmp, "wb"), file_digest)) \
                 as handle:
-            writer = pq.ParquetWriter(handle, ARROW_SCHEMA, compression={"image": "NONE", "label": "SNAPPY",
-                                      "wnid": "SNAPPY", "filename": "SNAPPY", "height": "SNAPPY", "width": "SNAPPY"},
+            writer = pq.ParquetWriter(handle, schema, compression={"image": "NONE", "label": "SNAPPY",
+                                      "wnid": "SNAPPY", "filename": "SNAPPY", "height": "SNAPPY", "width": "SNAPPY",
+                                      **{extra.name: "SNAPPY" for extra in extra_fields}},
                                       use_dictionary=["wnid"], write_statistics=["label", "height", "width"],
                                       **writer_options())
             try:
                 for group in groups:
-                    columns = {key: [] for key in ARROW_SCHEMA.names}
-                    for (path, wnid, label), checked in group:
+                    columns = {key: [] for key in schema.names}
+                    for item in group:
+                        (path, wnid, label), checked = item[0], item[1]
                         if advance is not None:
                             advance(1)
                         if isinstance(checked, str):
@@ -428,10 +502,12 @@ def write_part_file(location, name: str, groups, advance=None, tmp_name: str | N
                         columns["filename"].append(os.path.basename(path))
                         columns["height"].append(checked.height)
                         columns["width"].append(checked.width)
+                        for extra, value in zip(extra_fields, item[2] if extra_fields else ()):
+                            columns[extra.name].append(value)
                         entry["class_rows"][wnid] = entry["class_rows"].get(wnid, 0) + 1
                     if not columns["image"]:
                         continue   # every file of this row group was broken: no empty row group
-                    table = pa.Table.from_pydict(columns, schema=ARROW_SCHEMA)
+                    table = pa.Table.from_pydict(columns, schema=schema)
                     writer.write_table(table, row_group_size=len(table))
                     entry["rows"] += len(table)
                     entry["row_group_rows"].append(len(table))
@@ -551,7 +627,7 @@ def convert(source, output_url, *, partitions: int = 1, row_group_size_mb: float
             progress: bool | None = None, on_part: Callable[[str, dict], None] | None = None,
             description: str | None = None, max_pixels: int | None = DEFAULT_MAX_PIXELS,
             memory_budget_mb: float = DEFAULT_MEMORY_BUDGET_MB, max_side: int | None = None,
-            quality: int = DOWNSCALE_QUALITY, spark=None) -> ConvertResult:
+            quality: int = DOWNSCALE_QUALITY, spark=None, partition: tuple[int, int] | None = None) -> ConvertResult:
     """Convert images to a petastorm-format Parquet dataset at `output_url`; return a `ConvertResult`.
 
     `source`: a `Layout` (from `scan`), a data map ``{image: [paths], category: [wnids], ...}`` (from
@@ -582,6 +658,9 @@ def convert(source, output_url, *, partitions: int = 1, row_group_size_mb: float
     cluster, a bucket); give `partitions` >= the executors' task slots, as parts are the unit of work.
     `source` may also be a ``spark.read.format("binaryFile")`` DataFrame of a class-per-folder tree
     (labels: the folder names, sorted, unless `classes`); it is converted on its own session.
+    `source` may be a tree's fsspec URL (``s3://bucket/tree``, read with `storage_options`): listed here,
+    each image read from there by whoever writes its part; or ``board://<board>`` of `repartition`'s
+    category pins (`partition` picks a slice): with `spark` the executors fetch the pins themselves.
 
     A conversion interrupted part-way resumes: parts already stored whole (same inputs and settings) are
     kept, and a finished dataset of the same inputs and settings is returned as it is.
@@ -609,6 +688,8 @@ def convert(source, output_url, *, partitions: int = 1, row_group_size_mb: float
         max_side: Downscale images whose longer side exceeds it (None: store every normal JPEG byte for byte).
         quality: JPEG quality of downscaled or re-encoded images.
         spark: A SparkSession: parts are written by Spark tasks on the executors (the ``spark`` extra).
+        partition: With a ``board://<board>`` source, ``(i, n)``: categories slice i of n, as
+            `imagenet_partition` cuts them (None: the whole board).
 
     Returns:
         A `ConvertResult`: where the dataset is, its rows, classes and parts, and what was skipped or resized.
@@ -630,15 +711,37 @@ def convert(source, output_url, *, partitions: int = 1, row_group_size_mb: float
     if hasattr(source, "sparkSession") and hasattr(source, "columns"):   # a Spark DataFrame: binaryFile's
         spark = spark if spark is not None else source.sparkSession
         source = _binary_file_map(source)
+    sizes = source_url = source_fs = board_fetch = None
+    if is_board_url(source):     # categories slice `partition` of a `repartition` board
+        board = source[len("board://"):].strip("/")
+        if not board or "/" in board:
+            raise InvalidPipelineInput(f"{source}: a board source is board://<board> (a board made by repartition)")
+        index, count = partition if partition is not None else (0, 1)
+        if spark is None:
+            from .repartition import imagenet_partition
+
+            source = imagenet_partition(index, count, board)
+        else:                    # the executors fetch the categories, the driver sees their names
+            source, sizes, board_fetch = board_map_on_spark(spark, board, index, count)
+    elif partition is not None:
+        raise InvalidPipelineInput("partition= slices the categories of a board:// source")
+    elif is_remote_tree(source):   # a tree in a bucket: listed here, each image read by whoever writes its part
+        source_url = source
+        source, sizes = scan_remote(source_url, storage_options)
+        source_fs = resolve(source_url, storage_options).fs
     items, classes, names, source_description, scope = _source_items(source, classes, split)
     limits = [max_pixels] if max_side is None else [max_pixels, int(max_side), int(quality)]
-    plan = _plan(items, classes, partitions, row_group_size_mb, min_row_groups, seed, limits)
+    plan = _plan(items, classes, partitions, row_group_size_mb, min_row_groups, seed, limits, sizes)
     budget = _MemoryBudget(memory_budget_mb * 2**20)
-    load = functools.partial(_load, max_pixels=max_pixels, budget=budget, max_side=max_side, quality=quality)
+    load = functools.partial(_load, max_pixels=max_pixels, budget=budget, max_side=max_side, quality=quality,
+                             fs=source_fs)
     on_spark = {}
     if spark is not None:
         on_spark = {"spark": spark, "load_options": {"max_pixels": max_pixels, "memory_budget_mb": memory_budget_mb,
-                                                     "max_side": max_side, "quality": quality}}
+                                                     "max_side": max_side, "quality": quality,
+                                                     "source_url": source_url,
+                                                     "source_storage_options": storage_options if source_url else None,
+                                                     "board_fetch": board_fetch}}
         if is_board_url(output_url) and not spark.sparkContext.master.startswith("local"):
             raise InvalidPipelineInput(f"{output_url}: a board output is staged on the driver's disk, which the executors of "
                              f"{spark.sparkContext.master} may not share; convert to a bucket or shared folder on "
@@ -687,11 +790,19 @@ def _attempt_tmp_name(name: str) -> str:
     return f"{TMP_PREFIX}{name}.{token}"
 
 
-def _convert_parts_task(jobs, *, url, storage_options, parallel, max_pixels, memory_budget_mb, max_side, quality):
-    """Write the parts of `jobs` [(name, [row group rows])] with `convert`'s own reader and writer."""
+def _convert_parts_task(jobs, *, url, storage_options, parallel, max_pixels, memory_budget_mb, max_side, quality,
+                        source_url=None, source_storage_options=None, board_fetch=None):
+    """Write the parts of `jobs` [(name, [row group rows])] with `convert`'s own reader and writer; the
+    images of a remote tree (`source_url`) are read from it here, on the executor, and the categories of
+    a board (`board_fetch`) fetched from it here, through this machine's cache."""
+    jobs = list(jobs)
+    if board_fetch:
+        jobs = _refetched(jobs, **board_fetch)
     location = resolve(url, storage_options)
     budget = _MemoryBudget(memory_budget_mb * 2**20)
-    load = functools.partial(_load, max_pixels=max_pixels, budget=budget, max_side=max_side, quality=quality)
+    source_fs = resolve(source_url, source_storage_options).fs if source_url else None
+    load = functools.partial(_load, max_pixels=max_pixels, budget=budget, max_side=max_side, quality=quality,
+                             fs=source_fs)
     with ThreadPoolExecutor(max_workers=parallel or os.cpu_count() or 2) as pool:
         for name, groups in jobs:
             groups = [[(str(path), str(wnid), int(label)) for path, wnid, label in rows] for rows in groups]
@@ -734,6 +845,70 @@ def _run_job(spark, description: str, rdd, storage_options=None) -> list:
         sc.setJobDescription(None)
 
 
+def _category_pins(board_spec, board_name, wnids):
+    """{wnid: (folder, [(file relative to folder, size)])} of category pins fetched (through this
+    machine's cache) from the board, on whichever machine runs this."""
+    from .repartition import category_files
+
+    board = boards.board_from_spec(board_spec, name=board_name)
+    fetched = boards.pin_get_many(list(wnids), board=board, extract=True)
+    out = {}
+    for wnid in wnids:
+        files = category_files(fetched[wnid])
+        if not files:
+            out[wnid] = ("", [])
+            continue
+        folder = os.path.commonpath([os.path.dirname(f) for f in files])
+        out[wnid] = (folder, [(os.path.relpath(f, folder), os.path.getsize(f)) for f in files])
+    return out
+
+
+def _fetch_categories_task(wnids, *, board_spec, board_name):
+    """Spark task: fetch these categories on the executor; yield (wnid, (folder, files)) (names only)."""
+    yield from _category_pins(board_spec, board_name, list(wnids)).items()
+
+
+def board_map_on_spark(spark, board: str, partition: int = 0, partitions: int = 1) -> tuple[dict, dict, dict]:
+    """The data map of categories slice `partition`/`partitions` of a `repartition` board, its pins fetched
+    by the executors (one Spark job; only file names and sizes reach the driver): (data map as
+    `imagenet_partition` returns it, {path: size}, what the part tasks need to fetch them again)."""
+    from .repartition import category_slice
+
+    handle = boards.resolve_board(board)
+    spec, name = handle.spec, handle.name
+    classes, mine, wanted, names = category_slice(partition, partitions, handle)
+    found: dict = {}
+    if wanted:
+        tasks = max(1, min(len(wanted), spark.sparkContext.defaultParallelism))
+        task = functools.partial(_fetch_categories_task, board_spec=spec, board_name=name)
+        rdd = spark.sparkContext.parallelize(wanted, tasks).mapPartitions(task)
+        found = dict(_run_job(spark, f"pinstorm convert: fetch {len(wanted)} categories of board {name}", rdd,
+                              {"board": spec}))
+    image, category, sizes, folders = [], [], {}, {}
+    for wnid in wanted:
+        folder, files = found[wnid]
+        folders[wnid] = folder
+        for relative, size in files:
+            path = os.path.join(folder, relative)
+            image.append(path)
+            category.append(wnid)
+            sizes[path] = size
+    data = {"image": image, "category": category, "categories": mine, "classes": classes, "names": names}
+    return data, sizes, {"board_spec": spec, "board_name": name, "folders": folders}
+
+
+def _refetched(jobs, board_spec, board_name, folders):
+    """`jobs` with each image path moved to where this executor's fetch of its category put it (the same
+    place on the machine that listed it)."""
+    wnids = sorted({str(wnid) for _, groups in jobs for rows in groups for _, wnid, _ in rows})
+    here = {wnid: folder for wnid, (folder, _) in _category_pins(board_spec, board_name, wnids).items()}
+    moved = []
+    for name, groups in jobs:
+        moved.append((name, [[(here[str(wnid)] + str(path)[len(folders[str(wnid)]):], wnid, label)
+                              for path, wnid, label in rows] for rows in groups]))
+    return moved
+
+
 def _remove_attempt_temporaries(location) -> list[str]:
     """Remove the temporary part files of task attempts that died (the folder holds only pinstorm's files)."""
     location.fs.invalidate_cache(location.path)
@@ -747,7 +922,8 @@ def _remove_attempt_temporaries(location) -> list[str]:
 
 
 def write_parts_on_spark(spark, location, plan, todo, stored, *, parallel=None, max_pixels=DEFAULT_MAX_PIXELS,
-                         memory_budget_mb=1024, max_side=None, quality=DOWNSCALE_QUALITY) -> None:
+                         memory_budget_mb=1024, max_side=None, quality=DOWNSCALE_QUALITY, source_url=None,
+                         source_storage_options=None, board_fetch=None) -> None:
     """`convert`'s parts `todo` of `plan`, one Spark task each; `stored(name, entry)` for each, in part order."""
     if not todo:
         return
@@ -756,10 +932,12 @@ def write_parts_on_spark(spark, location, plan, todo, stored, *, parallel=None, 
             for part in todo]
     task = functools.partial(_convert_parts_task, url=location.url, storage_options=location.storage_options,
                              parallel=parallel, max_pixels=max_pixels, memory_budget_mb=memory_budget_mb,
-                             max_side=max_side, quality=quality)
+                             max_side=max_side, quality=quality, source_url=source_url,
+                             source_storage_options=source_storage_options, board_fetch=board_fetch)
     rdd = spark.sparkContext.parallelize(jobs, len(jobs)).mapPartitions(task)
-    results = dict(_run_job(spark, f"pinstorm convert: {len(jobs)} part(s) to {location.url}", rdd,
-                            location.storage_options))
+    hidden = dict(location.storage_options or {}, source=source_storage_options or {},
+                  board=(board_fetch or {}).get("board_spec") or {})
+    results = dict(_run_job(spark, f"pinstorm convert: {len(jobs)} part(s) to {location.url}", rdd, hidden))
     missing = [name for name, _ in jobs if name not in results]
     if missing:   # cannot happen with a finished job; never commit a dataset short of a part
         raise SparkConverterError(f"{location.url}: the Spark job returned no result for {', '.join(missing[:5])}")

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import random
 import warnings
+from collections.abc import Mapping
 
 import numpy as np
 
+from .contracts import DatasetInfo
 from .errors import InvalidPipelineInput, PipelineError
 from .metadata import check_petastorm_metadata, petastorm_guard, read_info
 from .options import ReaderOptionError, ReaderOptions
@@ -31,7 +33,7 @@ class IncompleteEpochError(PipelineError, RuntimeError):
     """An epoch that delivered a different number of rows than the dataset (or shard) holds."""
 
 
-def shard_row_groups(info: dict, shard) -> list[int]:
+def shard_row_groups(info: DatasetInfo | Mapping, shard) -> list[int]:
     """Global row-group indexes of one shard: index % count == shard index (petastorm's rule).
 
     Every reader, and training's step count for each rank, cuts an epoch with this one rule.
@@ -46,7 +48,8 @@ def shard_row_groups(info: dict, shard) -> list[int]:
     Raises:
         InvalidPipelineInput: A malformed shard, or more shards than row groups.
     """
-    groups = info["row_groups"]
+    info = DatasetInfo.from_dict(info)   # a plain dict too (as returned before DatasetInfo)
+    groups = info.row_groups
     if shard is None:
         return list(range(groups))
     try:
@@ -56,7 +59,7 @@ def shard_row_groups(info: dict, shard) -> list[int]:
     if count < 1 or not 0 <= index < count:
         raise InvalidPipelineInput(f"shard index must be in [0, {count}), got {shard!r}")
     if count > groups:
-        raise InvalidPipelineInput(f"{info.get('url', 'dataset')} has {groups} row groups, fewer than {count} "
+        raise InvalidPipelineInput(f"{info.url or 'dataset'} has {groups} row groups, fewer than {count} "
                                    "shards: some workers would get no data; convert with more partitions or a "
                                    "smaller row_group_size_mb")
     return [g for g in range(groups) if g % count == index]
@@ -106,11 +109,12 @@ def open_epochs(url, shard, *, shuffle: bool, seed: int | None, engine: str = "p
     info = read_info(location)
     if engine == "petastorm":
         check_petastorm_metadata(location, info)   # before petastorm could unpickle anything
-    info["url"] = location.url
+    info = info.with_changes(url=location.url)
     groups = shard_row_groups(info, shard)
     if not verify:
-        info["files"] = {name: {k: v for k, v in entry.items() if k not in ("footer_xxh3", "row_group_xxh3")}
-                         for name, entry in info["files"].items()}
+        info = info.with_changes(files={name: {k: v for k, v in entry.items() if k not in ("footer_xxh3",
+                                                                                          "row_group_xxh3")}
+                                        for name, entry in info.files.items()})
     elif not verified(info):
         log.warning("%s: written by an older pinstorm, without checksums; convert it again to have its parts "
                     "verified", location.url)
@@ -125,11 +129,11 @@ def open_epochs(url, shard, *, shuffle: bool, seed: int | None, engine: str = "p
     return source
 
 
-def default_shuffle_buffer(info: dict, rows: int, groups: int, share: int = 1) -> int:
+def default_shuffle_buffer(info: DatasetInfo, rows: int, groups: int, share: int = 1) -> int:
     """Rows in a shuffle buffer over `rows` rows in `groups` row groups: ~4 row groups, at least 1024
     rows, at most ~256 MB of JPEGs (divided by `share` when that many buffers are held at once)."""
     mean_rows = max(1, rows // max(1, groups))
-    mean_bytes = max(1, info["bytes"] // max(1, info["rows"]))
+    mean_bytes = max(1, info.bytes // max(1, info.rows))
     return max(1, min(rows, max(1024, 4 * mean_rows), max(256, 2**28 // mean_bytes // max(1, share))))
 
 
@@ -145,15 +149,15 @@ class EpochSource:
 
     def __init__(self, location, info, shard, groups, *, shuffle, base_seed, engine, retries, workers):
         self.location, self.info, self.shard, self.groups = location, info, shard, groups
-        self.expected = sum(info["row_group_rows"][g] for g in groups)
+        self.expected = sum(info.row_group_rows[g] for g in groups)
         self.shuffle, self.base_seed, self.engine = shuffle, base_seed, engine
         self.retries, self.workers = retries, workers
         self.where = self.location.url   # the part and row group whose rows were yielded last (pyarrow engine)
         self.parts = None   # a `part_cache.PartCache` when streaming: parts are read from local copies
 
     def part_names(self, groups=None) -> list[str]:
-        names = sorted(self.info["files"])
-        where = [name for name in names for _ in range(self.info["files"][name]["row_groups"])]
+        names = sorted(self.info.files)
+        where = [name for name in names for _ in range(self.info.files[name]["row_groups"])]
         return sorted({where[g] for g in (self.groups if groups is None else groups)})
 
     def __call__(self, epoch, split=None):
@@ -162,7 +166,7 @@ class EpochSource:
             raise InvalidPipelineInput("only the pyarrow engine reads an epoch in splits")
         seed = epoch_seed(self.base_seed, epoch)
         order = epoch_order(self.groups, seed, self.shuffle, split) if split is not None else None
-        expected = self.expected if order is None else sum(self.info["row_group_rows"][g] for g in order)
+        expected = self.expected if order is None else sum(self.info.row_group_rows[g] for g in order)
         check_parts(self.location, self.info, self.part_names(order))   # a missing part: before the first row
         for attempt in range(self.retries + 1):
             delivered = 0
@@ -200,8 +204,8 @@ class EpochSource:
         sharded = self.shard is not None and self.shard[1] > 1
         expected = None
         if verified(self.info):
-            names = sorted(self.info["files"])
-            digests = [d for name in names for d in self.info["files"][name]["row_group_xxh3"]]
+            names = sorted(self.info.files)
+            digests = [d for name in names for d in self.info.files[name]["row_group_xxh3"]]
             expected = {digests[g] for g in self.groups}
         check_petastorm_metadata(self.location, self.info)
         self._bound_row_groups()
@@ -230,8 +234,8 @@ class EpochSource:
     def _bound_row_groups(self):
         """Every row group petastorm will read fits the memory budget (footer, page headers and
         dictionaries; nothing expanded), checked before petastorm decodes any of them."""
-        names = sorted(self.info["files"])
-        where = [(name, rg) for name in names for rg in range(self.info["files"][name]["row_groups"])]
+        names = sorted(self.info.files)
+        where = [(name, rg) for name in names for rg in range(self.info.files[name]["row_groups"])]
         by_part = {}
         for g in self.groups:
             by_part.setdefault(where[g][0], []).append(where[g][1])
@@ -251,8 +255,8 @@ class EpochSource:
                                "(but pyarrow reads every row group intact: did petastorm split a row group?)")
 
     def _arrow_batches(self, seed, order=None):
-        names = sorted(self.info["files"])
-        where = [(name, rg) for name in names for rg in range(self.info["files"][name]["row_groups"])]
+        names = sorted(self.info.files)
+        where = [(name, rg) for name in names for rg in range(self.info.files[name]["row_groups"])]
         if order is None:
             order = epoch_order(self.groups, seed, self.shuffle)
         if self.parts is not None:
@@ -266,7 +270,7 @@ class EpochSource:
                 table = read_row_group(files[name], self.location, self.info, name, rg)
                 images = table.column("image").to_numpy(zero_copy_only=False)
                 check_jpegs(images, self.location, self.info, name, rg, files[name],
-                            deep="row_group_xxh3" not in self.info["files"][name])
+                            deep="row_group_xxh3" not in self.info.files[name])
                 self.where = f"{self.location.url}/{name} row group {rg}"
                 yield images, table.column("label").to_numpy().astype(np.int32)
         finally:
@@ -293,7 +297,7 @@ class EpochSource:
                         table = read_row_group(handle, self.location, self.info, name, rg)
                         images = table.column("image").to_numpy(zero_copy_only=False)
                         check_jpegs(images, self.location, self.info, name, rg, handle,
-                                    deep="row_group_xxh3" not in self.info["files"][name])
+                                    deep="row_group_xxh3" not in self.info.files[name])
                         self.where = f"{self.location.url}/{name} row group {rg}"
                         yield images, table.column("label").to_numpy().astype(np.int32)
                 finally:

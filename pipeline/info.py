@@ -7,12 +7,13 @@ that lost a part since (its row count would be a lie).
 
 from __future__ import annotations
 
+from .contracts import DatasetInfo
 from .metadata import read_info
 from .storage import locate
 from .verify import check_parts
 
 
-def dataset_info(url, *, storage_options: dict | None = None, check: bool = True) -> dict:
+def dataset_info(url, *, storage_options: dict | None = None, check: bool = True) -> DatasetInfo:
     """Summary of a finished dataset: ``rows``, ``num_classes``, ``classes`` (wnids in label order),
     ``names`` {wnid: name}, ``class_rows`` (rows per class, label order), ``row_groups``,
     ``row_group_rows``, ``partitions``, ``files``, ``bytes``, ``split``, ``skipped``, ``reencoded``, ``resized`` (downscaled to ``max_side``; absent in older
@@ -29,11 +30,11 @@ def dataset_info(url, *, storage_options: dict | None = None, check: bool = True
         check: Also check that every part is there with the size conversion wrote.
 
     Returns:
-        The summary dict.
+        The summary: a frozen `DatasetInfo`, read as fields (``info.rows``) or as the keys above
+        (``info["rows"]``); ``info.to_dict()`` is a plain copy.
     """
     location = locate(url, storage_options)
     info = read_info(location)
     if check:
         check_parts(location, info)
-    info["url"] = location.url
-    return info
+    return info.with_changes(url=location.url)

@@ -21,6 +21,7 @@ import random
 from pinstorm.errors import PinstormError
 
 from .images import decode_rgb
+from .contracts import DatasetInfo
 from .metadata import read_info
 from .storage import locate
 from .verify import CorruptPartError, check_parts, open_part, read_row_group
@@ -38,26 +39,26 @@ def inspect_dataset(url, *, sheet=None, samples: int = 36, seed: int = 0,
     location = locate(url, storage_options)
     info = read_info(location)
     check_parts(location, info)
-    info["url"] = location.url
+    info = info.with_changes(url=location.url)
     heights, widths = [], []
-    for name in sorted(info["files"]):
+    for name in sorted(info.files):
         table = _small_columns(location, info, name)
         heights.append(table.column("height").to_numpy())
         widths.append(table.column("width").to_numpy())
     heights, widths = np.concatenate(heights), np.concatenate(widths)
-    summary = dict(info)
-    summary["image_kb_mean"] = round(info["bytes"] / max(1, info["rows"]) / 1024, 1)
+    summary = info.to_dict()
+    summary["image_kb_mean"] = round(info.bytes / max(1, info.rows) / 1024, 1)
     summary["height"] = [int(heights.min()), int(np.median(heights)), int(heights.max())]
     summary["width"] = [int(widths.min()), int(np.median(widths)), int(widths.max())]
-    summary["rows_per_row_group"] = [min(info["row_group_rows"]), max(info["row_group_rows"])]
-    summary["rows_per_class"] = [min(info["class_rows"]), max(info["class_rows"])]
+    summary["rows_per_row_group"] = [min(info.row_group_rows), max(info.row_group_rows)]
+    summary["rows_per_class"] = [min(info.class_rows), max(info.class_rows)] if info.class_rows else None
     summary["sheet"] = None
     if sheet is not None:
         summary["sheet"] = str(contact_sheet(location, info, sheet, samples=samples, seed=seed))
     return summary
 
 
-def _small_columns(location, info: dict, name: str):
+def _small_columns(location, info: DatasetInfo, name: str):
     """height and width of every row of part `name` (no image bytes read)."""
     handle = open_part(location, info, name)
     try:
@@ -70,7 +71,7 @@ def _small_columns(location, info: dict, name: str):
         handle.close()
 
 
-def contact_sheet(location, info: dict, path, *, samples: int = 36, seed: int = 0):
+def contact_sheet(location, info: DatasetInfo, path, *, samples: int = 36, seed: int = 0):
     """Write a grid of `samples` random rows (image, label, wnid, name) to the PNG `path`."""
     import matplotlib
 
@@ -78,7 +79,7 @@ def contact_sheet(location, info: dict, path, *, samples: int = 36, seed: int = 
     import matplotlib.pyplot as plt
 
     rng = random.Random(seed)
-    groups = [(name, rg) for name in sorted(info["files"]) for rg in range(info["files"][name]["row_groups"])]
+    groups = [(name, rg) for name in sorted(info.files) for rg in range(info.files[name]["row_groups"])]
     rng.shuffle(groups)
     rows = []
     for name, rg in groups:  # checksummed: a damaged row group is named, never drawn
@@ -98,9 +99,9 @@ def contact_sheet(location, info: dict, path, *, samples: int = 36, seed: int = 
         ax.axis("off")
     for ax, row in zip(axes.flat, rows):
         ax.imshow(decode_rgb(row["image"]))
-        name = info["names"].get(row["wnid"], row["wnid"]).split(",")[0][:22]
+        name = info.names.get(row["wnid"], row["wnid"]).split(",")[0][:22]
         ax.set_title(f"{row['label']}: {row['wnid']}\n{name}", fontsize=7)
-    fig.suptitle(f"{info['rows']} images, {info['num_classes']} classes ({info.get('split', '')})", fontsize=9)
+    fig.suptitle(f"{info.rows} images, {info.num_classes} classes ({info.split or ''})", fontsize=9)
     fig.tight_layout()
     path = os.fspath(path)
     tmp = f"{path}.tmp.png"

@@ -37,12 +37,14 @@ import json
 import pickle
 import re
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 
 from pinstorm.boards.safety.parquet_limits import BoundedParquetFile
+from .contracts import DatasetInfo
 from .errors import PipelineError
 
 COMMON_METADATA = "_common_metadata"
@@ -220,12 +222,12 @@ def part_name(index: int, partitions: int) -> str:
     return f"{PART_PREFIX}{index:0{max(5, len(str(partitions - 1)))}d}.parquet"
 
 
-def write_common_metadata(location, info: dict, row_groups_per_file: dict[str, int]) -> None:
+def write_common_metadata(location, info: Mapping, row_groups_per_file: dict[str, int]) -> None:
     """Write ``_common_metadata`` (via a temporary name): the marker that the dataset is complete."""
     metadata = {
         UNISCHEMA_KEY: petastorm_unischema_pickle(),
         ROW_GROUPS_PER_FILE_KEY: json.dumps(row_groups_per_file).encode(),
-        PINSTORM_KEY: json.dumps(info).encode(),
+        PINSTORM_KEY: json.dumps(dict(info)).encode(),
     }
     import pyarrow.parquet as pq
 
@@ -258,14 +260,15 @@ def read_common_metadata(location) -> dict:
         raise DatasetNotFound(f"{location.url}: no such dataset") from None
 
 
-def read_info(location) -> dict:
+def read_info(location) -> DatasetInfo:
     """The pinstorm JSON of a complete dataset, checked (`check_info`), or `IncompleteDatasetError`.
 
     Args:
         location: Where the dataset is (`locate`).
 
     Returns:
-        The dataset's info: rows, classes, row groups, parts with their sizes and checksums.
+        The dataset's info (a frozen `DatasetInfo`, also a mapping of the JSON's keys): rows, classes,
+        row groups, parts with their sizes and checksums.
 
     Raises:
         IncompleteDatasetError: No finished dataset there.
@@ -281,7 +284,7 @@ def read_info(location) -> dict:
     except (ValueError, RecursionError) as error:
         raise MalformedDatasetError(f"{where}: the pinstorm metadata is not JSON: {error}") from None
     check_info(info, where)
-    return info
+    return DatasetInfo.from_dict(info)
 
 
 def _count(value, what: str, where: str) -> int:
@@ -352,9 +355,18 @@ def check_info(info, where: str) -> None:
     names = info.get("names", {})
     if not isinstance(names, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in names.items()):
         raise MalformedDatasetError(f"{where}: names must map class ids to names (strings)")
+    # the other keys `DatasetInfo` types: absent or null, else of their type
+    for key in ("format", "partitions", "skipped", "reencoded", "reoriented", "resized", "seed"):
+        if info.get(key) is not None and type(info[key]) is not int:
+            raise MalformedDatasetError(f"{where}: {key} must be an integer, got {str(info[key])[:60]!r}")
+    for key in ("split", "checksum", "plan", "source", "created", "url"):
+        if info.get(key) is not None and not isinstance(info[key], str):
+            raise MalformedDatasetError(f"{where}: {key} must be a string, got {str(info[key])[:60]!r}")
+    if info.get("empty_classes") is not None:
+        _strings(info["empty_classes"], "empty_classes", where)
 
 
-def check_petastorm_metadata(location, info: dict) -> None:
+def check_petastorm_metadata(location, info: Mapping) -> None:
     """What petastorm will read from ``_common_metadata`` is pinstorm's own: the Unischema pickle
     byte-for-byte (else `UntrustedSchemaError`: petastorm would unpickle, i.e. run, it) and the row
     groups per file equal to the checked pinstorm metadata."""

@@ -49,6 +49,7 @@ from pinstorm.boards.safety.diskspace import free_bytes, require_room
 from pinstorm.boards.errors import DiskFull
 from pinstorm.boards.tempnames import is_abandoned, sweep, tmp_name
 
+from .contracts import DatasetInfo
 from .errors import PipelineError
 from .verify import CorruptPartError, footer_digest
 
@@ -122,11 +123,11 @@ class PartCache:
     Picklable (a DataLoader worker gets a copy): it holds only names, numbers and the source's filesystem.
     """
 
-    def __init__(self, location, info: dict, *, limit: int | None = None, root: str | os.PathLike | None = None,
+    def __init__(self, location, info: DatasetInfo, *, limit: int | None = None, root: str | os.PathLike | None = None,
                  retries: int = 2):
         self.location, self.retries = location, retries
-        self.sizes = {name: entry.get("bytes") for name, entry in info["files"].items()}
-        self.entries = info["files"]
+        self.sizes = {name: entry.get("bytes") for name, entry in info.files.items()}
+        self.entries = info.files
         self.root = Path(root).expanduser().resolve() if root else default_root().expanduser().resolve()
         self.root.mkdir(parents=True, exist_ok=True)
         self.limit = default_limit(self.root) if limit is None else int(limit)
@@ -135,7 +136,7 @@ class PartCache:
                 raise CorruptPartError(f"{self.where}: part name {name!r} is not a plain file name")
         url = secrets.strip_url(location.url)
         identity = url + "\n" + "\n".join(f"{n} {e.get('bytes')} {e.get('xxh3') or e.get('footer_xxh3')}"
-                                          for n, e in sorted(info["files"].items()))
+                                          for n, e in sorted(info.files.items()))
         tail = re.sub(r"[^A-Za-z0-9_-]", "_", url.rstrip("/").rsplit("/", 1)[-1])[-40:] or "dataset"
         self.folder = self.root / f"{tail}-{xxhash.xxh3_64(identity.encode()).hexdigest()}"
         largest = max(self.sizes, key=lambda n: self.sizes[n] or 0, default=None)

@@ -30,6 +30,7 @@ import zlib
 
 import numpy as np
 
+from .contracts import DatasetInfo
 from .errors import PipelineError
 from .epochs import IncompleteEpochError, default_shuffle_buffer, epoch_order, epoch_seed, shard_row_groups
 
@@ -62,19 +63,19 @@ def _shuffled(rows, size: int, rng: random.Random):
     yield from buffer
 
 
-def row_starts(info: dict) -> np.ndarray:
+def row_starts(info: DatasetInfo) -> np.ndarray:
     """The sample ID of each row group's first row: a sample ID is the row's global number, counted
     over the row groups in the dataset's order (parts by name, row groups in order)."""
-    return np.concatenate([[0], np.cumsum(info["row_group_rows"], dtype=np.int64)])
+    return np.concatenate([[0], np.cumsum(info.row_group_rows, dtype=np.int64)])
 
 
-def stream_ids(info: dict, groups, *, seed: int, shuffle: bool, shuffle_buffer: int | None, split=None,
+def stream_ids(info: DatasetInfo, groups, *, seed: int, shuffle: bool, shuffle_buffer: int | None, split=None,
                consumed: np.ndarray | None = None):
     """The sample IDs one stream (a shard's `groups`, the `split` = (i, n) of one DataLoader worker, or all)
     delivers in the epoch of `seed` (`epoch_seed`), in order, from the row counts alone (no data read):
     the epoch's row groups (`epoch_order`), their rows in order but those `consumed` (a bool per row),
     through the seeded shuffle buffer. Both readers deliver exactly this sequence."""
-    starts, rows = row_starts(info), info["row_group_rows"]
+    starts, rows = row_starts(info), info.row_group_rows
     order = epoch_order(groups, seed, shuffle, split)
 
     def ids():
@@ -94,11 +95,11 @@ def stream_ids(info: dict, groups, *, seed: int, shuffle: bool, shuffle_buffer: 
     return _shuffled(ids(), size, random.Random(seed * 64 + (split[0] if split else 0)))
 
 
-def stream_length(info: dict, groups, *, seed: int, shuffle: bool, split=None, consumed=None) -> int:
+def stream_length(info: DatasetInfo, groups, *, seed: int, shuffle: bool, split=None, consumed=None) -> int:
     """How many samples `stream_ids` delivers (without walking the shuffle buffer)."""
     starts = row_starts(info)
     order = epoch_order(groups, seed, shuffle, split)
-    total = sum(int(info["row_group_rows"][g]) for g in order)
+    total = sum(int(info.row_group_rows[g]) for g in order)
     if consumed is not None:
         total -= sum(int(consumed[starts[g]:starts[g + 1]].sum()) for g in order)
     return total
@@ -109,8 +110,8 @@ def planned_rows(source, ids, order, *, skip: int, consumed, where: str, epoch: 
     (an `epochs.EpochSource`) in the row-group `order` (only row groups with a row left), each row held
     from its row group's read to its turn; counted (`IncompleteEpochError`)."""
     info = source.info
-    starts, rows = row_starts(info), info["row_group_rows"]
-    left = np.zeros(info["rows"], dtype=bool)
+    starts, rows = row_starts(info), info.row_group_rows
+    left = np.zeros(info.rows, dtype=bool)
     for g in order:
         left[starts[g]:starts[g + 1]] = True
     if consumed is not None:
@@ -140,11 +141,11 @@ def planned_rows(source, ids, order, *, skip: int, consumed, where: str, epoch: 
                                    f"{expected}; the reader failed")
 
 
-def info_digest(info: dict) -> str:
+def info_digest(info: DatasetInfo) -> str:
     """What identifies a dataset's rows: counts per row group and parts with their sizes (not the url,
     not the checksums, which `verify=False` drops)."""
-    identity = {"rows": info["rows"], "row_group_rows": info["row_group_rows"],
-                "files": {n: [e["row_groups"], e.get("bytes")] for n, e in sorted(info["files"].items())}}
+    identity = {"rows": info.rows, "row_group_rows": info.row_group_rows,
+                "files": {n: [e["row_groups"], e.get("bytes")] for n, e in sorted(info.files.items())}}
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:32]
 
 
@@ -196,8 +197,8 @@ def state_dict(source, position: Position, *, shuffle: bool, shuffle_buffer, num
     epoch = position.epoch
     return {
         "format": STATE_FORMAT,
-        "dataset": {"url": source.location.url, "rows": int(source.info["rows"]),
-                    "row_groups": int(source.info["row_groups"]), "digest": info_digest(source.info)},
+        "dataset": {"url": source.location.url, "rows": int(source.info.rows),
+                    "row_groups": int(source.info.row_groups), "digest": info_digest(source.info)},
         "seed": int(source.base_seed), "shuffle": bool(shuffle),
         "shuffle_buffer": None if shuffle_buffer is None else int(shuffle_buffer),
         "shard": None if source.shard is None else list(source.shard), "num_workers": int(num_workers),
@@ -234,7 +235,7 @@ def resume_position(state, source, *, shuffle: bool, shuffle_buffer, num_workers
             and s["shuffle"] == shuffle and s["shuffle_buffer"] == shuffle_buffer]
     if same:
         s = same[0]
-        consumed = {int(e): unpack_bits(b, source.info["rows"]) for e, b in s["consumed"].items()}
+        consumed = {int(e): unpack_bits(b, source.info.rows) for e, b in s["consumed"].items()}
         check_received(s, source.info, source.groups, consumed)
         return Position(dict(enumerate(s["streams"])), s["next_stream"], consumed)
     return consumed_by(states, source.info, streams)
@@ -259,7 +260,7 @@ def _integer(value, what: str, low: int, high: int) -> int:
     return int(value)
 
 
-def check_state(s, info: dict, digest: str, *, where: str = "the dataset") -> dict:
+def check_state(s, info: DatasetInfo, digest: str, *, where: str = "the dataset") -> dict:
     """`s` (one `state_dict`, from a file) checked field by field against the dataset (`info`, its
     `info_digest`), in O(streams): types, the dataset's identity, epochs in [0, `MAX_EPOCH`] and samples
     received in [0, rows] (`check_received` then bounds them by the stream's epoch). A normalized copy,
@@ -272,7 +273,7 @@ def check_state(s, info: dict, digest: str, *, where: str = "the dataset") -> di
     if dataset["digest"] != digest:
         raise ResumeStateError(f"the state is of {str(dataset.get('url'))[:300]} (digest {dataset['digest'][:64]}), "
                                f"not of {where} (digest {digest}): another dataset")
-    rows, groups = int(info["rows"]), int(info["row_groups"])
+    rows, groups = int(info.rows), int(info.row_groups)
     seed = _integer(s.get("seed"), "seed", -_MAX_SEED, _MAX_SEED)
     if not isinstance(s.get("shuffle"), bool):
         raise ResumeStateError(f"a resume state's shuffle must be true or false, not {_shown(s.get('shuffle'))}")
@@ -316,9 +317,9 @@ def check_state(s, info: dict, digest: str, *, where: str = "the dataset") -> di
             "streams": [list(p) for p in positions], "next_stream": next_stream, "consumed": dict(consumed)}
 
 
-def _rows_left(info: dict, consumed: np.ndarray | None) -> np.ndarray:
+def _rows_left(info: DatasetInfo, consumed: np.ndarray | None) -> np.ndarray:
     """Rows of each row group not `consumed` (all of them without a bitmap): O(rows) once, O(1) per group."""
-    rows = np.asarray(info["row_group_rows"], dtype=np.int64)
+    rows = np.asarray(info.row_group_rows, dtype=np.int64)
     if consumed is None:
         return rows
     marked = np.concatenate([[0], np.cumsum(consumed, dtype=np.int64)])
@@ -326,7 +327,7 @@ def _rows_left(info: dict, consumed: np.ndarray | None) -> np.ndarray:
     return rows - (marked[starts[1:]] - marked[starts[:-1]])
 
 
-def check_received(s: dict, info: dict, groups, consumed: dict) -> None:
+def check_received(s: dict, info: DatasetInfo, groups, consumed: dict) -> None:
     """Every stream of `s` (checked by `check_state`) has received at most what its epoch holds: the rows
     of its row groups (`epoch_order`) that no earlier layout `consumed`. O(row groups) per stream."""
     workers, left = s["num_workers"], {}
@@ -340,7 +341,7 @@ def check_received(s: dict, info: dict, groups, consumed: dict) -> None:
                                    f"more than that epoch of the stream holds ({holds})")
 
 
-def consumed_by(states, info: dict, streams: int) -> Position:
+def consumed_by(states, info: DatasetInfo, streams: int) -> Position:
     """`streams` streams at the start of the states' earliest epoch, skipping every sample the states'
     streams had received (recomputed from their `stream_ids`) in each epoch they are in: an epoch a
     stream finished is all its row groups (O(row groups)), the epoch it is in its first samples received.
@@ -358,11 +359,11 @@ def consumed_by(states, info: dict, streams: int) -> Position:
     plans = []
     for s in states:   # every state's positions within its epochs' plan, before the bitmaps are made
         groups = shard_row_groups(info, s["shard"])
-        earlier = {int(e): unpack_bits(b, info["rows"]) for e, b in s["consumed"].items()}
+        earlier = {int(e): unpack_bits(b, info.rows) for e, b in s["consumed"].items()}
         check_received(s, info, groups, earlier)
         plans.append((s, groups, earlier))
     starts = row_starts(info)
-    consumed = {e: np.zeros(info["rows"], dtype=bool) for e in range(first, last + 1)}
+    consumed = {e: np.zeros(info.rows, dtype=bool) for e in range(first, last + 1)}
     for s, groups, earlier in plans:
         for e, bits in earlier.items():
             if e in consumed:

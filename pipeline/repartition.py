@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from concurrent.futures import ThreadPoolExecutor
 
+from .contracts import DataMap
 from .errors import InvalidPipelineInput
 from .layout import Layout, is_image_name, scan
 from pinstorm.progress import progress_bar
@@ -87,10 +88,10 @@ def repartition(root, board, zip: bool = True, parallel: int | None = None, *, p
 def default_parallel(board) -> int:
     """Threads `repartition` pins with when not told: by the kind of board (see `PARALLEL`)."""
 
-    return PARALLEL.get(boards.board_get(board).kind, REMOTE_PARALLEL)
+    return PARALLEL.get(boards.resolve_board(board).kind, REMOTE_PARALLEL)
 
 
-def imagenet_partition(partition: int, partitions: int, board, parallel=None, *, extract: bool = True) -> dict:
+def imagenet_partition(partition: int, partitions: int, board, parallel=None, *, extract: bool = True) -> DataMap:
     """Fetch categories `partition` of `partitions` (0-based) from `board` and return a data map.
 
     The categories pin is sorted by id and cut into `partitions` contiguous, near-equal slices.
@@ -107,7 +108,7 @@ def imagenet_partition(partition: int, partitions: int, board, parallel=None, *,
         extract: Unpack the categories' zip archives (the data map then lists the images).
 
     Returns:
-        The data map, ready for `convert`.
+        The data map (a frozen `DataMap`, also read by key as above), ready for `convert`.
     """
 
     if not isinstance(partitions, int) or partitions < 1:
@@ -136,5 +137,42 @@ def imagenet_partition(partition: int, partitions: int, board, parallel=None, *,
         image += files
         category += [wnid] * len(files)
     names = {str(i): str(n) for i, n in zip(table["id"], table["name"])}
-    return {"image": image, "category": category, "categories": mine, "classes": classes, "names": names}
+    return DataMap(image=image, category=category, categories=mine, classes=classes, names=names)
 
+
+
+def category_slice(partition: int, partitions: int, board) -> tuple[list[str], list[str], list[str], dict[str, str]]:
+    """(every wnid, this slice's wnids, those of them with a pin, {wnid: name}): `imagenet_partition`'s cut
+    of the categories pin, without fetching a category (`convert(board://..., spark=)` fetches them on
+    the executors).
+
+    Args:
+        partition: This slice's index, from 0.
+        partitions: How many slices the categories are cut into.
+        board: A registered board's name, a spec or a `Board` holding `repartition`'s pins.
+    """
+    if not isinstance(partitions, int) or partitions < 1:
+        raise InvalidPipelineInput(f"partitions must be a positive integer, got {partitions!r}")
+    if not isinstance(partition, int) or not 0 <= partition < partitions:
+        raise InvalidPipelineInput(f"partition must be in [0, {partitions}) (0-based), got {partition!r}")
+    table = boards.pin_get(CATEGORIES_PIN, board=board)
+    if not hasattr(table, "columns") or not {"id", "name"} <= set(table.columns):
+        raise InvalidPipelineInput(f"pin {CATEGORIES_PIN!r} on board {board!r} is not a categories table "
+                                   "(id, name, images); was the board made by repartition()?")
+    table = table.sort_values("id").reset_index(drop=True)
+    classes = [str(c) for c in table["id"]]
+    if partitions > len(classes):
+        raise InvalidPipelineInput(f"{partitions} partitions of {len(classes)} categories would leave some empty")
+    start, stop = partition * len(classes) // partitions, (partition + 1) * len(classes) // partitions
+    mine = classes[start:stop]
+    counts = dict(zip(classes, table["images"])) if "images" in table.columns else {}
+    wanted = [wnid for wnid in mine if counts.get(wnid, 1) > 0]   # empty categories have no pin
+    names = {str(i): str(n) for i, n in zip(table["id"], table["name"])}
+    return classes, mine, wanted, names
+
+
+def category_files(fetched) -> list[str]:
+    """The image files of one fetched category pin (what `pin_get` returned), sorted, as `imagenet_partition`
+    lists them."""
+    paths = [fetched] if isinstance(fetched, (str, os.PathLike)) else fetched
+    return sorted(p for p in map(os.fspath, paths) if is_image_name(os.path.basename(p)))

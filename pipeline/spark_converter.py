@@ -61,9 +61,10 @@ _INTEGRAL = ("ByteType", "ShortType", "IntegerType", "LongType")
 
 
 def _checked_rows(index, rows, *, has_filename, classes, class_index, max_pixels, max_side, quality,
-                  row_group_bytes):
+                  row_group_bytes, extras=0):
     """A DataFrame partition's rows as row groups of ((filename, wnid, label), checked or reason) pairs,
-    each about `row_group_bytes` of image bytes."""
+    each about `row_group_bytes` of image bytes; with `extras` extra columns (the row's last ones), of
+    triples ((filename, wnid, label), checked, their values)."""
     group, size = [], 0
     for i, row in enumerate(rows):
         image, value = row[0], row[1]
@@ -90,7 +91,8 @@ def _checked_rows(index, rows, *, has_filename, classes, class_index, max_pixels
                                           quality=quality)
                 except UndecodableImage as error:
                     checked = str(error).split(": ", 1)[-1]
-        group.append(((filename, wnid, label), checked))
+        group.append(((filename, wnid, label), checked, tuple(row[len(row) - extras:])) if extras
+                     else ((filename, wnid, label), checked))
         size += len(image) if image is not None else 0
         if size >= row_group_bytes:
             yield group
@@ -99,7 +101,7 @@ def _checked_rows(index, rows, *, has_filename, classes, class_index, max_pixels
         yield group
 
 
-def _dataframe_part_task(index, rows, *, url, storage_options, parts, **options):
+def _dataframe_part_task(index, rows, *, url, storage_options, parts, extra_fields=(), **options):
     """Write Spark partition `index` of the DataFrame as ``part-<index>.parquet`` (nothing for an empty
     partition); yields (name, entry), entry ``{"skipped": [...], "empty": True}`` when every row was
     skipped (no part kept)."""
@@ -109,8 +111,9 @@ def _dataframe_part_task(index, rows, *, url, storage_options, parts, **options)
         return
     location = resolve(url, storage_options)
     name = part_name(index, parts)
-    entry = write_part_file(location, name, _checked_rows(index, itertools.chain([first], rows), **options),
-                            tmp_name=_attempt_tmp_name(name))
+    entry = write_part_file(location, name, _checked_rows(index, itertools.chain([first], rows),
+                                                          extras=len(extra_fields), **options),
+                            tmp_name=_attempt_tmp_name(name), extra_fields=list(extra_fields))
     if entry["rows"] == 0:
         location.fs.rm(location.join(name))
         yield name, {"skipped": entry["skipped"], "empty": True}
@@ -347,12 +350,57 @@ def _check_columns(df, image_col: str, label_col: str, filename_col: str | None)
     return "string" if fields[label_col] == "StringType" else "integer"
 
 
+_EXTRA_TYPES = ("BooleanType", *_INTEGRAL, "FloatType", "DoubleType", "StringType", "BinaryType", "DateType",
+                "DecimalType")
+_PINSTORM_COLUMNS = ("image", "label", "wnid", "filename", "height", "width")
+
+
+def _extra_columns(df, used: list[str], extra_cols) -> list:
+    """The DataFrame's other columns to keep, as Arrow fields: `extra_cols` (None: every other column of a
+    scalar, string or bytes type; the rest are left out, said in a log line)."""
+    import pyarrow as pa
+
+    def arrow(data_type):
+        kind = type(data_type).__name__
+        if kind == "DecimalType":
+            return pa.decimal128(data_type.precision, data_type.scale)
+        return {"BooleanType": pa.bool_(), "ByteType": pa.int8(), "ShortType": pa.int16(), "IntegerType": pa.int32(),
+                "LongType": pa.int64(), "FloatType": pa.float32(), "DoubleType": pa.float64(),
+                "StringType": pa.string(), "BinaryType": pa.binary(), "DateType": pa.date32()}[kind]
+
+    fields = {field.name: field.dataType for field in df.schema.fields}
+    if extra_cols is not None:
+        wanted = [str(c) for c in extra_cols]
+        for column in wanted:
+            if column not in fields:
+                raise SparkConverterError(f"extra_cols: the DataFrame has no column {column!r}")
+            if column in used or column in _PINSTORM_COLUMNS:
+                raise SparkConverterError(f"extra_cols: {column!r} is one of the dataset's own columns "
+                                          f"({', '.join(_PINSTORM_COLUMNS)}) or an *_col argument; rename it")
+            if type(fields[column]).__name__ not in _EXTRA_TYPES:
+                raise SparkConverterError(f"extra_cols: column {column!r} is {type(fields[column]).__name__}; extra "
+                                          "columns hold scalars, strings or bytes (to_json() a nested column first)")
+        return [pa.field(column, arrow(fields[column])) for column in wanted]
+    kept, left = [], []
+    for column, data_type in fields.items():
+        if column in used:
+            continue
+        if column in _PINSTORM_COLUMNS or type(data_type).__name__ not in _EXTRA_TYPES:
+            left.append(column)
+        else:
+            kept.append(pa.field(column, arrow(data_type)))
+    if left:
+        log.warning("make_spark_converter: column(s) %s not stored (a name of the dataset's own columns, or not "
+                    "a scalar, string or bytes type)", ", ".join(left))
+    return kept
+
+
 def make_spark_converter(df, *, cache_url=None, image_col: str = "image", label_col: str = "label",
                          filename_col: str | None = None, classes=None,
                          row_group_bytes: int = DEFAULT_ROW_GROUP_BYTES, storage_options: dict | None = None,
                          max_pixels: int | None = DEFAULT_MAX_PIXELS, max_side: int | None = None,
-                         quality: int = DOWNSCALE_QUALITY, parquet_row_group_size_bytes: int | None = None
-                         ) -> SparkDatasetConverter:
+                         quality: int = DOWNSCALE_QUALITY, parquet_row_group_size_bytes: int | None = None,
+                         extra_cols=None) -> SparkDatasetConverter:
     """Materialise `df` as a pinstorm dataset in a cache folder, written by the executors; return a
     `SparkDatasetConverter` to read it as tf.data or a PyTorch DataLoader.
 
@@ -363,6 +411,11 @@ def make_spark_converter(df, *, cache_url=None, image_col: str = "image", label_
     row groups of about `row_group_bytes` (`parquet_row_group_size_bytes`, petastorm's name, is the same):
     ``df.repartition(n)`` first for more parts, i.e. more executors writing and more reader shards.
     Rows keep the DataFrame's order; the readers shuffle row groups and rows.
+
+    The DataFrame's other columns of scalar, string or bytes types (boolean, integers, floats, decimal,
+    date, string, binary) are stored too, as extra Parquet columns after pinstorm's six, which the readers
+    ignore (`extra_cols`: just these; other types, and names of the dataset's own columns, are left out
+    with a log line unless named there, which is an error).
 
     Images are checked as `convert` checks files (`max_pixels`, `max_side`, `quality`): what does not
     decode, and rows with a null image or a label outside the classes, are skipped and listed in
@@ -386,6 +439,7 @@ def make_spark_converter(df, *, cache_url=None, image_col: str = "image", label_
         max_side: As `convert`'s.
         quality: As `convert`'s.
         parquet_row_group_size_bytes: petastorm's name for `row_group_bytes`.
+        extra_cols: The other columns to store (None: every one of a scalar, string or bytes type).
 
     Returns:
         A `SparkDatasetConverter` (``make_tf_dataset``, ``make_torch_dataloader``, ``delete``).
@@ -397,6 +451,8 @@ def make_spark_converter(df, *, cache_url=None, image_col: str = "image", label_
     if max_side is not None and (isinstance(max_side, bool) or int(max_side) != max_side or max_side < 1):
         raise SparkConverterError(f"max_side must be None or a positive integer, got {max_side!r}")
     label_kind = _check_columns(df, image_col, label_col, filename_col)
+    used = [image_col, label_col] + ([filename_col] if filename_col else [])
+    extra_fields = _extra_columns(df, used, extra_cols)
     parent = _parent_cache_url(df, cache_url)
     plan = _analysed_plan(df)
     if classes is not None:
@@ -405,7 +461,7 @@ def make_spark_converter(df, *, cache_url=None, image_col: str = "image", label_
             raise SparkConverterError("classes contains duplicates")
     settings = (parent, json.dumps(storage_options or {}, sort_keys=True, default=str), image_col, label_col,
                 filename_col, tuple(classes) if classes is not None else None, int(row_group_bytes), max_pixels,
-                max_side, quality)
+                max_side, quality, tuple(str(field) for field in extra_fields))
     with _lock:
         for cached_plan, cached_settings, converter in _converters:
             if cached_settings == settings and _same_result(cached_plan, plan):
@@ -433,12 +489,13 @@ def make_spark_converter(df, *, cache_url=None, image_col: str = "image", label_
         _created[location.url] = dict(storage_options or {})
     try:
         columns = [image_col, label_col] + ([filename_col] if filename_col else [])
+        columns += [field.name for field in extra_fields]
         rdd = df.select(*columns).rdd
         parts = rdd.getNumPartitions()
         task = functools.partial(
             _dataframe_part_task, url=location.url, storage_options=location.storage_options, parts=parts,
             has_filename=filename_col is not None, classes=classes, class_index=class_index, max_pixels=max_pixels,
-            max_side=max_side, quality=quality, row_group_bytes=int(row_group_bytes))
+            max_side=max_side, quality=quality, row_group_bytes=int(row_group_bytes), extra_fields=extra_fields)
         results = _run_job(df.sparkSession, f"pinstorm make_spark_converter: {parts} partition(s) to {location.url}",
                            rdd.mapPartitionsWithIndex(task), storage_options)
         written = {name: entry for name, entry in results if not entry.get("empty")}

@@ -14,7 +14,7 @@ from urllib.parse import urlparse
 from pinstorm import boards
 from .errors import InvalidPipelineInput
 
-BOARD_SCHEME = "board://"
+BOARD_SCHEME = boards.registry.BOARD_SCHEME   # "board://", as boards.resolve_board reads it
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,17 @@ def is_board_url(url) -> bool:
 
 
 def parse_board_url(url: str) -> tuple[str, str]:
-    """``board://<board>/<pin>`` -> (board, pin)."""
+    """``board://<board>/<pin>`` -> (board, pin); the board name goes to `boards.resolve_board`.
+
+    Args:
+        url: A ``board://`` URL naming a registered board and a pin.
+
+    Returns:
+        The board's registered name and the pin's name.
+
+    Raises:
+        InvalidPipelineInput: `url` is not ``board://<board-name>/<pin-name>``.
+    """
     rest = url[len(BOARD_SCHEME):].strip("/")
     board, _, pin = rest.partition("/")
     if not board or not pin or "/" in pin:
@@ -110,7 +120,7 @@ def locate_stream(url, storage_options: dict | None = None) -> Location:
         return resolve(url, storage_options)
 
     name, pin = parse_board_url(url)
-    board = boards.board_get(name)
+    board = boards.resolve_board(name)        # the one resolver (boards.registry.resolve_board)
     storage = board.storage
     fs = getattr(storage, "fs", None)
     if fs is None or not callable(getattr(storage, "path", None)):

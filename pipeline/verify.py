@@ -29,6 +29,8 @@ Errors name the dataset, the part and the row group: `MissingPartError`, `Corrup
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 import pyarrow as pa
 import xxhash
@@ -36,6 +38,7 @@ import xxhash
 from pinstorm.boards.safety.parquet_limits import BoundedParquetFile, UnreadableRowGroup
 from pinstorm.errors import PinstormError
 
+from .contracts import DatasetInfo
 from .errors import PipelineError
 
 CHECKSUM = "xxh3_128 of image lengths (int32 LE), image bytes, labels (int32 LE)"
@@ -61,7 +64,7 @@ def writer_options() -> dict:
     return {"write_page_checksum": True} if PAGE_CRC else {}
 
 
-def reader_options(entry: dict | None = None, columns=None) -> dict:
+def reader_options(entry: Mapping | None = None, columns=None) -> dict:
     """Extra `pq.ParquetFile` keywords: verify page CRCs where pyarrow can, unless every column read
     (`columns`) is covered by the part's row-group content checksums (`entry`, its metadata): those are
     checked anyway, and a CRC pass over the JPEG pages costs ~30 us an ImageNet-size row (CRC-32 at
@@ -138,14 +141,14 @@ def footer_digest(fs, path: str, size: int | None = None) -> str:
     return xxhash.xxh3_128(footer + tail).hexdigest()
 
 
-def verified(info: dict) -> bool:
+def verified(info: DatasetInfo) -> bool:
     """Whether the dataset carries checksums (pinstorm format 2 and later)."""
-    return all("row_group_xxh3" in entry for entry in info["files"].values())
+    return all("row_group_xxh3" in entry for entry in info.files.values())
 
 
-def check_parts(location, info: dict, names=None) -> None:
+def check_parts(location, info: DatasetInfo, names=None) -> None:
     """Every listed part (or `names`) exists with its recorded size: one listing, no part opened."""
-    names = sorted(info["files"]) if names is None else sorted(names)
+    names = sorted(info.files) if names is None else sorted(names)
     location.fs.invalidate_cache(location.path)
     try:
         listing = {entry["name"].rstrip("/").rsplit("/", 1)[-1]: entry.get("size")
@@ -154,24 +157,24 @@ def check_parts(location, info: dict, names=None) -> None:
         listing = {}
     missing = [n for n in names if n not in listing]
     if missing:
-        raise MissingPartError(f"{location.url}: {len(missing)} of {len(info['files'])} part file(s) missing: "
+        raise MissingPartError(f"{location.url}: {len(missing)} of {len(info.files)} part file(s) missing: "
                                f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''} (the dataset lost "
                                "files after conversion; restore them or convert again)")
     for name in names:
-        expected = info["files"][name].get("bytes")
+        expected = info.files[name].get("bytes")
         if expected is not None and listing[name] is not None and listing[name] != expected:
             raise CorruptPartError(f"{location.url}/{name}: {listing[name]} bytes, but conversion wrote {expected}: "
                                    "the part changed after conversion")
 
 
-def open_part(location, info: dict, name: str, columns=None):
+def open_part(location, info: DatasetInfo | Mapping, name: str, columns=None):
     """A bounded Parquet file (`BoundedParquetFile`) for one part, after its footer checksum matched
     (when recorded) and its row groups agree with the dataset's metadata.
 
     Args:
         location: Where the dataset is (`locate`).
         info: The dataset's info (`read_info`).
-        name: The part's file name (a key of ``info["files"]``).
+        name: The part's file name (a key of ``info.files``).
         columns: All that will be read from it (None: any), which decides whether page CRCs are verified.
 
     Returns:
@@ -182,7 +185,8 @@ def open_part(location, info: dict, name: str, columns=None):
         CorruptPartError: Its bytes differ from what `convert` wrote.
     """
 
-    entry = info["files"][name]
+    info = DatasetInfo.from_dict(info)   # a plain dict too
+    entry = info.files[name]
     path = location.join(name)
     where = f"{location.url}/{name}"
     try:
@@ -211,25 +215,25 @@ def open_part(location, info: dict, name: str, columns=None):
         raise CorruptPartError(f"{location.url}/{name}: cannot be read as Parquet: {error}") from None
 
 
-def _check_footer(handle, info: dict, name: str, where: str) -> None:
+def _check_footer(handle, info: DatasetInfo, name: str, where: str) -> None:
     """The part's footer holds the row groups that the dataset's metadata lists, and (when the footer
     is checksummed, so any disagreement is the metadata's) of the sizes it lists. Older datasets
     without checksums are counted per epoch instead (`IncompleteEpochError`)."""
-    groups = info["files"][name]["row_groups"]
+    groups = info.files[name]["row_groups"]
     if handle.num_row_groups != groups:
         raise CorruptPartError(f"{where}: {handle.num_row_groups} row groups in the file, {groups} in the dataset's "
                                "metadata")
-    if "footer_xxh3" not in info["files"][name]:
+    if "footer_xxh3" not in info.files[name]:
         return
-    first = sum(info["files"][n]["row_groups"] for n in sorted(info["files"]) if n < name)
+    first = sum(info.files[n]["row_groups"] for n in sorted(info.files) if n < name)
     for rg in range(groups):
         rows = handle.metadata.row_group(rg).num_rows
-        if rows != info["row_group_rows"][first + rg]:
+        if rows != info.row_group_rows[first + rg]:
             raise CorruptPartError(f"{where} row group {rg}: {rows} rows in the file, "
-                                   f"{info['row_group_rows'][first + rg]} in the dataset's metadata")
+                                   f"{info.row_group_rows[first + rg]} in the dataset's metadata")
 
 
-def read_row_group(handle, location, info: dict, name: str, rg: int, columns=CHECKSUMMED):
+def read_row_group(handle, location, info: DatasetInfo | Mapping, name: str, rg: int, columns=CHECKSUMMED):
     """Row group `rg` of an open part, after its content checksum matched (when recorded).
 
     Args:
@@ -246,7 +250,8 @@ def read_row_group(handle, location, info: dict, name: str, rg: int, columns=CHE
     Raises:
         CorruptPartError: Its content differs from what `convert` wrote.
     """
-    entry = info["files"][name]
+    info = DatasetInfo.from_dict(info)   # a plain dict too
+    entry = info.files[name]
     columns = list(columns)
     digests = entry.get("row_group_xxh3")
     if digests is not None:
@@ -294,20 +299,20 @@ def verify_dataset(url, *, decode: bool = False, storage_options: dict | None = 
     info = read_info(location)
     check_parts(location, info)
     groups = rows = 0
-    for name in sorted(info["files"]):
-        if "xxh3" in info["files"][name]:
+    for name in sorted(info.files):
+        if "xxh3" in info.files[name]:
             digest = xxhash.xxh3_128()
             with location.fs.open(location.join(name), "rb") as whole:
                 for block in iter(lambda: whole.read(1 << 22), b""):
                     digest.update(block)
-            if digest.hexdigest() != info["files"][name]["xxh3"]:
+            if digest.hexdigest() != info.files[name]["xxh3"]:
                 # Name the row group when the damage is in one; else the part (footer, small columns).
                 _find_row_group(location, info, name)
                 raise CorruptPartError(f"{location.url}/{name}: file checksum mismatch (outside the image and "
                                        "label data: the footer or the wnid, filename, height, width columns)")
         handle = open_part(location, info, name)
         try:
-            for rg in range(info["files"][name]["row_groups"]):
+            for rg in range(info.files[name]["row_groups"]):
                 table = read_row_group(handle, location, info, name, rg,
                                        columns=("image", "label", "filename") if decode else ("image", "label"))
                 if decode:
@@ -321,14 +326,14 @@ def verify_dataset(url, *, decode: bool = False, storage_options: dict | None = 
                 rows += table.num_rows
         finally:
             handle.close()
-    return {"parts": len(info["files"]), "row_groups": groups, "rows": rows}
+    return {"parts": len(info.files), "row_groups": groups, "rows": rows}
 
 
-def _find_row_group(location, info: dict, name: str) -> None:
+def _find_row_group(location, info: DatasetInfo, name: str) -> None:
     """Raise the error that names the damaged row group of a part, if the damage is in one."""
     handle = open_part(location, info, name)
     try:
-        for rg in range(info["files"][name]["row_groups"]):
+        for rg in range(info.files[name]["row_groups"]):
             read_row_group(handle, location, info, name, rg, columns=("image", "label", "wnid", "filename",
                                                                       "height", "width"))
     finally:

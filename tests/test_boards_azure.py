@@ -55,7 +55,7 @@ def _images(folder: Path, n: int = 3) -> Path:
 def test_round_trip_pin_find_get_versions_remove(azurite_server, container, tmp_path):
     board = boards.board_register("azure", name="cloud", container=container, path="team/boards",
                                   create_bucket=True, cache=tmp_path / "cache", **azurite_server.storage_options())
-    assert board.kind == "azure" and board.root == f"{container}/team/boards"
+    assert board.kind == "azure" and board.storage.root == f"{container}/team/boards"
     df = pd.DataFrame({"wnid": ["n01440764", "n01443537"], "label": ["tench", "goldfish"]})
     boards.pin(df, "categories", board="cloud", description="ImageNet categories")
     pd.testing.assert_frame_equal(boards.pin_get("categories", board="cloud"), df)
@@ -71,7 +71,7 @@ def test_round_trip_pin_find_get_versions_remove(azurite_server, container, tmp_
     assert set(boards.pin_find("", board="cloud")["name"]) == {"categories", "n01440764"}
 
     # the pins 1.x layout and the root index, at the blob names pins-python's board_azure reads
-    fs = board.fs
+    fs = board.storage.fs
     assert fs.exists(f"{container}/team/boards/data.txt")
     version = boards.pin_versions("categories", board="cloud")["version"].iloc[-1]
     assert fs.exists(f"{container}/team/boards/categories/{version}/data.txt")
@@ -97,7 +97,7 @@ def test_board_azure_takes_pins_python_arguments_and_a_second_writer_is_seen_at_
     opts = azurite_server.storage_options()
     writer = boards.board_azure(f"{container}/shared", create_bucket=True, cache=tmp_path / "w", **opts)
     reader = boards.board_azure(f"abfs://{container}/shared", True, tmp_path / "r", None, **opts)  # positional
-    assert writer.fs is not reader.fs and reader.root == f"{container}/shared"
+    assert writer.storage.fs is not reader.storage.fs and reader.storage.root == f"{container}/shared"
     writer.pin({"epoch": 1}, "state")
     assert reader.pin_get("state") == {"epoch": 1}
     writer.pin({"epoch": 2}, "state")
@@ -118,13 +118,13 @@ def test_a_corrupted_blob_is_refused_and_never_cached(azurite_server, container,
     writer.pin(tmp_path / "big.bin", "big")
     version = writer.pin_versions("big")["version"].iloc[-1]
     blob = f"{container}/big/{version}/big.bin"
-    writer.fs.pipe_file(blob, data[:1000] + bytes(256) + data[1256:])  # same size, other bytes
+    writer.storage.fs.pipe_file(blob, data[:1000] + bytes(256) + data[1256:])  # same size, other bytes
     reader = boards.board_azure(container, cache=tmp_path / "cache", **azurite_server.storage_options())
     with pytest.raises(IntegrityError, match="big"):
         reader.pin_get("big")
     cached = [p for p in (tmp_path / "cache").rglob("big.bin")]
     assert not [p for p in cached if not any(part.startswith(".") for part in p.parts[-3:])]  # none served
-    writer.fs.pipe_file(blob, data)
+    writer.storage.fs.pipe_file(blob, data)
     assert Path(reader.pin_get("big")[0]).read_bytes() == data
 
 
@@ -201,12 +201,12 @@ def test_eight_concurrent_writer_processes_lose_no_index_entry(azurite_server, c
         _, err = p.communicate(timeout=300)
         assert p.returncode == 0, err
     expected = {f"w{w}-p{i}" for w in range(WRITERS) for i in range(PINS_EACH)}
-    index = {e["name"]: e for e in yaml.safe_load(board.fs.cat_file(f"{container}/team/data.txt"))}
+    index = {e["name"]: e for e in yaml.safe_load(board.storage.fs.cat_file(f"{container}/team/data.txt"))}
     assert set(index) == expected
     for name, e in index.items():  # each entry points at the stored version, with its metadata
         assert e["versions"] == board.list_versions(name)
         assert e["description"] == f"from worker {int(name[1:].split('-')[0])}"
-    manifest = yaml.safe_load(board.fs.cat_file(f"{container}/team/_pins.yaml"))
+    manifest = yaml.safe_load(board.storage.fs.cat_file(f"{container}/team/_pins.yaml"))
     assert set(manifest) == expected
 
 
@@ -290,7 +290,7 @@ def test_server_errors_are_clear_and_the_cache_never_holds_a_partial_version(azu
             board.pin_find()
         proxy.clear()
         version = writer.pin_versions("small")["version"].iloc[-1]
-        writer.fs.rm(f"{container}/small/{version}/small.parquet")
+        writer.storage.fs.rm(f"{container}/small/{version}/small.parquet")
         with pytest.raises(DownloadError, match="missing") as e404:
             board.pin_get("small")
         assert e404.value.status == 404
@@ -325,7 +325,7 @@ def test_cli_registers_an_azure_board_without_saving_its_secret(azurite_server, 
     pinstorm("pin", str(src), "--name", "notes", "--board", "az")
     [path] = pinstorm("get", "notes", "--board", "az").stdout.split()
     assert Path(path).read_text() == "tench and goldfish"
-    fs = boards.board_azure(container, **azurite_server.storage_options()).fs
+    fs = boards.board_azure(container, **azurite_server.storage_options()).storage.fs
     assert fs.exists(f"{container}/team/notes") and fs.exists(f"{container}/team/data.txt")
 
 

@@ -31,7 +31,7 @@ def bucket():
 def test_round_trip_pin_find_get_versions_remove(gcs_server, bucket, tmp_path):
     board = boards.board_register("gcs", name="gcloud-board", bucket=bucket, path="boards/imagenet",
                                   create_bucket=True, cache=tmp_path / "cache", **gcs_server.storage_options())
-    assert board.kind == "gcs" and board.root == f"{bucket}/boards/imagenet"
+    assert board.kind == "gcs" and board.storage.root == f"{bucket}/boards/imagenet"
     df = pd.DataFrame({"wnid": ["n01440764", "n01443537"], "label": ["tench", "goldfish"]})
     boards.pin(df, "categories", board="gcloud-board", description="ImageNet categories")
     pd.testing.assert_frame_equal(boards.pin_get("categories", board="gcloud-board"), df)
@@ -46,7 +46,7 @@ def test_round_trip_pin_find_get_versions_remove(gcs_server, bucket, tmp_path):
     assert Path(extracted[1]).read_bytes() == bytes([2]) * 2048
 
     assert list(boards.pin_find("imagenet", board="gcloud-board")["name"]) == ["categories"]
-    assert board.fs.exists(f"{bucket}/boards/imagenet/data.txt")
+    assert board.storage.fs.exists(f"{bucket}/boards/imagenet/data.txt")
 
     boards.pin(df.head(1), "categories", board="gcloud-board")
     assert len(boards.pin_versions("categories", board="gcloud-board")) == 2
@@ -63,7 +63,7 @@ def test_gcloud_alias_and_fresh_listings_between_writers(gcs_server, bucket, tmp
     writer = boards.board_register("gcloud", name="writer", bucket=bucket, create_bucket=True,
                                    cache=tmp_path / "w", skip_instance_cache=True, **opts)
     reader = boards.board_register("gcs", name="reader", bucket=bucket, cache=tmp_path / "r", **opts)
-    assert writer.kind == reader.kind == "gcs" and writer.fs is not reader.fs
+    assert writer.kind == reader.kind == "gcs" and writer.storage.fs is not reader.storage.fs
     writer.pin({"epoch": 1}, "state")
     assert reader.pin_get("state") == {"epoch": 1}
     writer.pin({"epoch": 2}, "state")
@@ -99,7 +99,7 @@ def test_forbidden_and_missing_objects_are_clear(gcs_server, bucket, tmp_path):
             board.pin_get("table")
         proxy.clear()
         version = writer.pin_versions("table")["version"].iloc[-1]
-        writer.fs.rm(f"{bucket}/table/{version}/table.parquet")
+        writer.storage.fs.rm(f"{bucket}/table/{version}/table.parquet")
         with pytest.raises(DownloadError, match="missing") as missing:
             board.pin_get("table")
         assert missing.value.status == 404

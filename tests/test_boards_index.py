@@ -79,7 +79,7 @@ def cloud(request, tmp_path, monkeypatch):
 
 
 def _index(board) -> dict[str, dict]:
-    text = board.fs.cat_file(f"{board.root}/data.txt")
+    text = board.storage.fs.cat_file(f"{board.storage.root}/data.txt")
     return {e["name"]: e for e in yaml.safe_load(text)}
 
 
@@ -111,7 +111,7 @@ def test_concurrent_writer_processes_lose_no_index_entry(cloud, tmp_path):
     # and readers that only have HTTP see every pin
     assert set(board.pin_find("")["name"]) == expected
     # R 1.x's manifest converged the same way
-    manifest = yaml.safe_load(board.fs.cat_file(f"{board.root}/_pins.yaml"))
+    manifest = yaml.safe_load(board.storage.fs.cat_file(f"{board.storage.root}/_pins.yaml"))
     assert {k: [p.split("/")[1] for p in v] for k, v in manifest.items()} == \
         {name: board.list_versions(name) for name in expected}
 
@@ -168,15 +168,15 @@ def test_s3_index_writes_are_conditional(s3_server, tmp_path):
     bucket = f"cond-{uuid.uuid4().hex[:10]}"
     one = boards.board_register("s3", name="one", bucket=bucket, create_bucket=True, **s3_server.storage_options())
     two = boards.board_register("s3", name="two", bucket=bucket, **s3_server.storage_options())
-    entries, token = one._read_index()
+    entries, token = one.storage._read_index()
     assert entries is None and token is None
     two.pin({"a": 1}, "a")
     with pytest.raises(IndexConflict):
-        one.write_index_text(one.path(INDEX_FILE), dump_index([]), None, existed=False)
-    entries, token = one._read_index()
+        one.storage.write_index_text(one.storage.path(INDEX_FILE), dump_index([]), None, existed=False)
+    entries, token = one.storage._read_index()
     two.pin({"b": 1}, "b")
     with pytest.raises(IndexConflict):
-        one.write_index_text(one.path(INDEX_FILE), dump_index(entries), token, existed=True)
+        one.storage.write_index_text(one.storage.path(INDEX_FILE), dump_index(entries), token, existed=True)
     assert set(_index(one)) == {"a", "b"}
 
 
@@ -185,12 +185,12 @@ def test_unfinished_bucket_versions_are_removed_only_when_old(cloud):
     names): repair removes them once they are old enough never to belong to a live writer."""
     options, board = cloud
     board.pin({"a": 1}, "done")
-    orphan = f"{board.root}/done/20200101T000000Z-abcde"
-    board.fs.pipe_file(f"{orphan}/part.bin", b"half an upload")
-    assert board.sweep_temporaries() == 0 and board.fs.exists(f"{orphan}/part.bin")  # recent: kept
+    orphan = f"{board.storage.root}/done/20200101T000000Z-abcde"
+    board.storage.fs.pipe_file(f"{orphan}/part.bin", b"half an upload")
+    assert board.sweep_temporaries() == 0 and board.storage.fs.exists(f"{orphan}/part.bin")  # recent: kept
     assert board.sweep_temporaries(older_than=0) == 1
-    board._fresh()
-    assert not board.fs.exists(f"{orphan}/part.bin")
+    board.storage._fresh()
+    assert not board.storage.fs.exists(f"{orphan}/part.bin")
     assert board.pin_get("done") == {"a": 1} and board.rebuild_index() == 1
 
 
@@ -225,8 +225,8 @@ def test_an_oversized_bucket_index_is_refused_then_rebuilt(cloud, monkeypatch):
     _, board = cloud
     board.pin({"a": 1}, "small")
     monkeypatch.setattr(index, "MAX_INDEX_BYTES", 4096)
-    board.fs.pipe_file(f"{board.root}/data.txt", b"- name: x\n  description: '" + b"y" * 8192 + b"'\n")
+    board.storage.fs.pipe_file(f"{board.storage.root}/data.txt", b"- name: x\n  description: '" + b"y" * 8192 + b"'\n")
     with pytest.raises(LimitExceeded, match="data.txt is larger than the 4096-byte cap"):
-        board.read_index()
+        board.storage.read_index()
     board.pin({"b": 2}, "other")  # the next write rebuilds the derived index from the listing
     assert set(_index(board)) == {"small", "other"}

@@ -153,7 +153,7 @@ def test_credentials_from_the_clients_chain_or_a_token_file(source, kaggle_serve
     monkeypatch.setenv("PINSTORM_KAGGLE_ENDPOINT", kaggle_server.endpoint)  # the documented env route
     calls = len(kaggle_server.calls)
     board = boards.board_register("kaggle", name=f"k-{source}", cache=tmp_path / "cache", **options)
-    assert board.endpoint == kaggle_server.endpoint
+    assert board.storage.endpoint == kaggle_server.endpoint
     assert Path(board.pin_get("alice/mnist-digits")[0]).exists()
     if source == "env_token":
         assert "security.OAuthService/IntrospectToken" in kaggle_server.calls[calls:]
@@ -252,7 +252,7 @@ def test_board_pickles_for_worker_processes_and_signs_in_again(board, kaggle_ser
 
     board.pin_find("digits")  # signed in, with a lock and a client object that cannot be pickled
     copy = pickle.loads(pickle.dumps(board))
-    assert copy._api is None and copy.endpoint == board.endpoint and copy.cache.root == board.cache.root
+    assert copy.storage._api is None and copy.storage.endpoint == board.storage.endpoint and copy.cache.root == board.cache.root
     assert copy.pin_get("bob/imagenet-categories")[0].endswith("categories.csv")
 
 
@@ -288,7 +288,7 @@ def test_kaggle_archives_extract_within_the_boards_limits(kaggle_server, token_f
 def test_client_adapter_is_separate_from_the_board(board):
     from pinstorm.boards.backends import kaggle_client
 
-    assert isinstance(board._client, kaggle_client.KaggleClient)
+    assert isinstance(board.storage._client, kaggle_client.KaggleClient)
     assert kaggle_client.competition_of("c/titanic") == "titanic" and kaggle_client.competition_of("a/b") is None
     with pytest.raises(boards.BoardError, match="http"):
         kaggle_client.normalise_endpoint("ftp://x", "k")

@@ -70,7 +70,7 @@ def test_round_trip_pin_find_get_versions_remove(s3_server, bucket, tmp_path):
     assert set(boards.pin_find("", board="cloud")["name"]) == {"categories", "n01440764"}
 
     # the pins 1.x layout and the root index, at the keys a datatxt reader expects
-    fs = board.fs
+    fs = board.storage.fs
     assert fs.exists(f"{bucket}/team/boards/data.txt")
     version = boards.pin_versions("categories", board="cloud")["version"].iloc[-1]
     assert fs.exists(f"{bucket}/team/boards/categories/{version}/data.txt")
@@ -96,7 +96,7 @@ def test_listings_are_never_stale_between_writers(s3_server, bucket, tmp_path):
     writer = boards.board_register("s3", name="writer", bucket=bucket, create_bucket=True,
                                    cache=tmp_path / "w", skip_instance_cache=True, **opts)
     reader = boards.board_register("s3", name="reader", bucket=bucket, cache=tmp_path / "r", **opts)
-    assert writer.fs is not reader.fs
+    assert writer.storage.fs is not reader.storage.fs
     writer.pin({"epoch": 1}, "state")
     assert reader.pin_get("state") == {"epoch": 1}
     assert len(reader.pin_versions("state")) == 1
@@ -117,7 +117,7 @@ def test_bucket_written_with_credentials_reads_back_as_datatxt_over_http(s3_serv
     df = pd.DataFrame({"wnid": ["n01440764"], "images": [1300]})
     writer.pin(df, "categories", description="categories shared by URL")
     writer.pin(_images(tmp_path / "imgs", 4), "n01440764", zip=True)
-    s3.make_public(writer.fs, bucket, "shared")  # what a publisher does once
+    s3.make_public(writer.storage.fs, bucket, "shared")  # what a publisher does once
 
     url = f"{s3_server.endpoint}/{bucket}/shared"
     public = boards.board_register("datatxt", name="public", url=url, cache=tmp_path / "r")
@@ -169,7 +169,7 @@ def test_server_errors_are_clear_and_the_cache_never_holds_a_partial_file(s3_ser
     assert Path(board.pin_get("big")[0]).read_bytes() == big.read_bytes()
     assert cached_versions() == [version]
 
-    writer.fs.rm(f"{bucket}/small/{writer.pin_versions('small')['version'].iloc[-1]}/small.parquet")
+    writer.storage.fs.rm(f"{bucket}/small/{writer.pin_versions('small')['version'].iloc[-1]}/small.parquet")
     with pytest.raises(DownloadError, match="missing") as e404:
         board.pin_get("small")
     assert e404.value.status == 404

@@ -29,11 +29,11 @@ gcs_server = pytest.fixture(scope="module", name="gcs_server")(gcs.serve)
 
 
 def _index(board) -> dict[str, dict]:
-    return {e["name"]: e for e in yaml.safe_load(board.fs.cat_file(f"{board.root}/data.txt")) or []}
+    return {e["name"]: e for e in yaml.safe_load(board.storage.fs.cat_file(f"{board.storage.root}/data.txt")) or []}
 
 
 def _manifest(board) -> dict[str, list[str]]:
-    return yaml.safe_load(board.fs.cat_file(f"{board.root}/_pins.yaml")) or {}
+    return yaml.safe_load(board.storage.fs.cat_file(f"{board.storage.root}/_pins.yaml")) or {}
 
 
 def _make(kind: str, tmp_path: Path, request, name: str = "big"):
@@ -65,7 +65,7 @@ def test_a_batch_publishes_the_indexes_once_with_every_pin(kind, tmp_path, reque
         versions = board.list_versions(name)
         assert entry["versions"] == versions and entry["path"] == f"{name}/{versions[-1]}/r-legacy"
         # the R legacy view was stored with the version, where the index points
-        view = yaml.safe_load(board.fs.cat_file(f"{board.root}/{entry['path']}/data.txt"))
+        view = yaml.safe_load(board.storage.fs.cat_file(f"{board.storage.root}/{entry['path']}/data.txt"))
         assert view["path"] == [f"../{name}.json"]
     assert {k: [p.split("/")[1] for p in v] for k, v in _manifest(board).items()} == \
         {name: board.list_versions(name) for name in listed}
@@ -186,13 +186,13 @@ def test_processes_repartitioning_disjoint_slices_leave_every_category_listed_ov
     assert set(_manifest(board)) == expected
     assert len(board.list_versions("categories")) == writers  # each slice pinned its own list
     if kind == "local":
-        with boards.serve_board(board.root) as url:
+        with boards.serve_board(board.storage.root) as url:
             web = boards.board_register(url, name="web", cache=tmp_path / "web-cache")
             assert set(web.pin_find("")["name"]) == expected
             assert sorted(Path(p).name for p in web.pin_get(wnids[-1])) == [f"{wnids[-1]}_{j}.JPEG" for j in range(2)]
     else:
         if kind == "s3":
-            s3.make_public(board.fs, options["bucket"], "team")
+            s3.make_public(board.storage.fs, options["bucket"], "team")
         url = f"{request.getfixturevalue(f'{kind}_server').endpoint}/{options['bucket']}/team"
         web = boards.board_register("datatxt", name="web", url=url, cache=tmp_path / "web-cache")
         assert set(web.pin_find("")["name"]) == expected

@@ -358,10 +358,10 @@ def test_one_http_client_and_pickling(served, tmp_path):
     folder, url = served
     boards.board_register("local", name="src", path=folder).pin({"v": 1}, "obj")
     web = DatatxtBoard("web", url, cache=tmp_path / "c")
-    assert not hasattr(web, "fs")  # no second (fsspec) HTTP stack
-    assert web.session.get_adapter(url).max_retries.total == 2
+    assert not hasattr(web.storage, "fs")  # no second (fsspec) HTTP stack
+    assert web.storage.session.get_adapter(url).max_retries.total == 2
     copy = pickle.loads(pickle.dumps(web))
-    assert copy.pin_get("obj") == {"v": 1} and copy.session is not web.session
+    assert copy.pin_get("obj") == {"v": 1} and copy.storage.session is not web.storage.session
 
 
 # ---- property tests ----------------------------------------------------------------------------------
@@ -480,9 +480,9 @@ def test_cloud_board_legacy_paths_cannot_escape_the_cache(tmp_path, monkeypatch)
                                        cache=tmp_path / "wc", **opts)
         writer.pin({"v": 1}, "obj")
         version = writer.pin_versions("obj")["version"].iloc[-1]
-        root = f"{writer.root}/obj/{version}"
-        writer.fs.pipe_file(f"{root}/x.txt", b"pwned")
-        writer.fs.pipe_file(f"{root}/data.txt", b"path: ../../../../x.txt\ntype: files\n")  # a v0 data.txt
+        root = f"{writer.storage.root}/obj/{version}"
+        writer.storage.fs.pipe_file(f"{root}/x.txt", b"pwned")
+        writer.storage.fs.pipe_file(f"{root}/data.txt", b"path: ../../../../x.txt\ntype: files\n")  # a v0 data.txt
         reader = boards.board_register("s3", name="r", bucket="colleague", cache=tmp_path / "rc", **opts)
         with pytest.raises(UnsafePath, match=r"'../../../../x.txt'.*'obj'"):
             reader.pin_get("obj", version=version)
@@ -541,7 +541,7 @@ def test_size_cap_holds_without_content_length(tmp_path):
         with pytest.raises(LimitExceeded, match="1000-byte cap"):
             web.pin_find("")  # the index
         with pytest.raises(LimitExceeded, match="cap on metadata"):
-            web._get(f"{url}/x/v1/data.txt")  # a version's data.txt
+            web.storage._get(f"{url}/x/v1/data.txt")  # a version's data.txt
     finally:
         httpd.shutdown()
         httpd.server_close()

@@ -280,7 +280,7 @@ def test_r_reads_a_board_pinstorm_wrote_to_s3(s3_server, tmp_path, monkeypatch, 
     writer.pin(FRAME, "frame_csv", type="csv")
     writer.pin([src / "one.txt", src / "two.txt"], "two_files")
     writer.pin([src / "one.txt", src / "two.txt"], "zipped", zip=True)
-    s3.make_public(writer.fs, bucket, "shared")
+    s3.make_public(writer.storage.fs, bucket, "shared")
     url = f"{s3_server.endpoint}/{bucket}/shared"
     legacy = r045.run(r"""
 board_register_datatxt(url, name = "s3")

@@ -401,7 +401,7 @@ def _rewrite_without_checksums(url: Path, edit) -> None:
         for table in groups:
             writer.write_table(table.cast(schema), row_group_size=len(table))
     location = resolve(url)
-    info = read_info(location)
+    info = read_info(location).to_dict()   # a copy to edit
     for entry in info["files"].values():
         for key in ("row_group_xxh3", "footer_xxh3", "xxh3"):
             entry.pop(key)

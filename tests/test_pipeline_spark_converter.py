@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -200,6 +201,46 @@ def test_bad_dataframes_are_refused(spark, tmp_path):
     assert {wnid for _, _, wnid, _ in _rows(named.cache_dir_url)} == {"ant", "bee"}
 
 
+def test_other_dataframe_columns_are_kept_as_extra_parquet_columns(spark, tmp_path):
+    """Scalar, string and bytes columns are stored after pinstorm's six, row for row; nested ones and names
+    of the dataset's own columns are left out (or refused when named); the readers ignore the extras."""
+    import datetime
+    import decimal
+
+    import pyarrow.parquet as pq
+
+    rows = [(_jpeg(i), i % 2, f"img{i}.jpg", i * 10, i / 4, i % 3 == 0, f"s{i}", bytes([i]), datetime.date(2020, 1, i + 1),
+             decimal.Decimal(f"{i}.50"), [i, i], "w") for i in range(8)]
+    rows.append((b"broken", 0, "broken.jpg", 99, 0.0, False, "x", b"", datetime.date(2020, 2, 1), decimal.Decimal("0"),
+                 [], "w"))
+    df = spark.createDataFrame(rows, "image binary, label long, name string, n long, x double, flag boolean, "
+                                     "tag string, raw binary, day date, price decimal(6,2), seq array<int>, "
+                                     "wnid string").repartition(2)
+    converter = make_spark_converter(df, cache_url=tmp_path / "cache", filename_col="name")
+    assert len(converter) == 8 and [s["path"] for s in converter.skipped] == ["broken.jpg"]
+    location = resolve(converter.cache_dir_url)
+    tables = [pq.read_table(location.join(name)) for name in sorted(read_info(location)["files"])]
+    assert tables[0].column_names == ["image", "label", "wnid", "filename", "height", "width", "n", "x", "flag", "tag",
+                                      "raw", "day", "price"]                  # seq (an array) and wnid: left out
+    stored = sorted(row for t in tables for row in zip(*(t.column(c).to_pylist() for c in
+                                                         ("filename", "label", "n", "x", "flag", "tag", "raw", "day",
+                                                          "price"))))
+    assert stored == sorted((f"img{i}.jpg", i % 2, i * 10, i / 4, i % 3 == 0, f"s{i}", bytes([i]),
+                             datetime.date(2020, 1, i + 1), decimal.Decimal(f"{i}.50")) for i in range(8))
+    assert verify_dataset(converter.cache_dir_url, decode=True)["rows"] == 8      # checksums: pinstorm's columns
+    if importlib.util.find_spec("torch") is not None:
+        with converter.make_torch_dataloader(batch_size=4, num_epochs=1, image_size=16, training=False) as loader:
+            assert sum(len(labels) for _, labels in loader) == 8
+    just = make_spark_converter(df, cache_url=tmp_path / "cache", filename_col="name", extra_cols=["tag"])
+    assert resolve(just.cache_dir_url).fs.exists(resolve(just.cache_dir_url).join("part-00000.parquet"))
+    assert pq.read_schema(resolve(just.cache_dir_url).join("part-00000.parquet")).names[6:] == ["tag"]
+    for bad, message in ((["seq"], "ArrayType"), (["wnid"], "dataset's own columns"), (["nope"], "no column")):
+        with pytest.raises(SparkConverterError, match=message):
+            make_spark_converter(df, cache_url=tmp_path / "cache", filename_col="name", extra_cols=bad)
+    converter.delete()
+    just.delete()
+
+
 def _python_workers() -> list[int]:
     """Python task processes of this test's local Spark: children of a ``pyspark.daemon`` under this process."""
     from servers.spark_standalone import _children_tree, _parents, cmdline
@@ -287,24 +328,81 @@ def test_executors_write_to_a_bucket(spark, tmp_path):
 
     root = make_digits_tree(tmp_path / "small", image_size=16, per_class=4, seed=2)
     layout = scan(root)
+    bucket = f"converted-{uuid.uuid4().hex[:8]}"
     with S3Server() as server:
         options = server.storage_options()
         fs = s3fs.S3FileSystem(**options)
-        fs.mkdir("bucket")
-        fs.pipe("bucket/cache/keep.txt", b"someone else's")
+        fs.mkdir(bucket)   # moto keeps buckets per process: a name of its own
+        fs.pipe(f"{bucket}/cache/keep.txt", b"someone else's")
         local = convert(layout, tmp_path / "local", partitions=2, min_row_groups=4, progress=False)
-        remote = convert(layout, "s3://bucket/ds", partitions=2, min_row_groups=4, progress=False, spark=spark,
+        remote = convert(layout, f"s3://{bucket}/ds", partitions=2, min_row_groups=4, progress=False, spark=spark,
                          storage_options=options)
-        assert read_info(resolve("s3://bucket/ds", options))["files"] == read_info(resolve(local.url))["files"]
-        assert verify_dataset("s3://bucket/ds", storage_options=options)["rows"] == local.rows
+        assert read_info(resolve(f"s3://{bucket}/ds", options))["files"] == read_info(resolve(local.url))["files"]
+        assert verify_dataset(f"s3://{bucket}/ds", storage_options=options)["rows"] == local.rows
         df = spark.createDataFrame([(_jpeg(i), i % 2) for i in range(10)], ["image", "label"]).repartition(2)
-        converter = make_spark_converter(df, cache_url="s3://bucket/cache", storage_options=options)
-        assert len(converter) == 10 and converter.cache_dir_url.startswith("s3://bucket/cache/pinstorm-converter-")
+        converter = make_spark_converter(df, cache_url=f"s3://{bucket}/cache", storage_options=options)
+        assert len(converter) == 10 and converter.cache_dir_url.startswith(f"s3://{bucket}/cache/pinstorm-converter-")
         assert dataset_info(converter.cache_dir_url, storage_options=options)["rows"] == 10
         converter.delete()
         fs.invalidate_cache()
-        assert fs.ls("bucket/cache") == ["bucket/cache/keep.txt"]
+        assert fs.ls(f"{bucket}/cache") == [f"{bucket}/cache/keep.txt"]
     assert remote.rows == local.rows
+
+
+def test_a_tree_in_a_bucket_converts_on_the_executors(spark, tmp_path):
+    """`convert("s3://bucket/tree", spark=)`: the driver lists the tree (names and sizes), the executors read
+    the images from the bucket; the dataset is the one-machine conversion of the same tree on disk (also
+    `convert` of the URL without Spark), and no credential reaches the dataset or the job description."""
+    s3fs = pytest.importorskip("s3fs")
+    from servers.s3 import KEY, SECRET, S3Server
+
+    root = make_digits_tree(tmp_path / "small", image_size=16, per_class=4, quirks=True, seed=2)
+    settings = dict(partitions=2, min_row_groups=4, progress=False)
+    local = convert(scan(root), tmp_path / "local", **settings)
+    with S3Server() as server:
+        options = server.storage_options()
+        fs = s3fs.S3FileSystem(**options)
+        fs.mkdir("trees")        # moto's buckets are per process: not the other test's "bucket"
+        fs.put(str(root) + "/", "trees/tree", recursive=True)
+        on_spark = convert("s3://trees/tree", tmp_path / "spark", spark=spark, storage_options=options, **settings)
+        one_machine = convert("s3://trees/tree", tmp_path / "one", storage_options=options, **settings)
+        with pytest.raises(ValueError, match=r"s3://k:\*\*\*@trees/tree: put credentials in storage_options"):
+            convert("s3://k:not-here@trees/tree", tmp_path / "no", spark=spark, **settings)
+    a = read_info(resolve(local.url))
+    for result in (on_spark, one_machine):
+        b = read_info(resolve(result.url))
+        for key in ("rows", "classes", "class_rows", "row_group_rows", "files"):
+            assert a[key] == b[key], key                                      # checksums of every part included
+        assert _rows(local.url) == _rows(result.url)
+        assert sorted(s["reason"] for s in result.skipped) == sorted(s["reason"] for s in local.skipped)
+        assert all(s["path"].startswith("s3://trees/tree/") for s in result.skipped)
+        assert b["source"] == "s3://trees/tree (ilsvrc, train)"
+        for written in Path(result.url[len("file://"):]).iterdir():
+            assert KEY.encode() not in written.read_bytes() and SECRET.encode() not in written.read_bytes()
+
+
+def test_a_board_of_category_pins_converts_on_the_executors(spark, tmp_path):
+    """`convert("board://<board>", spark=, partition=)`: the executors fetch the slice's category pins from the
+    board (only names reach the driver); the labels come from the categories pin, and the dataset is the
+    one-machine `convert` of the same board and slice (`imagenet_partition` on the driver)."""
+    from pinstorm import boards
+    from pinstorm.pipeline import repartition
+
+    root = make_digits_tree(tmp_path / "small", image_size=16, per_class=3, seed=4)
+    boards.board_register("folder", name="inet", path=str(tmp_path / "board"), cache=str(tmp_path / "board-cache"))
+    repartition(root, "inet", progress=False)
+    settings = dict(partitions=2, min_row_groups=4, progress=False)
+    on_spark = convert("board://inet", tmp_path / "spark", spark=spark, partition=(1, 2), **settings)
+    one_machine = convert("board://inet", tmp_path / "one", partition=(1, 2), **settings)
+    a, b = read_info(resolve(one_machine.url)), read_info(resolve(on_spark.url))
+    for key in ("rows", "classes", "class_rows", "row_group_rows", "files", "plan"):
+        assert a[key] == b[key], key
+    assert b["classes"] == scan(root).classes and b["class_rows"][:5] == [0] * 5   # global labels, slice 1 of 2
+    assert _rows(one_machine.url) == _rows(on_spark.url)
+    whole = convert("board://inet", tmp_path / "whole", spark=spark, **settings)
+    assert whole.rows == len(scan(root).train) and whole.classes == scan(root).classes
+    with pytest.raises(ValueError, match="board://<board>"):
+        convert("board://inet/n00000000", tmp_path / "no", spark=spark, **settings)
 
 
 def _names_in(url, part):

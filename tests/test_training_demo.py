@@ -103,7 +103,8 @@ def test_train_command_trains_pins_and_prints_json(two_cpu_devices, digits_parqu
         "--image-size", "32", "--width", "0.125", "--no-flip", "--json", "--output-dir", str(tmp_path / "out"),
         "--pin", "runs/cli-run"], catch_exceptions=False)
     assert result.exit_code == 0, result.output
-    summary = json.loads(result.output.strip().splitlines()[-1])
+    # the summary is stdout's one line (CliRunner's output also holds stderr, where other threads may write)
+    summary = json.loads(next(line for line in reversed(result.output.splitlines()) if line.startswith("{")))
     assert summary["strategy"]["cross_device_ops"] == "HierarchicalCopyAllReduce"
     assert summary["global_batch_size"] == 16 and summary["epochs"] == [0]
     assert Path(summary["metrics_csv"]).exists()

@@ -140,7 +140,7 @@ def test_arguments_are_checked_before_any_session_starts(tmp_path):
     with pytest.raises(SparkTrainError, match="max_restarts"):
         spark_train({"data": "x"}, 2, max_restarts=-1)
     args = _check_args({"partition_board": "http://127.0.0.1:1/b", "model_name": "alexnet"}, 2)
-    assert args["partition_board"] == {"kind": "datatxt", "url": "http://127.0.0.1:1/b"}
+    assert args["partition_board"] == {"kind": "url", "url": "http://127.0.0.1:1/b"}   # boards.resolve_board's rule
     # one output folder for every rank and every relaunch, chosen on the driver
     assert os.path.isabs(args["output_dir"]) and os.path.basename(args["output_dir"]).startswith("alexnet-")
     from pinstorm import boards

@@ -110,7 +110,7 @@ def test_prune_against_writers_and_readers(where, tmp_path, request):
         bucket = f"prune-{uuid.uuid4().hex[:8]}"
         spec = {"kind": "s3", "name": "team",
                 "options": {"bucket": bucket, "path": "boards", **s3_server.storage_options()}}
-        fs = boards.board_register("s3", name="seed", create_bucket=True, **spec["options"]).fs
+        fs = boards.board_register("s3", name="seed", create_bucket=True, **spec["options"]).storage.fs
         seeded, ages = _seed_s3(fs, bucket, prune_support.OLD, sources, old_age)
         stale, _ = _seed_s3(fs, bucket, PIN, sources[:2], 2 * old_age)
     board = boards.board_register(spec["kind"], name=spec["name"], cache=tmp_path / "parent-cache",
@@ -198,7 +198,7 @@ def test_a_version_deleted_under_a_reader_is_version_not_found(tmp_path, monkeyp
 
     def read_meta_after_a_prune(self, name, version):  # the pruner wins the race right here
         if version == old and (tmp_path / "solo" / "obj" / old).exists():
-            self.delete(name, [old])
+            self.storage.delete(name, [old])
         return real(self, name, version)
 
     monkeypatch.setattr(type(board), "read_meta", read_meta_after_a_prune)

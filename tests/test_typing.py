@@ -9,6 +9,7 @@ what a user's type checker sees.
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -75,3 +76,26 @@ def test_the_boards_public_modules_pass_mypy_strict(installed, tmp_path):
     modules = [arg for name in STRICT_MODULES for arg in ("-m", f"pinstorm.boards.{name}")]
     done = _mypy(installed, "--strict", *modules, cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-5000:]
+
+
+def test_a_typo_in_a_dataset_info_field_is_a_type_error(installed, tmp_path):
+    """`dataset_info` returns a typed `DatasetInfo`: ``info.rows`` is an int, ``info.rwos`` an error a
+    type checker reports (``info["rwos"]`` would only fail at run time)."""
+    user = tmp_path / "user_info.py"
+    user.write_text(textwrap.dedent("""
+        from pinstorm.pipeline import DataMap, dataset_info, imagenet_partition
+
+        info = dataset_info("digits-train")
+        reveal_type(info.rows)
+        reveal_type(info.classes)
+        info.rwos
+        reveal_type(imagenet_partition(0, 1, "b").image)
+        DataMap(image=["a.jpg"], category=[3.5])
+    """))
+    out = _mypy(installed, str(user), cwd=tmp_path).stdout
+    assert re.search(r'user_info.py:5: note: Revealed type is "(builtins\.)?int"', out), out
+    assert re.search(r'user_info.py:6: note: Revealed type is "typing\.Sequence\[(builtins\.)?str\]"', out), out
+    assert re.search(r'user_info.py:8: note: Revealed type is "typing\.Sequence\[(builtins\.)?str\]"', out), out
+    assert '"DatasetInfo" has no attribute "rwos"' in out, out
+    assert 'List item 0 has incompatible type "float"' in out, out
+    assert "pinstorm/pipeline/contracts.py" not in out, out

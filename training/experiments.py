@@ -92,7 +92,7 @@ def check_target(target) -> tuple[Any, str]:
     """Fail before training, not after it: the board must exist (a Board, or a registered name) and be writable."""
 
     board, name = parse_target(target)
-    instance = boards.board_get(board)
+    instance = boards.resolve_board(board)
     if getattr(instance, "read_only", False):
         raise ExperimentError(f"cannot pin experiment {name!r}: board {instance.name!r} is read-only")
     return board, name
@@ -129,9 +129,10 @@ def dataset_lineage(data, resolved_url: str | None = None, storage_options: dict
     (read with the `storage_options` the fit read it with)."""
     if data is None:
         return None
-    if isinstance(data, dict) and "image" in data:
-        record = {"kind": "data map", "images": len(data["image"]),
-                  "categories": [str(c) for c in (data.get("categories") or [])]}
+    data_map = pipeline.DataMap.from_source(data)
+    if data_map is not None:
+        record = {"kind": "data map", "images": len(data_map.image),
+                  "categories": [str(c) for c in (data_map.categories or [])]}
     elif isinstance(data, (str, os.PathLike)):
         record = {"kind": "parquet", "url": os.fspath(data)}
     else:

@@ -41,18 +41,22 @@ class Input:
 
 
 def is_data_map(data) -> bool:
-    return isinstance(data, dict) and "image" in data and "category" in data
+    """A `pipeline.DataMap`, or a dict with its keys (the pipeline's one test)."""
+    return pipeline.DataMap.is_data_map(data)
 
 
-def map_classes(data_map: dict) -> list | None:
+def map_classes(data) -> list | None:
     """The wnids that fix a data map's labels: all of them (``classes``), else its ``categories``."""
-    return data_map.get("classes") or data_map.get("categories")
+    data_map = pipeline.DataMap.from_source(data)
+    return (data_map.label_classes() or None) if data_map is not None else None
 
 
-def _convert_data_map(data_map: dict, cache_dir: Path, split: str, classes, parallel) -> str:
+def _convert_data_map(data, cache_dir: Path, split: str, classes, parallel) -> str:
     """Convert a data map to Parquet under ``cache_dir`` (the pipeline reuses a finished identical one)."""
 
-    digest = hashlib.sha1(json.dumps([list(map(str, data_map["image"])), list(map(str, data_map["category"])),
+    data_map = pipeline.DataMap.from_source(data)
+    assert data_map is not None
+    digest = hashlib.sha1(json.dumps([list(map(str, data_map.image)), list(map(str, data_map.category)),
                                       list(classes or [])]).encode()).hexdigest()[:12]
     target = cache_dir / f"{split}-{digest}"
     result = pipeline.convert(data_map, str(target), classes=classes, split=split, parallel=parallel)
@@ -99,11 +103,11 @@ def _dataset_input(dataset: tf.data.Dataset, *, global_batch, image_size, num_cl
     return Input(dataset, rows, num_classes)
 
 
-def _parquet_train_input(strategy, url: str, info: dict, *, global_batch, image_size, parallel, seed,
+def _parquet_train_input(strategy, url: str, info: pipeline.DatasetInfo, *, global_batch, image_size, parallel, seed,
                          input_options):
     """One endless ``make_dataset`` per worker over its own shard, batched per replica."""
 
-    rows = int(info["rows"])
+    rows = info.rows
     steps = rows // global_batch
     if steps < 1:
         raise InvalidTrainingInput(f"{url} has {rows} rows, fewer than one global batch of {global_batch}; "
@@ -126,18 +130,17 @@ def _parquet_train_input(strategy, url: str, info: dict, *, global_batch, image_
             training=True, shard=shard, num_epochs=None, drop_remainder=True, **options)
 
     dataset = strategy.distribute_datasets_from_function(dataset_fn)
-    return Input(dataset, rows, int(info["num_classes"]), list(info.get("classes") or []), steps, shards)
+    return Input(dataset, rows, info.num_classes, list(info.classes), steps, shards)
 
 
-def _parquet_eval_input(url: str, info: dict, *, global_batch, image_size, parallel, input_options) -> Input:
+def _parquet_eval_input(url: str, info: pipeline.DatasetInfo, *, global_batch, image_size, parallel, input_options) -> Input:
     """Every validation row once per evaluation (Keras splits each global batch across replicas)."""
 
     options = {k: v for k, v in input_options.items() if k in ("eval_crop", "engine", "reader_workers", "stream",
                                                                "cache_limit", "storage_options")}
     dataset = pipeline.make_dataset(url, batch_size=global_batch, image_size=(image_size, image_size),
                                     training=False, num_epochs=1, shuffle=False, parallel=parallel, **options)
-    return Input(_with_data_sharding(dataset), int(info["rows"]), int(info["num_classes"]),
-                  list(info.get("classes") or []))
+    return Input(_with_data_sharding(dataset), info.rows, info.num_classes, list(info.classes))
 
 
 def resolve_input(data, *, role, strategy, global_batch, image_size, parallel, seed, num_classes,

@@ -110,20 +110,18 @@ INDEX_KINDS = ("datatxt", "url")            # boards read through a data.txt ind
 def _cold_board(board):
     """(``board`` with an empty cache of its own, that cache's folder): a cold fetch, the user's cache untouched.
 
-    ``board``: a ``Board``, a registered name or a data.txt URL. Nothing is registered.
+    ``board``: anything ``boards.resolve_board`` takes (None: the default board; a ``Board``, a registered name,
+    ``board://NAME``, an http(s) URL: a url board, a spec dict). Nothing is registered.
     """
 
+    if board is not None and not isinstance(board, (str, dict, boards.Board)):
+        raise ProfileError(f"board must be a Board, a registered name, board://NAME, an http(s) URL or a spec "
+                           f"dict, not {type(board).__name__}")
+    try:
+        board = boards.resolve_board(board)   # the one resolver: an http(s) URL is a url board, nothing registered
+    except boards.BoardError as e:
+        raise ProfileError(str(e)) from e
     cache = tempfile.mkdtemp(prefix="pinstorm-profile-cache-")
-    if isinstance(board, str) and board.startswith(("http://", "https://")):
-        return boards.board_datatxt(board, cache=cache), cache
-    if isinstance(board, str):
-        if board not in boards.board_names():
-            shutil.rmtree(cache, ignore_errors=True)
-            raise ProfileError(f"board {board!r} is not registered (registered: {', '.join(boards.board_names())})")
-        board = boards.board_get(board)
-    if not isinstance(board, boards.Board):
-        shutil.rmtree(cache, ignore_errors=True)
-        raise ProfileError(f"board must be a Board, a registered name or a data.txt URL, not {type(board).__name__}")
     return board.with_cache(cache), cache
 
 

@@ -263,28 +263,31 @@ def _partition_steps(smallest: int, batch_size: int, replicas: int = 1) -> int:
 def _partition_board_spec(board) -> dict:
     """What an executor needs to open the partition board itself: ``{"kind": ..., options}``.
 
-    An http(s) URL is a data.txt board; a dict is used as is (``kind`` plus ``board_register``
+    Resolved by ``boards.resolve_board``: an http(s) URL is a url board (its data.txt, else
+    ``_pins.yaml``); a dict is used as is (``kind`` plus ``board_register``
     options such as ``url``, ``cache``, ``bucket``); a ``Board`` gives its own ``spec``, and a
     registered name the spec of the board it names. The spec goes to the executors in the task
     (secrets included, as the executors need them to sign in) and is never written to disk.
     """
 
-    if isinstance(board, dict):
-        if "kind" not in board:
-            raise SparkTrainError("a partition_board dict needs a 'kind' (datatxt, s3, gcs, local, ...) and the "
-                                  "options board_register takes")
+    if isinstance(board, dict):     # used as is (built in each task, not here), its kind checked against the table
+        kind = board.get("kind")
+        if not kind:
+            raise SparkTrainError(f"a partition_board dict needs a 'kind' (one of {boards.constructors.kinds_text()}) "
+                                  "and the options board_register takes")
+        if kind not in boards.KINDS and not boards.constructors.is_http_url(kind):
+            raise SparkTrainError(f"partition_board kind {kind!r} is unknown; use one of "
+                                  f"{boards.constructors.kinds_text()}")
         return dict(board)
-    if isinstance(board, str) and board.startswith(("http://", "https://")):
-        return {"kind": "datatxt", "url": board}
-    if isinstance(board, str):
-        if board not in boards.board_names():
-            raise SparkTrainError(f"partition_board {board!r} is not a registered board, a data.txt URL or a "
-                                  f"board spec dict (registered: {', '.join(sorted(boards.board_names()))})")
-        board = boards.board_get(board)
-    if isinstance(board, boards.Board):
-        return {k: (os.fspath(v) if isinstance(v, os.PathLike) else v) for k, v in board.spec.items()}
-    raise SparkTrainError(f"partition_board must be a data.txt URL, a Board, a registered board name or a spec "
-                          f"dict, not {type(board).__name__}")
+    if not isinstance(board, (str, boards.Board)):
+        raise SparkTrainError(f"partition_board must be an http(s) URL, a Board, a registered board name or a spec "
+                              f"dict, not {type(board).__name__}")
+    try:
+        board = boards.resolve_board(board)   # the one resolver: an http(s) URL is a url board
+    except boards.BoardNotRegistered as e:
+        raise SparkTrainError(f"partition_board {board!r} is not a registered board, an http(s) URL or a "
+                              f"board spec dict (registered: {', '.join(sorted(boards.board_names()))})") from e
+    return {k: (os.fspath(v) if isinstance(v, os.PathLike) else v) for k, v in board.spec.items()}
 
 
 def _check_args(train_fn_or_args, num_workers, framework: str = "tensorflow") -> Callable | dict:

@@ -312,12 +312,12 @@ def _optimizer(name: str, parameters, learning_rate: float):
     return torch.optim.Adam(parameters, lr=learning_rate)
 
 
-def _shard_rows(info: dict, world: int) -> list[int]:
+def _shard_rows(info: pipeline.DatasetInfo, world: int) -> list[int]:
     """Rows of each rank's shard (the loader's rule), so every rank can compute the same step count."""
 
     if world == 1:
-        return [int(info["rows"])]
-    return [sum(info["row_group_rows"][g] for g in shard_row_groups(info, (r, world))) for r in range(world)]
+        return [int(info.rows)]
+    return [sum(info.row_group_rows[g] for g in shard_row_groups(info, (r, world))) for r in range(world)]
 
 
 def _autocast_dtype(precision: str, device):
@@ -504,15 +504,15 @@ def _train(model_name, url, validation_data, *, choice, epochs, batch_size, imag
     checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
 
     info = pipeline.dataset_info(url, storage_options=input_options.get("storage_options"))
-    num_classes = num_classes or int(info["num_classes"])
-    if num_classes != int(info["num_classes"]):
-        raise InvalidTrainingInput(f"num_classes={num_classes} but {url} has {info['num_classes']} classes")
+    num_classes = num_classes or int(info.num_classes)
+    if num_classes != int(info.num_classes):
+        raise InvalidTrainingInput(f"num_classes={num_classes} but {url} has {info.num_classes} classes")
     options = {k: v for k, v in input_options.items() if k != "shard"}
     unknown = sorted(set(options) - set(_LOADER_OPTIONS))
     if unknown:
         raise InvalidTrainingInput(f"unknown input_options {unknown}; make_torch_loader takes {list(_LOADER_OPTIONS)}")
     shard = input_options["shard"] if "shard" in input_options else ((rank, world) if world > 1 else None)
-    rows = [int(info["rows"])] if shard is None else _shard_rows(info, world)
+    rows = [int(info.rows)] if shard is None else _shard_rows(info, world)
     steps = steps_per_epoch or min(rows) // batch_size
     if steps < 1:
         raise InvalidTrainingInput(f"{url}: the smallest shard has {min(rows)} rows, fewer than one batch of "
@@ -566,10 +566,10 @@ def _train(model_name, url, validation_data, *, choice, epochs, batch_size, imag
     val_loader, val_sharded = None, False
     if validation_data is not None:
         val_info = pipeline.dataset_info(os.fspath(validation_data), storage_options=options.get("storage_options"))
-        if val_info.get("classes") and info.get("classes") and list(val_info["classes"]) != list(info["classes"]):
+        if val_info.classes and info.classes and list(val_info.classes) != list(info.classes):
             raise InvalidTrainingInput("training and validation data label different classes; convert both with the "
                                        "same `classes`")
-        val_shard = (rank, world) if world > 1 and int(val_info["row_groups"]) >= world else None
+        val_shard = (rank, world) if world > 1 and int(val_info.row_groups) >= world else None
         eval_options = {k: v for k, v in options.items() if k in ("eval_crop", "dct_scale", "verify", "retries",
                                                                   "storage_options", "max_pixels", "stream",
                                                                   "cache_limit")}

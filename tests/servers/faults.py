@@ -45,6 +45,10 @@ class _Server(ThreadingHTTPServer):
     request_queue_size = 128  # parallel clients open many connections at once
     daemon_threads = True
 
+    def handle_error(self, request, client_address) -> None:
+        """Quiet: a proxy thread still relaying when its test has stopped the proxy (its sockets shut)
+        would otherwise print socketserver's dashed traceback into whatever test runs next."""
+
 
 class FaultProxy(LocalServer):
     """Forward to `upstream` (`http://host:port`); `endpoint` is the proxy's own base URL."""
