@@ -110,35 +110,14 @@ def imagenet_partition(partition: int, partitions: int, board, parallel=None, *,
     Returns:
         The data map (a frozen `DataMap`, also read by key as above), ready for `convert`.
     """
-
-    if not isinstance(partitions, int) or partitions < 1:
-        raise InvalidPipelineInput(f"partitions must be a positive integer, got {partitions!r}")
-    if not isinstance(partition, int) or not 0 <= partition < partitions:
-        raise InvalidPipelineInput(f"partition must be in [0, {partitions}) (0-based), got {partition!r}")
-    table = boards.pin_get(CATEGORIES_PIN, board=board)
-    if not hasattr(table, "columns") or not {"id", "name"} <= set(table.columns):
-        raise InvalidPipelineInput(f"pin {CATEGORIES_PIN!r} on board {board!r} is not a categories table "
-                         "(id, name, images); was the board made by repartition()?")
-    table = table.sort_values("id").reset_index(drop=True)
-    classes = [str(c) for c in table["id"]]
-    if partitions > len(classes):
-        raise InvalidPipelineInput(f"{partitions} partitions of {len(classes)} categories would leave some empty")
-    start, stop = partition * len(classes) // partitions, (partition + 1) * len(classes) // partitions
-    mine = classes[start:stop]
-    counts = dict(zip(classes, table["images"])) if "images" in table.columns else {}
-    wanted = [wnid for wnid in mine if counts.get(wnid, 1) > 0]   # empty categories have no pin
+    classes, mine, wanted, names = category_slice(partition, partitions, board)
     fetched = boards.pin_get_many(wanted, board=board, parallel=parallel, extract=extract)
     image, category = [], []
     for wnid in wanted:
-        paths = fetched[wnid]
-        if isinstance(paths, (str, os.PathLike)):
-            paths = [paths]
-        files = sorted(p for p in map(os.fspath, paths) if is_image_name(os.path.basename(p)))
+        files = category_files(fetched[wnid])
         image += files
         category += [wnid] * len(files)
-    names = {str(i): str(n) for i, n in zip(table["id"], table["name"])}
     return DataMap(image=image, category=category, categories=mine, classes=classes, names=names)
-
 
 
 def category_slice(partition: int, partitions: int, board) -> tuple[list[str], list[str], list[str], dict[str, str]]:
