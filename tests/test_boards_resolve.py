@@ -9,6 +9,7 @@ import shutil
 import pytest
 from click.testing import CliRunner
 
+from extras_support import needs
 from pinstorm import boards
 from pinstorm.boards import constructors, registry
 from pinstorm.boards.errors import BoardError, BoardNotRegistered, ReadOnlyBoard
@@ -53,6 +54,7 @@ def test_every_entry_point_resolves_the_same_way(tmp_path, http_board):
         boards.pin_get("obj", board="nope")
 
 
+@needs("pipeline")
 def test_board_urls_in_the_pipeline_name_boards_as_the_resolver_does(tmp_path):
     from pinstorm import pipeline
     from pinstorm.pipeline.storage import BOARD_SCHEME, parse_board_url
@@ -65,6 +67,7 @@ def test_board_urls_in_the_pipeline_name_boards_as_the_resolver_does(tmp_path):
         pipeline.dataset_info("board://nope/ds")
 
 
+@needs("spark")   # profiling is training's, and spark_train needs pyspark
 def test_profiling_and_spark_resolve_http_urls_as_url_boards(tmp_path):
     from pinstorm.training.profiling import ProfileError, _cold_board
     from pinstorm.training.spark import _partition_board_spec
