@@ -43,6 +43,7 @@ import re
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -159,8 +160,11 @@ def test_the_examples_of_a_section_run_as_written(section, tmp_path, cloud_serve
                     "petastorm included); this one lacks petastorm, and a second run would cost CI ~3 min")
     chain = [*prerequisites(section), section]
     code = "".join(e.code for s in chain for e in s.examples if runnable(e, s))
+    retries = contextlib.ExitStack()
     for attempt in range(3):
-        base = tmp_path / f"attempt{attempt}"
+        # the first run in tmp_path itself: a longer TMPDIR would overflow the 108-byte AF_UNIX socket paths
+        # PyTorch's DataLoader workers make there; a retry in a short fresh folder of its own
+        base = tmp_path if attempt == 0 else Path(retries.enter_context(tempfile.TemporaryDirectory(prefix="d")))
         work, home, temp = base / "work", base / "home", base / "tmp"
         for folder in (work, home, temp):
             folder.mkdir(parents=True)
@@ -174,6 +178,7 @@ def test_the_examples_of_a_section_run_as_written(section, tmp_path, cloud_serve
         # that, is tried again, from scratch, on another port
         if not (port and done.returncode and f"127.0.0.1:{port}: another process holds that port" in done.stdout):
             break
+    retries.close()
     print(done.stdout)
     if done.returncode:
         pytest.fail(f"{section.id} failed:\n{done.stdout[-6000:]}", pytrace=False)
