@@ -176,7 +176,8 @@ def _loader(url, *, batch: int, image_size: int, cores: int | None, decode: str,
 
     options = dict(batch_size=batch, image_size=image_size, seed=seed, num_epochs=None, drop_remainder=True)
     if decode == "gpu":
-        return make_torch_loader(url, decode="gpu", device=device, num_workers=min(4, cores or 4), **options)
+        # the workers only read rows and parse headers: half the cores, the rest for the loop and nvJPEG's host part
+        return make_torch_loader(url, decode="gpu", device=device, num_workers=max(1, (cores or 2) // 2), **options)
     workers = max(1, (cores or 1) - 1)   # one core for the training loop itself
     return make_torch_loader(url, num_workers=workers, pin_memory=device.type == "cuda",
                              prefetch_factor=2, **options)
@@ -261,6 +262,13 @@ def run(settings) -> dict:
     url = converted.url
     runs = []
 
+    def save_partial(data: dict) -> None:
+        """The figures so far, on disk after each measurement: a run stopped at its time limit still reports."""
+        folder = Path(settings.out)
+        folder.mkdir(parents=True, exist_ok=True)
+        name = "gpu_check_smoke.partial.json" if settings.smoke else "gpu_check.partial.json"
+        (folder / name).write_text(json.dumps(data, indent=2, default=str))
+
     def attempt(measure, **kwargs) -> dict:
         """One measurement; a failure (no /dev/shm for workers, an nvJPEG error...) is recorded, not fatal."""
         try:
@@ -275,6 +283,7 @@ def run(settings) -> dict:
             row["of_synthetic"] = result["images_per_second"] / synthetic_rate
             row["input_stall"] = max(0.0, 1.0 - row["of_synthetic"])
         runs.append(row)
+        save_partial({**out, "runs": runs, "partial": True})
         say(f"{model:>9} {what:<22} cores={cores!s:>4} {result['images_per_second']:9,.0f} img/s"
             + (f"  stall {row['input_stall']:.0%}" if "input_stall" in row else "")
             + (f"  ERROR {row['error']}" if "error" in row else ""))
@@ -389,6 +398,7 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     name = "gpu_check_smoke.json" if settings.smoke else "gpu_check.json"
     (out / name).write_text(json.dumps(data, indent=2, default=str))
+    (out / name).with_suffix(".partial.json").unlink(missing_ok=True)
     png = plot(data, (out / name).with_suffix(".png"))
     print(f"wrote {out / name}" + (f" and {png}" if png else " (no matplotlib here: --plot it elsewhere)"))
     return 0

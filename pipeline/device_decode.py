@@ -30,20 +30,36 @@ DECODES = ("cpu", "gpu")
 
 
 class JpegBatch:
-    """A batch not yet decoded: each sample's JPEG bytes (uint8 tensors), its crop window (x, y, w, h at
-    full resolution, and the DCT reduction the CPU path would decode it at) and flip, and where it came from (for errors). Small: it crosses from DataLoader workers
-    to the calling process as bytes, a tenth of the decoded pixels."""
+    """A batch not yet decoded: each sample's JPEG bytes, its crop window (x, y, w, h at full resolution, and
+    the DCT reduction the CPU path would decode it at) and flip, and where it came from (for errors). Small:
+    it crosses from DataLoader workers to the calling process as bytes, a tenth of the decoded pixels, packed
+    into one tensor (one shared-memory segment a batch: a tensor per image cost a file descriptor hand-over
+    each, which held one H200 at 1,900 img/s, bench/results/gpu/gpu_check.json of 2026-11-27)."""
 
     def __init__(self, size: int):
         self.size = size
-        self._data: list = [None] * size
+        self._parts: list = [b""] * size        # bytes per sample, until packed
+        self._packed = None                     # (uint8 tensor of all bytes, int64 offsets [size + 1])
         self._where: list = [""] * size
         self.windows = torch.zeros((size, 5), dtype=torch.int64)   # x, y, w, h at full size; the CPU's DCT ratio
         self.flips = torch.zeros(size, dtype=torch.bool)
 
+    def _pack(self):
+        if self._packed is None:
+            parts = self._parts[:self.size]
+            offsets = np.zeros(len(parts) + 1, dtype=np.int64)
+            np.cumsum([len(p) for p in parts], out=offsets[1:])
+            self._packed = (torch.frombuffer(bytearray(b"".join(parts)), dtype=torch.uint8)
+                            if offsets[-1] else torch.empty(0, dtype=torch.uint8), torch.from_numpy(offsets))
+            self._parts = None
+        return self._packed
+
     @property
     def data(self) -> list:
-        return self._data[:self.size]
+        """Each sample's JPEG bytes, as 1-D uint8 CPU tensors (views of the packed bytes, as nvJPEG takes them)."""
+        packed, offsets = self._pack()
+        bounds = offsets.tolist()
+        return [packed[bounds[i]:bounds[i + 1]] for i in range(self.size)]
 
     @property
     def where(self) -> list:
@@ -51,6 +67,11 @@ class JpegBatch:
 
     def __len__(self) -> int:
         return self.size
+
+    def __getstate__(self) -> dict:
+        """Pickled (to the calling process) packed: one tensor of bytes, one of offsets."""
+        self._pack()
+        return self.__dict__
 
     def __getitem__(self, index):
         if isinstance(index, slice):   # the last, partial batch of a pass: a view, filled as decodes finish
@@ -78,7 +99,7 @@ class _Slot:
 
     def fill(self, data: bytes, window, ratio: int, flip: bool, where: str) -> None:
         batch, i = self.batch, self.index
-        batch._data[i] = torch.from_numpy(np.frombuffer(data, dtype=np.uint8).copy())
+        batch._parts[i] = bytes(data)
         batch.windows[i] = torch.as_tensor((*window, ratio), dtype=torch.int64)
         batch.flips[i] = bool(flip)
         batch._where[i] = where
@@ -133,22 +154,23 @@ class DeviceDecoder:
 
     def __call__(self, batch: JpegBatch):
         images = self._decode(batch)
-        out = torch.empty((len(images), 3, *self.size), dtype=self.dtype, device=self.device)
+        out = torch.empty((len(images), 3, *self.size), dtype=torch.float32, device=self.device)
         height, width = self.size
-        for i, (image, (x, y, w, h, ratio), flip) in enumerate(zip(images, batch.windows.tolist(),
-                                                                     batch.flips.tolist())):
-            crop = image[:, y:y + h, x:x + w].float()
-            if (h, w) != (height, width):
-                # where the CPU path decodes at 1/2..1/8 DCT scale (an area filter), antialias likewise
-                crop = torch.nn.functional.interpolate(crop[None], size=self.size, mode="bilinear",
-                                                       align_corners=False, antialias=ratio > 1)[0]
-            if flip:
-                crop = crop.flip(-1)
-            if self.dtype == torch.uint8:
-                out[i] = crop.round_().clamp_(0, 255)
-            else:
-                out[i] = crop.clamp_(0, 255).mul_(1 / 255)
-        return out
+        # per image only the crop (a view) and its resize into the batch; flips and scaling are batched
+        for i, (image, (x, y, w, h, ratio)) in enumerate(zip(images, batch.windows.tolist())):
+            crop = image[:, y:y + h, x:x + w]
+            if (h, w) == (height, width):
+                out[i].copy_(crop)
+            else:   # where the CPU path decodes at 1/2..1/8 DCT scale (an area filter), antialias likewise
+                out[i] = torch.nn.functional.interpolate(crop[None].float(), size=self.size, mode="bilinear",
+                                                         align_corners=False, antialias=ratio > 1)[0]
+        flips = batch.flips.nonzero().flatten().tolist()
+        if flips:
+            index = torch.as_tensor(flips, device=self.device)
+            out[index] = out[index].flip(-1)
+        if self.dtype == torch.uint8:
+            return out.round_().clamp_(0, 255).to(torch.uint8)
+        return out.clamp_(0, 255).mul_(1 / 255)
 
     def _decode(self, batch: JpegBatch) -> list:
         """[3, h, w] uint8 images on the device: nvJPEG in one batched call; on the CPU, libjpeg-turbo."""

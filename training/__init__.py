@@ -1,6 +1,7 @@
 """pinstorm training: strategies that survive a broken NCCL, models, fits, scale-out, the demo.
 
-``train_torch`` is the PyTorch path (DDP, gloo or a probed NCCL); torch is imported only when it is used.
+``train_torch`` is the PyTorch path (DDP, gloo or a probed NCCL); torch is imported only when it is used,
+and it needs no TensorFlow (a GPU machine often has torch alone).
 
 Importing the package only selects tf-keras (``TF_USE_LEGACY_KERAS=1``); TensorFlow itself is
 imported when one of the exported functions is first used (PEP 562), so the CLI stays fast.
@@ -10,8 +11,6 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from pinstorm.extras import ensure
-
-ensure("tensorflow", "training", "pinstorm.training")
 
 from . import keras_env  # noqa: F401  (sets TF_USE_LEGACY_KERAS before anything imports TensorFlow)
 
@@ -36,6 +35,7 @@ _EXPORTS = {
     "build_torch_model": "torch_models",
 }
 _NEEDS = {"spark": ("pyspark", "spark"), "torch_fit": ("torch", "torch"), "torch_models": ("torch", "torch")}
+_WITHOUT_TENSORFLOW = {"torch_fit", "torch_models", "errors", "results", "runs"}
 
 __all__ = sorted(_EXPORTS)
 
@@ -56,6 +56,8 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time `__getattr__` 
 
 def __getattr__(name: str) -> Any:
     if name in _EXPORTS:
+        if _EXPORTS[name] not in _WITHOUT_TENSORFLOW:
+            ensure("tensorflow", "training", f"pinstorm.training.{name}")
         if _EXPORTS[name] in _NEEDS:
             ensure(*_NEEDS[_EXPORTS[name]], f"pinstorm.training.{name}")
         value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
