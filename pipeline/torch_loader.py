@@ -30,6 +30,7 @@ until `make_torch_loader` is asked for. Without torch this module raises `Missin
 from __future__ import annotations
 
 import collections
+import contextlib
 import io
 import math
 import os
@@ -274,6 +275,7 @@ class BatchMemory:
 
 
 PREFETCH_BATCHES = 2   # batches made ahead in the calling process (num_workers=0)
+DEVICE_AHEAD_BATCHES = 2   # decode="gpu": batches decoded on the device ahead of the caller
 
 
 def _one_torch_thread() -> None:
@@ -529,13 +531,14 @@ class TorchLoader(torch.utils.data.DataLoader):
         finally:
             del dataset._pass
         dataset.resume, dataset.position = None, start.copy()
-        return self._in_turn(batches, dataset.position)
+        return self._delivered(self._in_turn(batches, start.next_stream), dataset.position)
 
-    def _in_turn(self, batches, position: Position):
-        """Batches from each stream in turn from `position.next_stream`, whatever order the DataLoader hands
-        them over in, so a resumed pass interleaves the streams as the uninterrupted one; `position` follows."""
+    def _in_turn(self, batches, next_stream: int):
+        """(images, labels, ids, (stream, epoch, count, next stream)) from each stream in turn from
+        `next_stream`, whatever order the DataLoader hands them over in, so a resumed pass interleaves the
+        streams as the uninterrupted one."""
         streams = self.dataset.streams
-        turns = collections.deque((position.next_stream + i) % streams for i in range(streams))
+        turns = collections.deque((next_stream + i) % streams for i in range(streams))
         waiting = {s: collections.deque() for s in range(streams)}
         while turns:
             stream = turns[0]
@@ -547,14 +550,44 @@ class TorchLoader(torch.utils.data.DataLoader):
                 turns.popleft()
                 continue
             turns.rotate(-1)
-            position.streams[stream] = (int(epoch), int(count))
-            position.next_stream = turns[0]
-            if self.device_decoder is not None:
-                images = self.device_decoder(images)
-                labels = labels.to(self.device_decoder.device, non_blocking=True)
-            else:
+            yield images, labels, ids, (stream, int(epoch), int(count), turns[0])
+
+    def _delivered(self, batches, position: Position):
+        """The batches as the caller gets them; `position` follows what it has received."""
+        if self.device_decoder is not None:
+            batches = self._decoded_ahead(batches)
+        for images, labels, ids, (stream, epoch, count, next_stream) in batches:
+            position.streams[stream] = (epoch, count)
+            position.next_stream = next_stream
+            if self.device_decoder is None:
                 images = self._scaled(images)
             yield (images, labels, ids) if self.return_ids else (images, labels)
+
+    def _decoded_ahead(self, batches):
+        """decode="gpu": each batch decoded on the device while the caller works on the one before, in a
+        thread of its own and (on CUDA) a stream of its own, so nvJPEG and the resize overlap the training
+        step instead of adding to it (decode in the caller's turn held an H200's ResNet-50 at the sum of
+        the two times: bench/results/gpu/gpu_check.json)."""
+        decoder = self.device_decoder
+        cuda = decoder.device.type == "cuda"
+        side = torch.cuda.Stream(decoder.device) if cuda else None
+
+        def decoded():
+            with torch.cuda.stream(side) if cuda else contextlib.nullcontext():
+                for images, labels, ids, tag in batches:
+                    images, labels = decoder(images), labels.to(decoder.device, non_blocking=True)
+                    done = torch.cuda.Event() if cuda else None
+                    if cuda:
+                        done.record(side)
+                    yield images, labels, ids, tag, done
+
+        for images, labels, ids, tag, done in _ahead(decoded, DEVICE_AHEAD_BATCHES):
+            if cuda:   # the caller's stream waits for the decode; the allocator keeps the memory till it is used
+                current = torch.cuda.current_stream(decoder.device)
+                current.wait_event(done)
+                images.record_stream(current)
+                labels.record_stream(current)
+            yield images, labels, ids, tag
 
     def _scaled(self, images):
         """A worker's uint8 batch as the caller asked: float32 in [0, 1] (into reused memory), or as is
