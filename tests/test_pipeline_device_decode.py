@@ -102,3 +102,22 @@ def test_a_jpeg_whose_body_is_broken_is_an_undecodable_image_naming_it():
 def test_an_image_over_max_pixels_is_refused_before_it_is_decoded(photos):
     with pytest.raises(UndecodableImage, match="too large to decode on the device: .* over max_pixels 0.1 MP"):
         list(make_torch_loader(photos, batch_size=8, image_size=32, decode="gpu", device="cpu", max_pixels=100_000))
+
+
+def test_a_jpeg_batch_crosses_processes_as_one_tensor_of_bytes():
+    """One shared-memory segment a batch, not one per image (a descriptor hand-over each held an H200 at
+    1,900 img/s): pickled, the bytes travel packed, and each sample's bytes come back as they were."""
+    import pickle
+
+    from pinstorm.pipeline.device_decode import JpegBatch
+
+    samples = [bytes([i]) * (10 + i) for i in range(5)]
+    batch = JpegBatch(5)
+    for i, data in enumerate(samples):
+        batch[i].fill(data, (0, 0, 8, 8), 1, i % 2 == 1, f"image {i}")
+    state = batch.__getstate__()
+    assert [name for name, value in state.items() if isinstance(value, torch.Tensor)] == ["windows", "flips"]
+    packed, offsets = state["_packed"]
+    assert packed.numel() == sum(map(len, samples)) and offsets.tolist()[-1] == packed.numel()
+    back = pickle.loads(pickle.dumps(batch))
+    assert [bytes(t.numpy()) for t in back.data] == samples and back.flips.tolist() == [False, True] * 2 + [False]

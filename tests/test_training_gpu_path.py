@@ -51,3 +51,12 @@ def test_the_prepared_gpu_check_runs_its_code_paths_at_toy_size(tmp_path):
     assert not [r for r in data["runs"] if "error" in r], data["runs"]
     assert all(r["images_per_second"] > 0 for r in data["runs"])
     assert data["summary"]["resnet50"]["synthetic_img_s"] > 0 and data["device"]
+
+
+def test_the_gpu_decode_probe_times_each_part_at_toy_size(tmp_path):
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_decode_probe.py"), "--smoke", "--seconds", "0.2",
+                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    data = json.loads((tmp_path / "gpu_decode_probe.json").read_text())
+    parts = {"postprocess_alone", "loader_alone_4_workers", "loader_and_decode_4_workers"}
+    assert parts <= set(data) and all(data[p]["images_per_second"] > 0 for p in parts)
