@@ -155,6 +155,14 @@ class EpochSource:
         self.where = self.location.url   # the part and row group whose rows were yielded last (pyarrow engine)
         self.parts = None   # a `part_cache.PartCache` when streaming: parts are read from local copies
 
+    def in_this_process(self) -> None:
+        """After a fork (a DataLoader worker): the location's filesystem made again where it must be."""
+        location = self.location.in_this_process()
+        if location is not self.location:
+            self.location = location
+            if self.parts is not None:
+                self.parts.location = location
+
     def part_names(self, groups=None) -> list[str]:
         names = sorted(self.info.files)
         where = [name for name in names for _ in range(self.info.files[name]["row_groups"])]

@@ -8,7 +8,7 @@ Petastorm wants a URL with a scheme, so local paths are handed to it as ``file:/
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from urllib.parse import urlparse
 
 from pinstorm import boards
@@ -44,6 +44,15 @@ class Location:
     @property
     def is_local(self) -> bool:
         return self.url.startswith("file://")
+
+    def in_this_process(self) -> "Location":
+        """This location with a filesystem that works in this process. An async fsspec filesystem (s3fs,
+        gcsfs, adlfs) made before a fork refuses to run in the child ("This class is not fork-safe"): a
+        forked DataLoader worker gets one made again, with the same options."""
+        made_in = getattr(self.fs, "_pid", None)
+        if made_in is None or made_in == os.getpid():
+            return self
+        return replace(self, fs=type(self.fs)(**self.fs.storage_options, skip_instance_cache=True))
 
 
 def is_board_url(url) -> bool:

@@ -406,6 +406,7 @@ class ParquetImages(torch.utils.data.IterableDataset):
     def _iterate(self, start: Position):
         worker = torch.utils.data.get_worker_info()
         if worker is not None:   # a DataLoader worker process: it runs one torch thread already
+            self.source.in_this_process()   # forked: an object store's filesystem is made again here
             yield from self._batches((worker.id, worker.num_workers), start, shared=True)
             return
         # In the calling process: batches are made ahead in a thread of their own (as tf.data prefetches),

@@ -162,10 +162,12 @@ def test_a_resumed_loader_continues_exactly_with_the_cache_cold_or_warm(dataset,
     assert _ids(url, state=state, **kw) == whole[16:]   # cold
 
 
-def test_a_torch_loader_with_workers_shares_the_cache(dataset, remote):
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_a_torch_loader_with_workers_shares_the_cache(dataset, remote, context):
+    """Forked workers too: s3fs made before the fork refuses to run in the child, so each worker makes its own."""
     local, _ = dataset
     url, options, proxy, total = remote
-    kw = dict(epochs=1, num_workers=2, multiprocessing_context="spawn")
+    kw = dict(epochs=1, num_workers=2, multiprocessing_context=context)
     assert _ids(url, storage_options=options, stream=True, cache_limit=10 * total, **kw) == _ids(local, **kw)
     assert _part_bytes(proxy) == total
 
