@@ -136,6 +136,8 @@ class Trainer:
     def step(self, images, labels) -> None:
         torch = self.torch
         images = images.to(self.device, non_blocking=True, memory_format=torch.channels_last)
+        if images.dtype == torch.uint8:   # CPU decode: uint8 over PCIe, scaled on the GPU (as train_torch does)
+            images = images.float().mul_(1 / 255)
         labels = labels.to(self.device, non_blocking=True)
         self.optim.zero_grad(set_to_none=True)
         with torch.autocast(self.device.type, dtype=self.amp or torch.float32, enabled=self.amp is not None):
@@ -179,8 +181,15 @@ def _loader(url, *, batch: int, image_size: int, cores: int | None, decode: str,
         # the workers only read rows and parse headers: half the cores, the rest for the loop and nvJPEG's host part
         return make_torch_loader(url, decode="gpu", device=device, num_workers=max(1, (cores or 2) // 2), **options)
     workers = max(1, (cores or 1) - 1)   # one core for the training loop itself
-    return make_torch_loader(url, num_workers=workers, pin_memory=device.type == "cuda",
+    cuda = device.type == "cuda"
+    return make_torch_loader(url, num_workers=workers, pin_memory=cuda, dtype=torch_uint8() if cuda else None,
                              prefetch_factor=2, **options)
+
+
+def torch_uint8():
+    import torch
+
+    return torch.uint8
 
 
 class _Cores:

@@ -60,3 +60,16 @@ def test_the_gpu_decode_probe_times_each_part_at_toy_size(tmp_path):
     data = json.loads((tmp_path / "gpu_decode_probe.json").read_text())
     parts = {"postprocess_alone", "loader_alone_4_workers", "loader_and_decode_4_workers"}
     assert parts <= set(data) and all(data[p]["images_per_second"] > 0 for p in parts)
+
+
+def test_uint8_batches_become_floats_on_the_device_as_the_cpu_path_scales_them():
+    """CPU decode for a GPU hands uint8 batches (a quarter of the bytes over PCIe); scaled on the device they
+    equal the float32 batches the CPU path makes."""
+    from pinstorm.training.torch_fit import _to_device
+
+    pixels = torch.randint(0, 256, (2, 3, 4, 4), dtype=torch.uint8)
+    moved = _to_device(pixels, torch.device("cpu"), torch.channels_last)
+    assert moved.dtype == torch.float32 and moved.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(moved, torch.empty(pixels.shape).copy_(pixels).mul_(1 / 255))
+    already = torch.rand(2, 3, 4, 4)
+    assert torch.equal(_to_device(already, torch.device("cpu"), None), already)
