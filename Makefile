@@ -24,13 +24,15 @@ endef
 # The full environment also has PyTorch's CPU build for the `torch` extra's reader and trainer (CI's
 # machines hold torch 2.13.0 CPU in their wheel store; elsewhere give TORCH=, e.g. a CPU wheel's path).
 # Without its setuptools >= 77 (only torch's C++ extension builder needs it): petastorm 0.13.1 requires
-# setuptools < 70.
+# setuptools < 70. pinstorm's own build needs setuptools >= 77 (pyproject's [build-system]): its wheel, fetched
+# into .venv/build-wheels, lets tests/test_typing.py build pinstorm in isolation with no network.
 TORCH ?= torch==2.13.0
 
 $(STAMP): pyproject.toml
 	$(call make_venv,$(VENV),all$(comma)test,$(PY))
 	$(BIN)/python -m pip install -q --no-deps '$(TORCH)'
 	$(BIN)/python -m pip install -q filelock fsspec jinja2 networkx sympy typing-extensions 'simplejpeg>=1.7'
+	$(BIN)/python -m pip download -q --no-deps --only-binary=:all: -d $(VENV)/build-wheels 'setuptools>=77'
 	touch $(STAMP)
 
 $(MODERN_STAMP): pyproject.toml

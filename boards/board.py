@@ -27,7 +27,8 @@ import pandas as pd
 from .safety import archive, paths, secrets
 
 from . import drivers
-from .cache import Cache, StaleCacheWarning, check_folder, stamp_path, verify
+from .cache import (EXTRACTED, Cache, StaleCacheWarning, check_folder, extract_once, restore_archive,
+                    stamp_path, verify)
 from .safety.diskspace import require_room, storage_errors
 from .errors import (BoardError, DownloadError, IntegrityError, InvalidPinName, LimitExceeded, NotSupported,
                      PinNotFound, PinsVersionError, ReadOnlyBoard, VersionNotFound)
@@ -41,7 +42,6 @@ from pinstorm.progress import progress_bar
 FIND_COLUMNS = ["name", "description", "type", "board"]
 SEARCH_COLUMNS = ["name", "type", "title", "created", "file_size", "meta"]  # pins-python's
 VERSION_COLUMNS = ["version", "created", "hash"]
-EXTRACTED = "_extracted"
 # the Board's own options; the rest go to storage
 BOARD_OPTIONS = ("versions", "max_extract_bytes", "max_extract_ratio", "allow_pickle_read")
 
@@ -334,6 +334,31 @@ class Board:
         except LimitExceeded:  # stored, but larger than the load budget: hand back its files, not an error
             return self.pin_get(name, version=version, files=True)
 
+    def store(self, x: Any, name: str | None = None, description: str | None = None, zip: bool = False,
+              metadata: dict[str, Any] | None = None, type: str | None = None, title: str | None = None,
+              tags: list[str] | None = None) -> str:
+        """`pin` without reading the version back: store `x` by `pin`'s rules and return the version's name.
+
+        For writers that do not use what `pin` returns: reading a zipped pin back unpacks every file
+        of it into the cache (on a bucket board, downloads it first), which was most of
+        `repartition`'s time.
+
+        Args:
+            x: As `pin`'s.
+            name: The pin's name (None: derived from `x`).
+            description: The pin's description.
+            zip: Store the files as one zip archive.
+            metadata: A JSON-able dict stored with the version.
+            type: As `pin`'s.
+            title: The pin's title (None: one made from `x`).
+            tags: Tags stored with the version.
+
+        Returns:
+            The stored version's name (the newest one's when it already held the same).
+        """
+        return self._store(x, name, description=description, zip=zip, metadata=metadata, type=type,
+                           title=title, tags=tags)[1]
+
     def _store(self, x: Any, name: str | None, *, description: str | None = None, zip: bool = False,
                metadata: dict[str, Any] | None = None, type: str | None = None, title: str | None = None,
                tags: Iterable[str] | None = None, created: _dt.datetime | None = None,
@@ -581,21 +606,45 @@ class Board:
                 return loaded
         if extract is None:
             extract = self.storage.default_extract(meta)
+        # A version fetched into the cache keeps an archive's extraction instead of the archive
+        # (`cache.extract_once`): asked for the archive itself, download it again (then kept too).
+        owned = folder == self.cache.version_dir(self.name, name, meta.version or "")
+        if owned and not extract and any(not p.exists() for p in found):
+            if not download:
+                raise IntegrityError(f"pin {name!r} version {meta.version} of board {self.name!r}: the cache holds "
+                                     f"its extracted files ({folder / EXTRACTED}), not its archive, and "
+                                     "download=False; use extract=True, or fetch it online")
+            version = meta.version or ""
+            for f, p in zip(meta.file, found):
+                if not p.exists():
+                    with self._reading(name, version):
+                        restore_archive(meta, folder, f, lambda file, dest: self.storage.download_file(
+                            name, version, file, dest), source=f"pin {name!r} version {version} of board {self.name!r}")
         if not extract:
             return [str(p) for p in found]
-        out_root = self.cache.version_dir(self.name, name, meta.version or "") / EXTRACTED
         limits = self.extract_limits
         if extract_limits is not None:  # a dict adjusts the board's limits; ExtractLimits replaces them
             limits = archive.ExtractLimits.of(limits, **extract_limits) if isinstance(extract_limits, dict) \
                 else extract_limits
-        result: list[str] = []
-        for p in found:
-            if archive.is_archive(p):
-                with self._reading(name, meta.version):
-                    result += [str(q) for q in archive.extract(p, out_root / p.name, limits=limits)]
-            else:
-                result.append(str(p))
-        return result
+        for attempt in range(2):
+            out_root = self.cache.version_dir(self.name, name, meta.version or "") / EXTRACTED
+            source = f"pin {name!r} version {meta.version} of board {self.name!r} ({folder})"
+            result: list[str] = []
+            try:
+                for f, p in zip(meta.file, found):
+                    if archive.is_archive(f):
+                        with self._reading(name, meta.version):
+                            result += [str(q) for q in extract_once(meta, folder, f, out_root, limits=limits,
+                                                                    drop=owned, source=source)]
+                    else:
+                        result.append(str(p))
+                return result
+            except IntegrityError:  # an extraction changed and its archive is gone: fetch the version again
+                if attempt or not (owned and download) or not _discard(folder):
+                    raise
+                meta, folder = self.fetch(name, meta.version, download=True, trust_cache=cache)
+                found = [folder / f for f in meta.file]
+        raise AssertionError("unreachable")
 
     def pin_versions(self, name: str, as_df: bool = True) -> pd.DataFrame | list[VersionInfo]:
         """Versions of a pin, oldest first: a DataFrame (version, created, hash), or with
@@ -976,11 +1025,12 @@ def _collect_paths(items: Iterable[str | Path]) -> list[tuple[Path, str]]:
     seen: set[str] = set()
     for item in items:
         p = Path(item).expanduser()
-        if not p.exists():
+        is_dir = p.is_dir()  # once: a category of 1,300 files is 1,300 items
+        if not is_dir and not p.exists():
             raise FileNotFoundError(f"cannot pin {str(item)!r}: no such file or folder")
         found = [(f, f.relative_to(p).as_posix()) for f in sorted(p.rglob("*")) if f.is_file()] \
-            if p.is_dir() else [(p, p.name)]
-        if p.is_dir() and not found:
+            if is_dir else [(p, p.name)]
+        if is_dir and not found:
             raise BoardError(f"cannot pin folder {str(item)!r}: it holds no files")
         for src, rel in found:
             if rel in seen:

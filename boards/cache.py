@@ -40,7 +40,7 @@ from .safety import secrets
 from .safety.diskspace import require_room
 from .errors import BoardError, DownloadError, IntegrityError, LimitExceeded
 from .meta import PinMeta, hash_file, hash_files, hash_matches
-from .safety.paths import contained
+from .safety.paths import check_relative, contained
 from .tempnames import FOREIGN_MAX_AGE, sweep, tmp_name
 
 ENV_CACHE = "PINSTORM_CACHE"
@@ -77,7 +77,16 @@ def verify(meta: PinMeta, folder: Path, *, source: str, full: bool = True) -> No
     """
     paths = [folder / f for f in meta.file]
     sizes: list[int | None] = list(meta.file_size) if meta.file_size else [None] * len(paths)
+    # archives the cache replaced by their verified extraction (see `extract_once`)
+    replaced = {f: m for f in meta.file if (m := read_manifest(folder / EXTRACTED, f)) is not None}
     for path, f, size in zip(paths, meta.file, sizes):
+        if f in replaced:
+            m = replaced[f]
+            if size is not None and m["archive_size"] != size:
+                raise IntegrityError(f"{source}: {f!r} was extracted from {m['archive_size']} bytes, data.txt "
+                                     f"says {size}")
+            check_extracted(folder / EXTRACTED, f, m, source=source, full=full)
+            continue
         if not path.is_file():
             raise IntegrityError(f"{source}: file {f!r} listed in data.txt is missing")
         actual = path.stat().st_size
@@ -86,7 +95,17 @@ def verify(meta: PinMeta, folder: Path, *, source: str, full: bool = True) -> No
                                  " (truncated or changed)")
     if not full or meta.api_version == 0:
         return
-    hashes = [hash_file(p) for p in paths]
+    hashes = [replaced[f]["archive_hash"] if f in replaced else hash_file(p) for p, f in zip(paths, meta.file)]
+    if replaced:  # the archives' bytes are gone: their hashes recorded when they were verified stand in
+        if _pin_hash_from(meta.pin_hash, hashes) is False:
+            raise IntegrityError(f"{source}: the recorded hashes of {sorted(replaced)} do not give pin_hash "
+                                 f"{meta.pin_hash} of data.txt")
+        recorded = meta.file_hashes()
+        for f, want, got in zip(meta.file, recorded or [], hashes):
+            if want != got:
+                raise IntegrityError(f"{source}: file {f!r} has hash {got}, data.txt says {want} "
+                                     "(its bytes changed)")
+        return
     recorded = meta.file_hashes()
     if recorded is not None:
         for f, want, got in zip(meta.file, recorded, hashes):
@@ -99,11 +118,18 @@ def verify(meta: PinMeta, folder: Path, *, source: str, full: bool = True) -> No
                              f"in data.txt; one of them changed: {listed}")
 
 
-def _stat_key(paths: list[Path]) -> list[list[int]] | None:
-    out = []
-    for p in paths:
+def _stat_key(folder: Path, files: list[str]) -> list[list[Any]] | None:
+    """Size and mtime of each file; an archive the cache replaced by its extraction (`extract_once`)
+    is keyed by its manifest's recorded hash and size (its extracted files are stat-checked where
+    they are read, against the manifest)."""
+    out: list[list[Any]] = []
+    for f in files:
+        manifest = read_manifest(folder / EXTRACTED, f)
+        if manifest is not None:
+            out.append(["extracted", manifest["archive_hash"], manifest["archive_size"]])
+            continue
         try:
-            st = p.stat()
+            st = (folder / f).stat()
         except OSError:
             return None
         out.append([st.st_size, st.st_mtime_ns])
@@ -117,7 +143,7 @@ def stamp_path(folder: Path) -> Path:
 
 def write_stamp(meta: PinMeta, folder: Path, stamp: Path) -> None:
     """Record the size and mtime of files just verified in full, for the cheap check of later reads."""
-    key = _stat_key([folder / f for f in meta.file])
+    key = _stat_key(folder, meta.file)
     if key is None:
         return
     stamp.parent.mkdir(parents=True, exist_ok=True)
@@ -136,10 +162,200 @@ def check_folder(meta: PinMeta, folder: Path, stamp: Path, *, full: bool, source
             recorded = None
         if isinstance(recorded, dict) and recorded.get("pin_hash") == meta.pin_hash \
                 and recorded.get("files") == meta.file \
-                and recorded.get("stat") == _stat_key([folder / f for f in meta.file]):
+                and recorded.get("stat") == _stat_key(folder, meta.file):
             return
     verify(meta, folder, source=source)
     write_stamp(meta, folder, stamp)
+
+
+# -- archives extracted in the cache ----------------------------------------------------------
+# An archive of a version (e.g. one zip per ImageNet category) is extracted to
+# `<version>/_extracted/<archive name less its suffix>/`, in a temporary folder renamed into place,
+# and described by `<version>/_extracted/.<that name>.extracted.json`: the archive's name, size and
+# recorded hash, and each extracted file's path, size, mtime and xxh64 (hashed as it was written).
+# The manifest, written after the rename, is what makes an extraction complete: a folder without one
+# (a crash between rename and manifest) is extracted again. Once it is written, an archive that was
+# downloaded into the cache is deleted: the cache holds the data once. The version stays verifiable:
+# the archive's recorded hash stands in for its bytes in `pin_hash`, and the extracted files are
+# checked against the manifest (size and mtime on every read, their xxh64 with `cache=False` or
+# when a stat changed).
+
+EXTRACTED = "_extracted"
+
+
+def archive_stem(file: str) -> str:
+    """The folder an archive of a pin is extracted to: its path less the archive suffix, one segment
+    (`n01440764.zip` -> `n01440764`, `sub/a.tar.gz` -> `sub_a`)."""
+    from .safety.archive import ARCHIVE_SUFFIXES
+
+    name = file.replace("\\", "/")
+    for suffix in sorted(ARCHIVE_SUFFIXES, key=len, reverse=True):
+        if name.lower().endswith(suffix) and len(name) > len(suffix):
+            name = name[: -len(suffix)]
+            break
+    return _safe_segment(name.replace("/", "_"))
+
+
+def manifest_path(out_root: Path, file: str) -> Path:
+    return out_root / f".{archive_stem(file)}.extracted.json"
+
+
+def read_manifest(out_root: Path, file: str) -> dict[str, Any] | None:
+    """The manifest of archive `file` extracted under `out_root`, or None (none, damaged, another archive's)."""
+    try:
+        m = json.loads(manifest_path(out_root, file).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(m, dict) or m.get("archive") != file or not isinstance(m.get("files"), list) \
+            or not isinstance(m.get("archive_size"), int) or not isinstance(m.get("archive_hash"), str) \
+            or not all(isinstance(e, list) and len(e) == 4 for e in m["files"]):
+        return None
+    return m
+
+
+def check_extracted(out_root: Path, file: str, manifest: dict[str, Any], *, source: str, full: bool) -> list[Path]:
+    """The extracted files of archive `file`, checked against its manifest: each there, with its recorded
+    size and mtime; a file whose stat changed (or every file, with `full`) is hashed and must match its
+    recorded xxh64. Raises IntegrityError naming the file otherwise."""
+    folder = out_root / archive_stem(file)
+    out = []
+    for rel, size, mtime, digest in manifest["files"]:
+        check_relative(rel, what="extracted file", board=source)  # our own manifest, but still: inside `folder`
+        path = folder / rel
+        try:
+            st = path.stat()
+        except OSError:
+            raise IntegrityError(f"{source}: {rel!r} extracted from {file!r} is missing ({path})") from None
+        if full or st.st_size != size or st.st_mtime_ns != mtime:
+            if st.st_size != size or hash_file(path) != digest:
+                raise IntegrityError(f"{source}: {rel!r} extracted from {file!r} changed since it was extracted "
+                                     f"({path})")
+        out.append(path)
+    return out
+
+
+def _pin_hash_from(pin_hash: str, hashes: list[str]) -> bool | None:
+    """`hash_matches` from the files' xxh64 hashes alone (no bytes to read): None when the writer's
+    scheme needs the bytes (R's XXH3-128 of one file) or is unknown."""
+    from .meta import joined_hash, r_hash_strings
+
+    pin_hash = (pin_hash or "").lower()
+    if len(pin_hash) == 16 and hashes:
+        return (hashes[0] if len(hashes) == 1 else joined_hash(hashes)) == pin_hash
+    if len(pin_hash) == 32 and len(hashes) > 1:
+        return r_hash_strings(hashes) == pin_hash or None
+    return None
+
+
+def extract_once(meta: PinMeta, folder: Path, file: str, out_root: Path, *, limits: Any, drop: bool,
+                 source: str) -> list[Path]:
+    """The extracted files of archive `file` of a version whose (verified) files are in `folder`.
+
+    Extracted once, under a lock, into `out_root` (see above); later calls check the files against the
+    manifest (a stat each) and return them without touching the archive. `drop`: the version folder
+    belongs to the cache, so the archive is deleted once its extraction is recorded (when the
+    version's `pin_hash` can still be checked from recorded hashes). An archive whose extraction
+    changed is extracted again when the archive is still there; otherwise IntegrityError (the caller
+    fetches the version again).
+    """
+    from .safety import archive
+
+    found: list[Path] | None = None
+    manifest = read_manifest(out_root, file)
+    if manifest is not None:
+        try:
+            found = check_extracted(out_root, file, manifest, source=source, full=False)
+        except IntegrityError:
+            if not (folder / file).is_file():
+                raise
+        else:
+            if not (drop and (folder / file).exists()) or manifest.get("keep_archive"):
+                return found
+    out_root.mkdir(parents=True, exist_ok=True)
+    stem = archive_stem(file)
+    dest = out_root / stem
+    version = out_root.parent  # one lock a version, beside it (nothing but extracted files in `_extracted`)
+    with FileLock(str(version.parent / f".{version.name}.extract.lock")):
+        manifest = read_manifest(out_root, file)
+        found = None
+        if manifest is not None:
+            with contextlib.suppress(IntegrityError):
+                found = check_extracted(out_root, file, manifest, source=source, full=False)
+        if found is None:
+            # what a killed extraction left: its temporary folder, or a folder renamed but never recorded
+            manifest_path(out_root, file).unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                for entry in os.scandir(out_root):
+                    if entry.name.startswith(f".{stem}.tmp-") and entry.is_dir(follow_symlinks=False):
+                        shutil.rmtree(entry.path, ignore_errors=True)
+            shutil.rmtree(dest, ignore_errors=True)
+            legacy = out_root / Path(file).name  # before 2026-11: `_extracted/<archive file name>/`
+            if legacy != dest and legacy.is_dir():
+                shutil.rmtree(legacy, ignore_errors=True)
+            digests: dict[str, str] = {}
+            files = archive.extract(folder / file, dest, limits=limits, digests=digests)
+            recorded = meta.file_hashes()
+            index = meta.file.index(file)
+            size = (folder / file).stat().st_size
+            manifest = {"archive": file, "archive_size": size,
+                        "archive_hash": recorded[index] if recorded else hash_file(folder / file),
+                        "pin_hash": meta.pin_hash, "files": []}
+            for path in files:
+                rel = path.relative_to(dest).as_posix()
+                st = path.stat()
+                manifest["files"].append([rel, st.st_size, st.st_mtime_ns, digests.get(rel) or hash_file(path)])
+            _write_json(manifest_path(out_root, file), manifest)
+            found = files
+        if drop and manifest is not None and (folder / file).exists() and not manifest.get("keep_archive") \
+                and _droppable(meta, folder, file):
+            stamp = stamp_path(folder)
+            write_stamp(meta, folder, stamp)  # keyed by the manifest from now on: then the archive can go
+            (folder / file).unlink(missing_ok=True)
+    return found
+
+
+def restore_archive(meta: PinMeta, folder: Path, file: str, download: Callable[[str, Path], None], *,
+                    source: str) -> None:
+    """Put back archive `file` of a version kept extracted (someone asks for the archive itself):
+    `download(file, dest)` fetches it, it must match the size and hash recorded when it was extracted,
+    and it is kept from then on beside its extraction (asked for both, the cache keeps both). The
+    extracted files are left alone: a reader of them is never disturbed."""
+    out_root = folder / EXTRACTED
+    with FileLock(str(folder.parent / f".{folder.name}.extract.lock")):
+        manifest = read_manifest(out_root, file)
+        target = contained(folder, file, what="file", board=source)
+        if target.exists() or manifest is None:
+            return
+        require_room(folder, manifest["archive_size"], what=f"downloading {file!r} of {source} again")
+        tmp = Path(tmp_name(folder.with_name(f".{folder.name}.restore")))  # swept if this process dies
+        try:
+            download(file, tmp)
+            if tmp.stat().st_size != manifest["archive_size"] or hash_file(tmp) != manifest["archive_hash"]:
+                raise IntegrityError(f"{source}: {file!r} downloaded again differs from the one extracted "
+                                     "(its size or hash)")
+            _write_json(manifest_path(out_root, file), {**manifest, "keep_archive": True})
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(tmp, target)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+
+def _droppable(meta: PinMeta, folder: Path, file: str) -> bool:
+    """Whether the version stays verifiable without the archive's bytes: pin_hash computable from the
+    recorded hashes of the replaced archives and the other files' hashes."""
+    if meta.api_version == 0:
+        return False  # a legacy pin: no hash to check the extraction's origin against later
+    hashes = []
+    recorded = meta.file_hashes()
+    for i, f in enumerate(meta.file):
+        m = read_manifest(folder / EXTRACTED, f)
+        if m is not None:
+            hashes.append(m["archive_hash"])
+        elif recorded is not None:
+            hashes.append(recorded[i])
+        else:
+            hashes.append(hash_file(folder / f))
+    return _pin_hash_from(meta.pin_hash, hashes) is True
 
 
 class Cache:
@@ -558,6 +774,6 @@ def _mtimes(folder: Path) -> list[float]:
     return [folder.stat().st_mtime] + [p.stat().st_mtime for p in folder.rglob("*")]
 
 
-__all__ = ["Cache", "StaleCacheWarning", "check_folder", "default_cache_root", "stamp_path", "verify",
-           "hash_files", "write_stamp"]
+__all__ = ["Cache", "EXTRACTED", "StaleCacheWarning", "check_folder", "default_cache_root", "extract_once",
+           "restore_archive", "stamp_path", "verify", "hash_files", "write_stamp"]
 

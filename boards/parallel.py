@@ -13,6 +13,7 @@ A failing pin never stops the others: every failure is collected and reported at
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import functools
 import multiprocessing
 import os
@@ -130,7 +131,10 @@ def pin_get_many(names: Iterable[str], board: str | Board | None = None, paralle
     if not names:
         return results
     kind, workers = _plan(parallel, len(names))
-    with progress_bar(f"pins from {target.name}", len(names), unit="pins") as advance:
+    # a board that can keep its index for the call (data.txt over HTTP) reads it once for all the pins
+    hold = getattr(target.storage, "hold_index", None)
+    with (hold() if hold is not None else contextlib.nullcontext()), \
+            progress_bar(f"pins from {target.name}", len(names), unit="pins") as advance:
         def settle(name: str, outcome: Callable[[], Any]) -> None:
             try:
                 results[name] = outcome()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -26,6 +27,48 @@ def _partition(value: str) -> tuple[int, int]:
         raise click.BadParameter(f"I/N needs 0 <= I < N (slices are 0-based), got {value!r}",
                                  param_hint="--partition")
     return index, count
+
+
+def _storage_options(pairs: tuple[str, ...]) -> dict:
+    """``--storage-option KEY=VALUE`` pairs as fsspec storage options: ``true``/``false`` become booleans,
+    ``-`` in a KEY ``_``, and a dotted KEY nests (``client_kwargs.region_name=eu-west-1``). No value is
+    ever echoed: a pair without ``=`` may be a secret typed in the wrong place."""
+    options: dict = {}
+    for number, pair in enumerate(pairs, start=1):
+        key, sep, value = pair.partition("=")
+        keys = [part.strip().replace("-", "_") for part in key.split(".")]
+        if not sep or not all(keys):
+            raise click.BadParameter(f"expected KEY=VALUE (such as endpoint_url=http://127.0.0.1:9000); "
+                                     f"the {number}. one is not (its text is not shown: it may be a secret)",
+                                     param_hint="--storage-option")
+        place = options
+        for part in keys[:-1]:
+            place = place.setdefault(part, {})
+            if not isinstance(place, dict):
+                raise click.BadParameter(f"{'.'.join(keys)}: {part} is given both a value and sub-keys",
+                                         param_hint="--storage-option")
+        if isinstance(place.get(keys[-1]), dict):
+            raise click.BadParameter(f"{'.'.join(keys)} is given both a value and sub-keys",
+                                     param_hint="--storage-option")
+        place[keys[-1]] = {"true": True, "false": False}.get(value.lower(), value)
+    return options
+
+
+@contextlib.contextmanager
+def _secrets_masked(storage_options: dict | None):
+    """An error whose message quotes a secret of `storage_options` (a library echoing a key) becomes one
+    line with it masked (`boards.safety.secrets`); other errors pass unchanged."""
+    try:
+        yield
+    except click.ClickException:
+        raise
+    except Exception as error:
+        from ..boards.safety import secrets
+
+        hidden = secrets.secret_values(storage_options or {})
+        if not any(value and value in str(error) for value in hidden):
+            raise
+        raise click.ClickException(escape(secrets.redact_text(f"{type(error).__name__}: {error}", hidden))) from None
 
 
 @click.command()
@@ -96,17 +139,23 @@ def fetch(board, slice_, extract, parallel, as_json):
 @click.option("--spark", "spark_master", default=None, metavar="MASTER",
               help="Write the parts on this Spark cluster (local[N], spark://host:port, yarn, ...): one task a "
                    "part, so give --partitions of at least its task slots.")
+@click.option("--storage-option", "storage_pairs", multiple=True, metavar="KEY=VALUE",
+              help="An fsspec storage option for a SOURCE or OUTPUT URL in a bucket, also sent to the --spark "
+                   "executors (repeatable): endpoint_url=http://host:9000, anon=true, client_kwargs.region_name="
+                   "eu-west-1. Values are never printed; credentials are better left to the environment "
+                   "(AWS_ACCESS_KEY_ID, ...) than typed on a command line.")
 def convert(source, output, partitions, split, slice_, classes_from, row_group_size_mb, min_row_groups, seed,
-            parallel, overwrite, max_pixels, memory_budget_mb, max_side, quality, spark_master):
-    """Convert SOURCE (an image folder or board://<board>) to a Parquet dataset at OUTPUT.
+            parallel, overwrite, max_pixels, memory_budget_mb, max_side, quality, spark_master, storage_pairs):
+    """Convert SOURCE (an image folder, a tree's URL such as s3://bucket/tree, or board://<board>) to a
+    Parquet dataset at OUTPUT.
 
     OUTPUT: a folder, any fsspec URL (s3://, gs://, ...), or board://<board>/<pin>. With --spark, the
     executors read the images and write the parts: SOURCE and OUTPUT must be where they can reach.
     """
     from .convert import convert as run
     from .info import dataset_info
-    from .repartition import imagenet_partition
 
+    storage_options = _storage_options(storage_pairs) or None
     if quality is not None and max_side is None:
         raise click.BadParameter("--quality sets the quality of images --max-side downscales; give --max-side",
                                  param_hint="--quality")
@@ -116,15 +165,14 @@ def convert(source, output, partitions, split, slice_, classes_from, row_group_s
         if "/" in board:
             board, _ = parse_board_url(source)
         index, count = _partition(slice_) if slice_ else (0, 1)
-        if spark_master:   # the executors fetch the categories from the board, not this machine
-            source_obj, board_slice = f"board://{board}", {"partition": (index, count)}
-        else:
-            source_obj = imagenet_partition(index, count, board)
+        # convert fetches the categories (on Spark: the executors) inside its timing: images/s counts it
+        source_obj, board_slice = f"board://{board}", {"partition": (index, count)}
     else:
         if slice_:
             raise click.BadParameter("--partition needs a board:// SOURCE", param_hint="--partition")
         source_obj = source
-    classes = dataset_info(classes_from)["classes"] if classes_from else None
+    with _secrets_masked(storage_options):
+        classes = dataset_info(classes_from, storage_options=storage_options)["classes"] if classes_from else None
     limits = {key: value for key, value in (("max_pixels", max_pixels), ("memory_budget_mb", memory_budget_mb),
                                             ("max_side", max_side), ("quality", quality)) if value is not None}
     session = None
@@ -133,15 +181,18 @@ def convert(source, output, partitions, split, slice_, classes_from, row_group_s
 
         session = limits["spark"] = spark_session_for(spark_master)
     try:
-        result = run(source_obj, output, partitions=partitions, split=split, classes=classes, seed=seed,
-                     row_group_size_mb=row_group_size_mb, min_row_groups=min_row_groups, parallel=parallel,
-                     overwrite=overwrite, **limits, **board_slice)
+        with _secrets_masked(storage_options):
+            result = run(source_obj, output, partitions=partitions, split=split, classes=classes, seed=seed,
+                         row_group_size_mb=row_group_size_mb, min_row_groups=min_row_groups, parallel=parallel,
+                         overwrite=overwrite, storage_options=storage_options, **limits, **board_slice)
     finally:
         if session is not None:
             session.stop()
     click.echo(f"{result.url}: {result.rows} rows, {len(result.classes)} classes, {result.row_groups} row groups "
                f"in {result.partitions} part(s), {result.bytes / 2**20:.1f} MB"
                + (f", {result.images_per_second:.0f} images/s" if result.images_read else " (already complete)")
+               + (f" over {result.seconds:.1f} s, of which {result.fetch_seconds:.1f} s fetching and checking "
+                  "the board's category pins" if result.fetch_seconds else "")
                + (f" on Spark ({escape(spark_master)})" if spark_master else ""))
     if result.parts_reused:
         click.echo(f"resumed: kept {result.parts_reused} part(s) from an interrupted run")

@@ -55,10 +55,10 @@ from typing import Callable
 
 import xxhash
 
-from .contracts import DataMap
+from .contracts import DataMap, DatasetInfo
 from .errors import InvalidPipelineInput, PipelineError
 from .images import DEFAULT_MAX_PIXELS, DOWNSCALE_QUALITY, UndecodableImage, check_image, decode_cost, read_header
-from .layout import EmptyClassesWarning, Layout, is_image_name, scan
+from .layout import EmptyClassesWarning, Layout, ListedTree, is_image_name, scan, scan_listed
 from .metadata import (ARROW_SCHEMA, COMMON_METADATA, FORMAT_VERSION, PART_PREFIX, PROGRESS, REPORT, TMP_PREFIX,
                        part_name, read_info, write_common_metadata)
 from pinstorm.progress import progress_bar
@@ -107,11 +107,12 @@ class ConvertResult:
         skipped: ``{"path", "reason"}`` of each image not stored.
         reencoded: ``{"path", "format", "mode", "reason", "resized", "reoriented"}`` of each image stored
             re-encoded.
-        seconds: How long the conversion took.
+        seconds: How long the conversion took, from the call (a ``board://`` source's fetch included).
         images_read: Images read in this run (0 when the dataset was already complete).
         parts_reused: Parts kept from an interrupted earlier run.
         report_url: Where the report (``_pinstorm_report.json``) is.
         empty_classes: Classes that got no row (their labels are kept).
+        fetch_seconds: Of `seconds`, fetching and checking a ``board://`` source's category pins.
     """
 
     url: str
@@ -128,6 +129,7 @@ class ConvertResult:
     parts_reused: int = 0         # parts kept from an interrupted earlier run
     report_url: str = ""
     empty_classes: list[str] = field(default_factory=list)   # classes that got no row (labels kept)
+    fetch_seconds: float = 0.0    # of `seconds`: fetching and checking a board:// source's pins
 
     @property
     def reoriented(self) -> int:
@@ -187,54 +189,42 @@ def is_remote_tree(source) -> bool:
 def scan_remote(url: str, storage_options: dict | None = None) -> tuple[Layout, dict[str, int]]:
     """`scan` of a tree in a bucket (any fsspec URL): (a Layout whose paths are URLs, {URL: size}).
 
-    One listing of the tree (names and sizes, no image read) is mirrored as empty files in a private
-    temporary folder, with the two small label files (``LOC_synset_mapping.txt``,
-    ``LOC_val_solution.csv``) copied, and `scan` reads that: the very rules, classes and order of a
-    local scan. A URL carrying a password or a secret query value is refused: every image path (hence
-    the report) starts with the URL, so credentials go in `storage_options`."""
+    One listing of the tree (fsspec's ``find``: names and sizes, no image read) is scanned as it is
+    (`layout.scan_listed`): the very rules, classes and order of a local scan, with no local stand-in
+    file; only the two small label files (``LOC_synset_mapping.txt``, ``LOC_val_solution.csv``) are read,
+    when the scan uses them. A URL carrying a password or a secret query value is refused: every image
+    path (hence the report) starts with the URL, so credentials go in `storage_options`."""
     if secrets.has_secret(url):
         raise InvalidPipelineInput(f"{secrets.redact_url(url)}: put credentials in storage_options, not in the "
                                    "tree's URL (each image's path, written in the report, starts with it)")
     location = resolve(url, storage_options)
     fs, root = location.fs, location.path
     listing = fs.find(root, withdirs=True, detail=True)
-    prefix = location.url          # the URL as given: the executors open each image by it
-    staging = Path(tempfile.mkdtemp(prefix="pinstorm-scan-"))
-    sizes: dict[str, int] = {}
-    try:
-        mirror = staging / "tree"
-        mirror.mkdir()
-        for path, detail in sorted(listing.items()):
-            relative = path[len(root):].strip("/")
-            if not relative or any(part in ("", ".", "..") for part in relative.split("/")):
-                continue
-            target = mirror / relative
-            if detail.get("type") == "directory":
-                target.mkdir(parents=True, exist_ok=True)
-                continue
-            name = os.path.basename(relative)
-            if name in ("LOC_synset_mapping.txt", "LOC_val_solution.csv"):
-                if int(detail.get("size") or 0) > _LABEL_FILE_LIMIT:
-                    raise InvalidPipelineInput(f"{secrets.redact_url(url)}/{relative}: larger than "
-                                               f"{_LABEL_FILE_LIMIT // 2**20} MB")
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(fs.cat_file(path))
-            elif is_image_name(name):
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.touch()
-                sizes[f"{prefix}/{relative}"] = int(detail.get("size") or 0)
-        layout = scan(mirror)
-        local = str(mirror)
+    prefix = location.url.rstrip("/")      # the URL as given: the executors open each image by it
+    files, folders, label_files, sizes = [], [], {}, {}
+    for path, detail in sorted(listing.items()):
+        relative = path[len(root):].strip("/")
+        if not relative or any(part in ("", ".", "..") for part in relative.split("/")):
+            continue
+        if detail.get("type") == "directory":
+            folders.append(relative)
+            continue
+        name = os.path.basename(relative)
+        if name in ("LOC_synset_mapping.txt", "LOC_val_solution.csv"):
+            label_files[relative] = (path, int(detail.get("size") or 0))
+            files.append(relative)
+        elif is_image_name(name):
+            files.append(relative)
+            sizes[f"{prefix}/{relative}"] = int(detail.get("size") or 0)
 
-        def remote(path: str) -> str:
-            return prefix + path[len(local):]
+    def read(relative: str) -> bytes:      # a label file the scan uses
+        path, size = label_files[relative]
+        if size > _LABEL_FILE_LIMIT:
+            raise InvalidPipelineInput(f"{secrets.redact_url(url)}/{relative}: larger than "
+                                       f"{_LABEL_FILE_LIMIT // 2**20} MB")
+        return fs.cat_file(path)
 
-        layout = Layout(prefix, layout.kind, [(remote(p), w) for p, w in layout.train],
-                        [(remote(p), w) for p, w in layout.val], layout.classes, layout.names,
-                        [remote(p) for p in layout.unlabelled], layout.empty_classes)
-        return layout, sizes
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    return scan_listed(ListedTree(prefix, files, folders, read)), sizes
 
 
 def _source_items(source, classes, split):
@@ -588,7 +578,7 @@ def _prepare_output(location, plan, overwrite):
     names = _listing(location)
     if COMMON_METADATA in names:
         info = read_info(location)
-        if info.get("plan") == plan.digest and not overwrite:
+        if info.plan == plan.digest and not overwrite:
             return info, {}
         if not overwrite:
             raise DatasetExistsError(f"{location.url} already holds a dataset converted from other inputs or "
@@ -712,6 +702,7 @@ def convert(source, output_url, *, partitions: int = 1, row_group_size_mb: float
         spark = spark if spark is not None else source.sparkSession
         source = _binary_file_map(source)
     sizes = source_url = source_fs = board_fetch = None
+    fetch_seconds = 0.0
     if is_board_url(source):     # categories slice `partition` of a `repartition` board
         board = source[len("board://"):].strip("/")
         if not board or "/" in board:
@@ -721,6 +712,7 @@ def convert(source, output_url, *, partitions: int = 1, row_group_size_mb: float
             from .repartition import imagenet_partition
 
             source = imagenet_partition(index, count, board)
+            fetch_seconds = time.monotonic() - started   # part of `seconds`, shown apart (ConvertResult)
         else:                    # the executors fetch the categories, the driver sees their names
             source, sizes, board_fetch = board_map_on_spark(spark, board, index, count)
     elif partition is not None:
@@ -756,6 +748,7 @@ def convert(source, output_url, *, partitions: int = 1, row_group_size_mb: float
                           overwrite=overwrite, progress=progress, on_part=on_part,
                           source=description or source_description, started=started, seed=seed, load=load,
                           **on_spark)
+    result.fetch_seconds = fetch_seconds
     if result.skipped and result.images_read:
         log.warning("%s: skipped %d file(s), listed in %s", result.url, len(result.skipped), result.report_url)
     in_scope = set(scope)
@@ -951,10 +944,10 @@ def _convert(plan, classes, names, split, location, *, parallel, overwrite, prog
     existing, done = _prepare_output(location, plan, overwrite)
     if existing is not None:
         report = _read_json(location, REPORT) or {}
-        return ConvertResult(location.url, existing["rows"], existing["row_groups"], existing["partitions"],
-                             existing["bytes"], existing["classes"], report.get("skipped", []),
+        return ConvertResult(location.url, existing.rows, existing.row_groups, existing.partitions,
+                             existing.bytes, existing.classes, report.get("skipped", []),
                              report.get("reencoded", []), time.monotonic() - started, 0, plan.partitions,
-                             location.join(REPORT), existing.get("empty_classes", []))
+                             location.join(REPORT), existing.empty_classes or [])
 
     todo = [p for p in range(plan.partitions) if part_name(p, plan.partitions) not in done]
     total = sum(plan.bounds[g][1] - plan.bounds[g][0] for p in todo for g in plan.part_groups(p))
@@ -981,16 +974,16 @@ def _convert(plan, classes, names, split, location, *, parallel, overwrite, prog
     info, skipped, reencoded = commit_dataset(location, parts, ordered, classes=classes, names=names, split=split,
                                               seed=seed, digest=plan.digest, source=source)
     images_read = sum(plan.bounds[g][1] - plan.bounds[g][0] for p in todo for g in plan.part_groups(p))
-    return ConvertResult(location.url, info["rows"], info["row_groups"], plan.partitions, info["bytes"], classes,
+    return ConvertResult(location.url, info.rows, info.row_groups, plan.partitions, info.bytes, classes,
                          skipped, reencoded, time.monotonic() - started, images_read, len(done),
-                         location.join(REPORT), info["empty_classes"])
+                         location.join(REPORT), list(info.empty_classes or []))
 
 
 def commit_dataset(location, parts: dict, ordered: list[str], *, classes, names, split, seed, digest,
-                   source) -> tuple[dict, list, list]:
+                   source) -> tuple[DatasetInfo, list, list]:
     """Make `location` a dataset from its written parts (`parts`: name -> `write_part_file` entry, in
     `ordered` order): the report, then ``_common_metadata`` (the completeness marker), once.
-    Returns (the pinstorm metadata, skipped, re-encoded)."""
+    Returns (the pinstorm metadata as a `DatasetInfo`, skipped, re-encoded)."""
     skipped = [s for n in ordered for s in parts[n]["skipped"]]
     reencoded = [r for n in ordered for r in parts[n]["reencoded"]]
     class_rows = dict.fromkeys(classes, 0)  # one pass over the parts: not classes x parts (21,841 x 1,000+)
@@ -1019,7 +1012,7 @@ def commit_dataset(location, parts: dict, ordered: list[str], *, classes, names,
     write_common_metadata(location, info, {n: f["row_groups"] for n, f in files.items()})
     if location.fs.exists(location.join(PROGRESS)):
         location.fs.rm(location.join(PROGRESS))
-    return info, skipped, reencoded
+    return DatasetInfo.from_dict(info), skipped, reencoded
 
 
 def _convert_to_board(plan, classes, names, split, url, *, parallel, overwrite, progress, on_part,
@@ -1042,10 +1035,10 @@ def _convert_to_board(plan, classes, names, split, url, *, parallel, overwrite, 
                           started=started, seed=seed, load=load, **on_spark)
         info = read_info(resolve(staging / pin))
         boards.pin(str(staging), name=pin, board=board, zip=False,
-                   description=f"pinstorm dataset: {info['rows']} images of {info['num_classes']} classes "
+                   description=f"pinstorm dataset: {info.rows} images of {info.num_classes} classes "
                                f"({split}) from {description}",
-                   metadata={"pinstorm": {"rows": info["rows"], "num_classes": info["num_classes"],
-                                          "partitions": info["partitions"], "row_groups": info["row_groups"],
+                   metadata={"pinstorm": {"rows": info.rows, "num_classes": info.num_classes,
+                                          "partitions": info.partitions, "row_groups": info.row_groups,
                                           "split": split}})
     finally:
         shutil.rmtree(staging, ignore_errors=True)

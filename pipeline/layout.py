@@ -24,7 +24,7 @@ import csv
 import os
 import warnings
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from pinstorm.boards.safety import secrets
 
 from .errors import InvalidPipelineInput, PipelineError
@@ -117,101 +117,187 @@ def is_image_name(name: str) -> bool:
     return not name.startswith(".") and os.path.splitext(name)[1].lower() in IMAGE_SUFFIXES
 
 
-def _image_files(folder: Path, recursive: bool) -> list[str]:
+class _LocalTree:
+    """How the scan sees a local folder: `os.scandir`, and paths as the file system writes them."""
+
+    @staticmethod
+    def entries(folder):
+        """(name, path, is a folder) of each entry of `folder` (symbolic links followed)."""
+        with os.scandir(folder) as found:
+            for entry in found:
+                if not entry.name.startswith("."):
+                    yield entry.name, entry.path, entry.is_dir(follow_symlinks=True)
+
+    @staticmethod
+    def is_dir(path) -> bool:
+        return Path(path).is_dir()
+
+    @staticmethod
+    def is_file(path) -> bool:
+        return Path(path).is_file()
+
+    @staticmethod
+    def shown(path) -> str:
+        return str(path)
+
+    @staticmethod
+    def open_text(path, newline=None):
+        return open(path, encoding="utf-8", newline=newline)
+
+
+_LOCAL = _LocalTree()
+
+
+class ListedTree:
+    """A tree known from one listing (a bucket's, from fsspec's ``find``), scanned with the very rules of a
+    local folder, with no local stand-in: its folders are `PurePosixPath`s below ``/``, its images' paths
+    ``<url>/<relative path>``; `read(relative path)` gives the bytes of the label files the scan reads
+    (``LOC_synset_mapping.txt``, ``LOC_val_solution.csv``), and nothing else is read.
+
+    Args:
+        url: The tree's URL: every image path (and message) starts with it.
+        files: The relative paths (``a/b.JPEG``) of its files.
+        folders: The relative paths of its folders (each file's parents are folders too).
+        read: ``read(relative path) -> bytes`` for a label file.
+    """
+
+    def __init__(self, url: str, files, folders=(), read=None):
+        self.url = url.rstrip("/")
+        self._read = read
+        self._children: dict[str, dict[str, bool]] = {"": {}}
+        for relative, is_dir in [(f, True) for f in folders] + [(f, False) for f in files]:
+            parts = relative.strip("/").split("/")
+            for depth in range(len(parts)):
+                parent, name = "/".join(parts[:depth]), parts[depth]
+                child_is_dir = is_dir or depth < len(parts) - 1
+                siblings = self._children.setdefault(parent, {})
+                siblings[name] = siblings.get(name, False) or child_is_dir
+                if child_is_dir:
+                    self._children.setdefault("/".join(parts[:depth + 1]), {})
+
+    @staticmethod
+    def _relative(path) -> str:
+        return str(path).strip("/")
+
+    def entries(self, folder):
+        relative = self._relative(folder)
+        for name, is_dir in self._children.get(relative, {}).items():
+            if not name.startswith("."):
+                yield name, self.shown(f"{relative}/{name}" if relative else name), is_dir
+
+    def is_dir(self, path) -> bool:
+        return self._relative(path) in self._children
+
+    def is_file(self, path) -> bool:
+        parent, _, name = self._relative(path).rpartition("/")
+        return self._children.get(parent, {}).get(name) is False
+
+    def shown(self, path) -> str:
+        relative = self._relative(path)
+        return f"{self.url}/{relative}" if relative else self.url
+
+    def open_text(self, path, newline=None):
+        import io
+
+        return io.StringIO(self._read(self._relative(path)).decode("utf-8"), newline=newline)
+
+
+def _image_files(folder: Path, recursive: bool, tree=_LOCAL) -> list[str]:
     found = []
-    with os.scandir(folder) as entries:
-        for entry in entries:
-            if entry.name.startswith("."):
-                continue
-            if entry.is_dir(follow_symlinks=True):
-                if recursive:
-                    found += _image_files(Path(entry.path), recursive)
-            elif is_image_name(entry.name):
-                found.append(entry.path)
+    for name, path, is_dir in tree.entries(folder):
+        if is_dir:
+            if recursive:
+                found += _image_files(folder / name, recursive, tree)
+        elif is_image_name(name):
+            found.append(path)
     return found
 
 
-def _subfolders(folder: Path) -> list[Path]:
-    return sorted(Path(e.path) for e in os.scandir(folder) if e.is_dir() and not e.name.startswith("."))
+def _subfolders(folder: Path, tree=_LOCAL) -> list[Path]:
+    return sorted(folder / name for name, _, is_dir in tree.entries(folder) if is_dir)
 
 
-def _class_tree(folder: Path) -> tuple[list[tuple[str, str]], list[str]]:
+def _class_tree(folder: Path, tree=_LOCAL) -> tuple[list[tuple[str, str]], list[str]]:
     """(path, class) for every image below each subfolder of `folder`, and every class folder's name."""
     items, folders = [], []
-    for class_dir in _subfolders(folder):
+    for class_dir in _subfolders(folder, tree):
         folders.append(class_dir.name)
-        items += [(path, class_dir.name) for path in _image_files(class_dir, recursive=True)]
+        items += [(path, class_dir.name) for path in _image_files(class_dir, recursive=True, tree=tree)]
     return sorted(items), folders
 
 
-def _find_cls_loc(root: Path) -> Path | None:
+def _find_cls_loc(root: Path, tree=_LOCAL) -> Path | None:
     """The CLS-LOC folder when `root` is (or holds) an ILSVRC tree; else None."""
     candidates = [root / "ILSVRC" / "Data" / "CLS-LOC", root / "Data" / "CLS-LOC"]
     if root.name == "CLS-LOC":
         candidates.append(root)
-    return next((c for c in candidates if (c / "train").is_dir()), None)
+    return next((c for c in candidates if tree.is_dir(c / "train")), None)
 
 
-def _find_file(name: str, cls_loc: Path, root: Path) -> Path | None:
+def _find_file(name: str, cls_loc: Path, root: Path, tree=_LOCAL) -> Path | None:
     """Label files sit next to the ILSVRC folder in Kaggle's download; accept a few other places too."""
     places = [root, cls_loc, *cls_loc.parents[:4]]
     for place in places:
-        if (place / name).is_file():
+        if tree.is_file(place / name):
             return place / name
     return None
 
 
-def read_synset_mapping(path) -> dict[str, str]:
+def read_synset_mapping(path, tree=_LOCAL) -> dict[str, str]:
     """``<wnid> <names>`` per line -> {wnid: names}."""
     names = {}
-    with open(path, encoding="utf-8") as handle:
+    path_shown = tree.shown(path)
+    with tree.open_text(path) as handle:
         for number, line in enumerate(handle, start=1):
             line = line.strip()
             if not line:
                 continue
             wnid, _, text = line.partition(" ")
             if not wnid:
-                raise LayoutError(f"{path}:{number}: expected '<wnid> <names>', got {line!r}")
+                raise LayoutError(f"{path_shown}:{number}: expected '<wnid> <names>', got {line!r}")
             names[wnid] = text.strip() or wnid
     return names
 
 
-def read_val_solution(path) -> dict[str, str]:
+def read_val_solution(path, tree=_LOCAL) -> dict[str, str]:
     """``ImageId,PredictionString`` -> {image id: wnid (first token of the prediction)}."""
     labels = {}
-    with open(path, newline="", encoding="utf-8") as handle:
+    path_shown = tree.shown(path)
+    with tree.open_text(path, newline="") as handle:
         reader = csv.DictReader(handle)
         if not reader.fieldnames or not {"ImageId", "PredictionString"} <= set(reader.fieldnames):
-            raise LayoutError(f"{path}: expected columns ImageId,PredictionString, got {reader.fieldnames}")
+            raise LayoutError(f"{path_shown}: expected columns ImageId,PredictionString, got {reader.fieldnames}")
         for number, row in enumerate(reader, start=2):
             tokens = (row["PredictionString"] or "").split()
             if not row["ImageId"] or not tokens:
-                raise LayoutError(f"{path}:{number}: empty ImageId or PredictionString")
+                raise LayoutError(f"{path_shown}:{number}: empty ImageId or PredictionString")
             labels[row["ImageId"]] = tokens[0]
     return labels
 
 
-def _scan_ilsvrc(root: Path, cls_loc: Path) -> Layout:
-    train, folders = _class_tree(cls_loc / "train")
-    mapping_file = _find_file(SYNSET_MAPPING, cls_loc, root)
-    names = read_synset_mapping(mapping_file) if mapping_file else {}
+def _scan_ilsvrc(root: Path, cls_loc: Path, tree=_LOCAL) -> Layout:
+    train, folders = _class_tree(cls_loc / "train", tree)
+    mapping_file = _find_file(SYNSET_MAPPING, cls_loc, root, tree)
+    names = read_synset_mapping(mapping_file, tree) if mapping_file else {}
     val: list[tuple[str, str]] = []
     unlabelled: list[str] = []
     val_dir = cls_loc / "val"
-    if val_dir.is_dir():
-        val_files = sorted(_image_files(val_dir, recursive=False))
-        solution_file = _find_file(VAL_SOLUTION, cls_loc, root)
-        labels = read_val_solution(solution_file) if solution_file else {}
+    if tree.is_dir(val_dir):
+        val_files = sorted(_image_files(val_dir, recursive=False, tree=tree))
+        solution_file = _find_file(VAL_SOLUTION, cls_loc, root, tree)
+        labels = read_val_solution(solution_file, tree) if solution_file else {}
         for path in val_files:
             wnid = labels.get(os.path.splitext(os.path.basename(path))[0])
             if wnid is None:
                 unlabelled.append(path)
             else:
                 val.append((path, wnid))
-    return _finish(root, "ilsvrc", train, val, names, unlabelled, folders=folders, mapping=mapping_file)
+    return _finish(root, "ilsvrc", train, val, names, unlabelled, folders=folders, mapping=mapping_file, tree=tree)
 
 
-def _finish(root, kind, train, val, names, unlabelled=(), *, folders=(), mapping=None) -> Layout:
+def _finish(root, kind, train, val, names, unlabelled=(), *, folders=(), mapping=None, tree=_LOCAL) -> Layout:
+    layout_root = Path(root) if tree is _LOCAL else tree.url
+    root, mapping = tree.shown(root), (tree.shown(mapping) if mapping is not None else None)
     if mapping is not None and names:
         extra = sorted(set(folders) - set(names))
         if extra:
@@ -234,7 +320,7 @@ def _finish(root, kind, train, val, names, unlabelled=(), *, folders=(), mapping
                    f"{', '.join(empty[:5])}{' ...' if len(empty) > 5 else ''}")
         warnings.warn(message, EmptyClassesWarning, stacklevel=3)
         log.warning(message)
-    return Layout(Path(root), kind, train, val, classes, names, list(unlabelled), empty)
+    return Layout(layout_root, kind, train, val, classes, names, list(unlabelled), empty)
 
 
 def scan(root) -> Layout:
@@ -252,20 +338,38 @@ def scan(root) -> Layout:
     root = Path(root).expanduser()
     if not root.is_dir():
         raise LayoutError(f"{root}: not a folder")
-    cls_loc = _find_cls_loc(root)
+    return _scan(root, _LOCAL)
+
+
+def scan_listed(tree: ListedTree) -> Layout:
+    """`scan` of a tree known from a listing (`ListedTree`: a bucket's): the same rules, classes and order,
+    the layout's root and every path the tree's URL and no file written anywhere.
+
+    Args:
+        tree: The listing.
+
+    Returns:
+        A `Layout` whose root is ``tree.url`` and whose paths are ``<url>/<relative path>``.
+    """
+    return _scan(PurePosixPath("/"), tree)
+
+
+def _scan(root, tree) -> Layout:
+    cls_loc = _find_cls_loc(root, tree)
     if cls_loc is not None:
-        return _scan_ilsvrc(root, cls_loc)
-    subfolders = {p.name for p in _subfolders(root)}
+        return _scan_ilsvrc(root, cls_loc, tree)
+    subfolders = {p.name for p in _subfolders(root, tree)}
     split_names = {"train", "val", "validation"}
-    if "train" in subfolders and subfolders <= split_names and _subfolders(root / "train"):
+    if "train" in subfolders and subfolders <= split_names and _subfolders(root / "train", tree):
         val_name = "val" if "val" in subfolders else "validation" if "validation" in subfolders else None
-        val = _class_tree(root / val_name)[0] if val_name else []
+        val = _class_tree(root / val_name, tree)[0] if val_name else []
         mapping_file = root / SYNSET_MAPPING
-        names = read_synset_mapping(mapping_file) if mapping_file.is_file() else {}
-        train, folders = _class_tree(root / "train")
+        names = read_synset_mapping(mapping_file, tree) if tree.is_file(mapping_file) else {}
+        train, folders = _class_tree(root / "train", tree)
         return _finish(root, "split-folders", train, val, names, folders=folders,
-                       mapping=mapping_file if names else None)
+                       mapping=mapping_file if names else None, tree=tree)
     mapping_file = root / SYNSET_MAPPING
-    names = read_synset_mapping(mapping_file) if mapping_file.is_file() else {}
-    train, folders = _class_tree(root)
-    return _finish(root, "folders", train, [], names, folders=folders, mapping=mapping_file if names else None)
+    names = read_synset_mapping(mapping_file, tree) if tree.is_file(mapping_file) else {}
+    train, folders = _class_tree(root, tree)
+    return _finish(root, "folders", train, [], names, folders=folders, mapping=mapping_file if names else None,
+                   tree=tree)

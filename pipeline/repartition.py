@@ -25,7 +25,9 @@ log = secrets.logger(__name__)
 CATEGORIES_PIN = "categories"
 # Categories pinned at once by default, measured on 2 cores (docs/pipeline.md, "One pin per category"):
 # into a local folder the work is zipping and hashing under the GIL, and one thread was 1.9x faster
-# than four (16 s against 31 s at 1,000 categories); into a bucket each pin waits on requests, and
+# than four (16 s against 31 s at 1,000 categories); since each pin is no longer read back, two threads
+# were no clearer win than one (4.1-6.2 s against 4.7-5.7 s for 1,000 x 40 JPEGs, for 1.5x the CPU:
+# bench/bench_repartition.py); into a bucket each pin waits on requests, and
 # eight threads were the fastest of 1, 2, 4 and 8 (moto S3, 100 categories of 40 JPEGs).
 PARALLEL = {"folder": 1}
 REMOTE_PARALLEL = 8
@@ -65,23 +67,27 @@ def repartition(root, board, zip: bool = True, parallel: int | None = None, *, p
     classes = sorted(by_class)
     filled = [wnid for wnid in classes if by_class[wnid]]
 
+    target = boards.resolve_board(board)  # one Board object: the batch below is per object
+
     def pin_one(wnid: str) -> None:
-        boards.pin(by_class[wnid], name=wnid, board=board, zip=zip, description=layout.names.get(wnid, wnid),
-                   metadata={"wnid": wnid, "name": layout.names.get(wnid, wnid), "images": len(by_class[wnid])})
+        # `store`, not `pin`: `pin` reads each version back, which unpacks every zip into the cache
+        # again (on a bucket board, downloads it first): 3/4 of the time at 1,000 categories
+        target.store(by_class[wnid], name=wnid, zip=zip, description=layout.names.get(wnid, wnid),
+                     metadata={"wnid": wnid, "name": layout.names.get(wnid, wnid), "images": len(by_class[wnid])})
 
     # One batch: the board's indexes are published once, after the last category, so a category costs
     # the same on a board of 21,841 as on one of 10 (docs/boards.md, "ImageNet-sized boards").
-    with boards.batch(board):
+    with target.batch():
         with progress_bar("repartition", len(filled), unit="categories", enabled=progress) as advance, \
-                ThreadPoolExecutor(max_workers=parallel or default_parallel(board)) as pool:
+                ThreadPoolExecutor(max_workers=parallel or default_parallel(target)) as pool:
             for future in [pool.submit(pin_one, wnid) for wnid in filled]:
                 future.result()
                 advance(1)
     categories = pd.DataFrame({"id": classes, "name": [layout.names.get(w, w) for w in classes],
                                "images": [len(by_class[w]) for w in classes]})
     # after the batch: a reader never sees a categories list whose pins are not all listed
-    boards.pin(categories, name=CATEGORIES_PIN, board=board,
-               description=f"{len(classes)} categories of {layout.root}, one pin each")
+    target.store(categories, name=CATEGORIES_PIN,
+                 description=f"{len(classes)} categories of {layout.root}, one pin each")
     return categories
 
 

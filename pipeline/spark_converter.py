@@ -40,6 +40,7 @@ from datetime import datetime, timezone
 
 from pinstorm.boards.safety import secrets
 
+from .contracts import DatasetInfo
 from .convert import (SparkConverterError, _attempt_tmp_name, _remove_attempt_temporaries, _run_job,
                       commit_dataset, write_part_file)
 from .errors import InvalidPipelineInput
@@ -190,18 +191,18 @@ class SparkDatasetConverter:
 
     PARENT_CACHE_DIR_URL_CONF = PARENT_CACHE_DIR_URL_CONF
 
-    def __init__(self, cache_dir_url: str, info: dict, *, storage_options: dict | None = None,
+    def __init__(self, cache_dir_url: str, info: DatasetInfo, *, storage_options: dict | None = None,
                  skipped: list | None = None, reencoded: list | None = None, seconds: float = 0.0):
         self.cache_dir_url = cache_dir_url
         self.storage_options = dict(storage_options or {})
         self.info = info
-        self.dataset_size = int(info["rows"])
-        self.classes = list(info["classes"])
+        self.dataset_size = int(info.rows)
+        self.classes = list(info.classes)
         self.skipped = list(skipped or [])
         self.reencoded = list(reencoded or [])
         self.seconds = seconds
         location = resolve(cache_dir_url, storage_options)
-        self.file_urls = [f"{location.url}/{name}" for name in sorted(info["files"])]
+        self.file_urls = [f"{location.url}/{name}" for name in sorted(info.files)]
 
     def __len__(self) -> int:
         return self.dataset_size

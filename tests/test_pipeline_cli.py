@@ -76,3 +76,42 @@ def test_repartition_and_convert_a_board_slice(digits_root, tmp_path):
     assert code == 0 and len(data["categories"]) == 5 and len(data["classes"]) == 10
     assert len(data["image"]) == len(data["category"]) > 0 and all(Path(p).is_file() for p in data["image"])
     assert set(data["category"]) == set(data["categories"])
+
+
+def test_storage_options_flag_reaches_a_bucket_and_never_prints_a_value(digits_root, tmp_path, monkeypatch):
+    """``--storage-option KEY=VALUE`` (repeatable; booleans, dotted keys nest): the output in moto's S3 and the
+    tree read back from it; no value is printed, neither of a malformed pair nor inside a library's error."""
+    import s3fs
+    from servers.s3 import KEY, SECRET, S3Server
+
+    from pinstorm.pipeline.cli import _storage_options
+
+    assert _storage_options(("endpoint-url=http://h:9", "anon=false", "client_kwargs.region_name=eu",
+                             "client_kwargs.verify=true")) == {
+        "endpoint_url": "http://h:9", "anon": False, "client_kwargs": {"region_name": "eu", "verify": True}}
+    with S3Server() as server:
+        flags = [f for key, value in server.storage_options().items()
+                 for f in ("--storage-option", f"{key}={value}")]
+        s3fs.S3FileSystem(**server.storage_options()).mkdir("cli")
+        code, out = run("convert", digits_root, "s3://cli/train", "--min-row-groups", 4, *flags)
+        assert code == 0 and "s3://cli/train: " in out, out
+        assert KEY not in out and SECRET not in out
+        info = dataset_info("s3://cli/train", storage_options=server.storage_options())
+        assert info["rows"] > 0 and info["row_groups"] == 4
+        # the same flags read a tree in the bucket (and --classes-from a dataset there)
+        s3fs.S3FileSystem(**server.storage_options()).put(str(digits_root) + "/", "cli/tree", recursive=True)
+        code, out = run("convert", "s3://cli/tree", tmp_path / "from-bucket", "--min-row-groups", 4,
+                        "--classes-from", "s3://cli/train", *flags)
+        assert code == 0, out
+        assert dataset_info(tmp_path / "from-bucket")["rows"] == info["rows"]
+        code, out = run("convert", "s3://cli/tree", tmp_path / "no", "--storage-option", "hunter2-typed-alone")
+        assert code == 2 and "--storage-option" in out and "hunter2" not in out, out
+
+    def quoting(*args, **kwargs):
+        raise OSError(f"signature mismatch for key {kwargs['storage_options']['secret']}")
+
+    import importlib
+
+    monkeypatch.setattr(importlib.import_module("pinstorm.pipeline.convert"), "convert", quoting)
+    code, out = run("convert", digits_root, "s3://cli/x", "--storage-option", "secret=s3cr3t-v4lue")
+    assert code == 1 and "OSError: signature mismatch for key ***" in out and "s3cr3t" not in out, out

@@ -232,6 +232,61 @@ def test_folder_source_and_s3_output(digits_root, tmp_path):
             assert sum(1 for _ in rd) == result.rows
 
 
+def test_a_tree_in_a_bucket_is_scanned_from_its_listing_with_no_local_stand_in(digits_root, tmp_path,
+                                                                                monkeypatch):
+    """`convert("s3://bucket/tree")` (moto): the tree is scanned from one fsspec listing, no placeholder file
+    or folder made anywhere (no file created, the temporary folder left empty), only the label files read;
+    the layout and the dataset are those of the same tree on disk."""
+    import pathlib
+    import tempfile
+
+    import s3fs
+    from servers.s3 import S3Server
+
+    from pinstorm.pipeline.convert import scan_remote
+    from pinstorm.pipeline.storage import resolve
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    made = []
+    for method in ("touch", "mkdir", "write_bytes", "write_text"):
+        original = getattr(pathlib.Path, method)
+        monkeypatch.setattr(pathlib.Path, method, lambda self, *a, _o=original, _m=method, **k: (
+            made.append((_m, str(self))), _o(self, *a, **k))[1])
+    local = scan(digits_root)
+    url = "s3://trees/digits"
+    with S3Server() as server:
+        options = server.storage_options()
+        fs = s3fs.S3FileSystem(**options)
+        fs.mkdir("trees")
+        fs.put(str(digits_root) + "/", "trees/digits", recursive=True)
+        read = []
+        listing_fs = resolve(url, options).fs           # fsspec's cached instance: the one scan_remote gets
+        original_cat = listing_fs.cat_file
+        monkeypatch.setattr(listing_fs, "cat_file", lambda path, *a, **k: (read.append(path),
+                                                                            original_cat(path, *a, **k))[1])
+        layout, sizes = scan_remote(url, options)
+        assert made == [] and list((tmp_path / "tmp").iterdir()) == []       # no stand-in, here or anywhere
+        assert sorted(p.rsplit("/", 1)[-1] for p in read) == ["LOC_synset_mapping.txt", "LOC_val_solution.csv"]
+        monkeypatch.undo()
+        remote = {split: convert(url, tmp_path / f"remote-{split}", split=split, storage_options=options,
+                                 min_row_groups=4, progress=False) for split in ("train", "val")}
+    shown = len(str(digits_root))
+    assert str(layout.root) == url and layout.kind == local.kind and layout.classes == local.classes
+    assert layout.names == local.names and layout.empty_classes == local.empty_classes
+    assert layout.train == [(url + p[shown:], w) for p, w in local.train]
+    assert layout.val == [(url + p[shown:], w) for p, w in local.val]
+    assert layout.unlabelled == [url + p[shown:] for p in local.unlabelled]
+    assert set(sizes) == {p for p, _ in layout.train + layout.val} | set(layout.unlabelled)
+    for split, result in remote.items():
+        on_disk = convert(local, tmp_path / f"local-{split}", split=split, min_row_groups=4, progress=False)
+        assert result.classes == on_disk.classes and result.rows == on_disk.rows
+        columns = ("label", "wnid", "filename", "image")
+        assert read_rows(result.url.removeprefix("file://"), columns) == read_rows(on_disk.url.removeprefix(
+            "file://"), columns)
+        assert sorted(s["reason"] for s in result.skipped) == sorted(s["reason"] for s in on_disk.skipped)
+
+
 def test_reencode_flags_are_counted_and_older_reports_still_count():
     from pinstorm.pipeline.convert import ConvertResult, count_flag, reencode_flags
 

@@ -405,6 +405,49 @@ def test_a_board_of_category_pins_converts_on_the_executors(spark, tmp_path):
         convert("board://inet/n00000000", tmp_path / "no", spark=spark, **settings)
 
 
+def test_the_console_script_converts_a_folder_board_and_a_bucket_tree_on_local_spark(tmp_path):
+    """`pinstorm convert board://<board> OUT --spark local[2]` through the installed console script (its own
+    driver, in a process of its own): the Parquet parts read back as the one-machine `convert` of the same
+    board, row for row; then ``convert s3://bucket/tree OUT --spark local[2] --storage-option ...`` (moto)."""
+    from pinstorm import boards
+    from pinstorm.pipeline import repartition
+
+    root = make_digits_tree(tmp_path / "small", image_size=16, per_class=3, seed=6)
+    boards.board_register("folder", name="cli-inet", path=str(tmp_path / "board"), cache=str(tmp_path / "cache"),
+                          persist=True)   # in the config file the console script reads (a test's own)
+    repartition(root, "cli-inet", progress=False)
+    script = Path(sys.executable).with_name("pinstorm")
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "pinstorm.cli"]
+    done = subprocess.run([*command, "convert", "board://cli-inet", str(tmp_path / "spark"), "--partitions", "2",
+                           "--min-row-groups", "4", "--spark", "local[2]"],
+                          capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "on Spark (local[2])" in done.stdout, done.stdout
+    one_machine = convert("board://cli-inet", tmp_path / "one", partitions=2, min_row_groups=4, progress=False)
+    written = _rows(f"file://{tmp_path / 'spark'}")
+    assert len(written) == one_machine.rows == len(scan(root).train)
+    assert written == _rows(one_machine.url)
+    assert sorted({wnid for _, _, wnid, _ in written}) == scan(root).classes
+    assert read_info(resolve(str(tmp_path / "spark")))["files"] == read_info(resolve(one_machine.url))["files"]
+
+    # a tree in a bucket (moto), its endpoint and keys given as --storage-option: they reach the executors,
+    # and no value is printed
+    s3fs = pytest.importorskip("s3fs")
+    from servers.s3 import KEY, SECRET, S3Server
+
+    with S3Server() as server:
+        s3fs.S3FileSystem(**server.storage_options()).put(str(root) + "/", "cli-trees/tree", recursive=True)
+        flags = [f for key, value in server.storage_options().items() for f in ("--storage-option", f"{key}={value}")]
+        done = subprocess.run([*command, "convert", "s3://cli-trees/tree", str(tmp_path / "from-bucket"),
+                               "--partitions", "2", "--min-row-groups", "4", "--spark", "local[2]", *flags],
+                              capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert KEY not in done.stdout + done.stderr and SECRET not in done.stdout + done.stderr
+    on_disk = convert(scan(root), tmp_path / "tree-one", partitions=2, min_row_groups=4, progress=False)
+    assert [row[:3] for row in _rows(f"file://{tmp_path / 'from-bucket'}")] == [row[:3] for row in
+                                                                                 _rows(on_disk.url)]
+
+
 def _names_in(url, part):
     import pyarrow.parquet as pq
 

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import sysconfig
 import textwrap
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,25 @@ pytest.importorskip("mypy")
 ROOT = Path(__file__).resolve().parents[1]
 STRICT_MODULES = ["board", "api", "constructors", "storage", "registry", "parallel", "cache", "safety.archive", "pruning",
                   "metadata", "display"]
+
+
+def _build_options() -> list[str]:
+    """How pip builds pinstorm here without the network. pyproject's [build-system] needs a newer setuptools
+    (PEP 639's SPDX `license`) than the full environment keeps for petastorm 0.13.1 (< 70): an environment
+    whose setuptools is new enough builds without isolation, the others in pip's isolated build
+    environment from the setuptools wheel `make install` fetched into <venv>/build-wheels."""
+    need = int(re.search(r'"setuptools>=(\d+)', (ROOT / "pyproject.toml").read_text()).group(1))
+    try:
+        have = int(version("setuptools").split(".")[0])
+    except PackageNotFoundError:
+        have = 0
+    if have >= need:
+        return ["--no-build-isolation"]
+    wheels = Path(sys.prefix) / "build-wheels"
+    if not any(wheels.glob("setuptools-*.whl")):
+        pytest.fail(f"building pinstorm needs setuptools >= {need}; this environment has {have or 'none'} and "
+                    f"{wheels} holds no newer wheel (`make install` fetches it)")
+    return ["--no-index", "--find-links", str(wheels)]
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +60,7 @@ def installed(tmp_path_factory) -> Path:
     python = venv / "bin" / "python"
     site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           capture_output=True, text=True, check=True).stdout.strip()
-    done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", *_build_options(),
                            "--target", site, str(source)], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert (Path(site) / "pinstorm" / "py.typed").is_file()

@@ -253,7 +253,7 @@ def _parquet_read(url: str, max_rows: int, min_seconds: float = 0.5, storage_opt
     started = time.perf_counter()
     while rows < max_rows and (passes == 0 or time.perf_counter() - started < min_seconds):
         passes += 1
-        for name in sorted(info["files"]):
+        for name in sorted(info.files):
             handle = open_part(location, info, name, CHECKSUMMED)
             try:
                 for rg in range(handle.num_row_groups):
@@ -267,7 +267,7 @@ def _parquet_read(url: str, max_rows: int, min_seconds: float = 0.5, storage_opt
     seconds = time.perf_counter() - started
     return StageTime("parquet read", seconds, rows, "rows", rows,
                      detail=f"{rows} rows in {passes} pass(es), {nbytes / seconds / 1e6 if seconds else 0:.0f} MB/s "
-                            f"({info['rows']} rows stored)")
+                            f"({info.rows} rows stored)")
 
 
 def _decode(url: str, *, batch: int, image_size: int, parallel, input_options: dict, rows: int,
@@ -568,11 +568,11 @@ def profile(
             strategy = strategy or make_strategy("auto")
             replicas, gpus = strategy.num_replicas_in_sync, uses_gpus(strategy)
             global_batch = batch_size * replicas
-            if info["rows"] < global_batch:
-                raise ProfileError(f"{url} has {info['rows']} rows, fewer than one global batch of {global_batch}")
+            if info.rows < global_batch:
+                raise ProfileError(f"{url} has {info.rows} rows, fewer than one global batch of {global_batch}")
             add(_parquet_read(url, max_rows, storage_options=(input_options or {}).get("storage_options")))
             add(_decode(url, batch=global_batch, image_size=image_size, parallel=parallel,
-                        input_options=input_options, rows=int(info["rows"]), max_rows=max_rows))
+                        input_options=input_options, rows=int(info.rows), max_rows=max_rows))
             real, model = _real_fit(url, strategy, model_name=model_name, model_kwargs=model_kwargs,
                                     image_size=image_size, batch_size=batch_size, steps=steps, parallel=parallel,
                                     input_options=input_options, output_dir=scratch / "fit")

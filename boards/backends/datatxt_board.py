@@ -27,6 +27,7 @@ no-cache / no-store, which `fetch_url` honours.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -34,7 +35,7 @@ import posixpath
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 from urllib.parse import parse_qsl
 
 import requests
@@ -151,6 +152,7 @@ class DatatxtStorage(StorageBase):
         self.session = self._new_session()
         self._parsed: tuple[Any, list[dict]] | None = None
         self._within = threading.local()  # per thread: the pin whose fetch already revalidated the index
+        self._holds, self._held_since, self._hold_lock = 0, float("inf"), threading.Lock()  # `hold_index`
 
     def describe(self) -> str:
         return self.url
@@ -160,13 +162,31 @@ class DatatxtStorage(StorageBase):
 
     def __getstate__(self) -> dict:  # picklable for process pools: a fresh session on the other side
         state = dict(self.__dict__)
-        state["session"] = state["_within"] = None
+        state["session"] = state["_within"] = state["_hold_lock"] = None
+        state["_holds"], state["_held_since"] = 0, float("inf")
         return state
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self.session = self._new_session()
         self._within = threading.local()
+        self._hold_lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def hold_index(self) -> Iterator[None]:
+        """Within: the index is revalidated once, then reused (`pin_get_many` reads it once for all its
+        pins, not once a pin: one request instead of 1,000 for 1,000 cached categories)."""
+        with self._hold_lock:
+            self._holds += 1
+            if self._holds == 1:
+                self._held_since = time.monotonic()
+        try:
+            yield
+        finally:
+            with self._hold_lock:
+                self._holds -= 1
+                if not self._holds:
+                    self._held_since = float("inf")
 
     # ---- URLs and requests ----------------------------------------------------------------
     def _abs(self, path: str, *, pin: str | None = None) -> str:
@@ -240,7 +260,8 @@ class DatatxtStorage(StorageBase):
 
     # ---- index ----------------------------------------------------------------------------
     def list_entries(self) -> list[dict]:
-        if self._parsed is not None and time.monotonic() - self._checked_at < self.index_max_age:
+        if self._parsed is not None and (time.monotonic() - self._checked_at < self.index_max_age
+                                         or self._checked_at >= self._held_since):  # read once in `hold_index`
             return self._parsed[1]
         source = f"{self.url}/data.txt"
         local = self._fetch_url(source, self.cache.url_path(self.name, source), max_bytes=self.max_index_bytes)
