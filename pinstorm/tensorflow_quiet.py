@@ -85,6 +85,9 @@ def tensorflow():
     global _loaded
     if _loaded:
         return sys.modules["tensorflow"]
+    from .extras import ensure
+
+    ensure("tensorflow", "training", "TensorFlow (tf.data readers, Keras training)")   # MissingExtra, not a traceback
     with _lock:
         if not _loaded:
             with filtered_stderr():
