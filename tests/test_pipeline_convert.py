@@ -254,12 +254,12 @@ def test_a_tree_in_a_bucket_is_scanned_from_its_listing_with_no_local_stand_in(d
         monkeypatch.setattr(pathlib.Path, method, lambda self, *a, _o=original, _m=method, **k: (
             made.append((_m, str(self))), _o(self, *a, **k))[1])
     local = scan(digits_root)
-    url = "s3://trees/digits"
+    url = "s3://listed-trees/digits"
     with S3Server() as server:
         options = server.storage_options()
         fs = s3fs.S3FileSystem(**options)
-        fs.mkdir("trees")
-        fs.put(str(digits_root) + "/", "trees/digits", recursive=True)
+        fs.mkdir("listed-trees")   # moto keeps buckets per process: a name of its own
+        fs.put(str(digits_root) + "/", "listed-trees/digits", recursive=True)
         read = []
         listing_fs = resolve(url, options).fs           # fsspec's cached instance: the one scan_remote gets
         original_cat = listing_fs.cat_file
