@@ -58,8 +58,9 @@ class PinstormGroup(click.Group):
         module, attribute, extra = COMMANDS[name]
         try:
             return getattr(importlib.import_module(module), attribute)
-        except MissingExtra as e:
-            return _unavailable(name, str(e))
+        except MissingExtra as e:   # named by the command's own extra, which holds whatever else it needs
+            named = not extra or f"pinstorm[{extra}]" in str(e)
+            return _unavailable(name, str(e) if named else f"needs pip install 'pinstorm[{extra}]' ({e})")
         except ModuleNotFoundError as e:
             if e.name and e.name.split(".")[0] == "pinstorm":
                 raise
