@@ -46,11 +46,17 @@ install: $(STAMP)
 demo: $(STAMP)  ## the main job: digits -> pins -> HTTP board -> Parquet -> AlexNet (MirroredStrategy, NCCL fallback)
 	$(BIN)/pinstorm demo --output demo-output/$$(date +%Y%m%dT%H%M%S)
 
+# Test files spread over TEST_WORKERS processes (pytest-xdist, a whole file to one process: module fixtures
+# such as a Spark session are made once). Much of the suite waits on servers, subprocesses and JVMs, so
+# two processes a core still gain; TEST_WORKERS=0 runs in this process alone (a debugger, -x).
+TEST_WORKERS ?= 2
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+
 test: $(STAMP) test-servers  ## the whole test suite in the full environment (what CI runs, with test-modern)
-	$(BIN)/pytest -q -ra --durations=15 tests
+	$(BIN)/pytest -q -ra --durations=15 $(XDIST) tests
 
 test-modern: $(MODERN_STAMP) test-servers  ## the suite on numpy 2 and a current pyarrow (petastorm tests skip)
-	$(MODERN)/bin/pytest -q -ra --durations=15 tests
+	$(MODERN)/bin/pytest -q -ra --durations=15 $(XDIST) tests
 
 test-core: test-servers  ## the boards core alone (no pipeline/training extras) on CORE_PY, in .venv-py<X.Y>
 	venv=$$(.ci/core-env $(CORE_PY)) && $$venv/bin/pytest -q -ra --durations=10 --ignore tests/test_interop_r.py tests

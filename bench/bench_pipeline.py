@@ -266,8 +266,8 @@ def main(argv=None) -> int:
 
         location = resolve(dataset_url)
         stored = read_info(location)
-        plain = {**stored, "files": {n: {k: v for k, v in e.items() if k not in ("footer_xxh3", "row_group_xxh3")}
-                                     for n, e in stored["files"].items()}}
+        plain = stored.with_changes(files={n: {k: v for k, v in e.items() if k not in ("footer_xxh3", "row_group_xxh3")}
+                                           for n, e in stored.files.items()})
 
         def read_all(meta):
             start = time.perf_counter()

@@ -5,17 +5,22 @@ Issue 36 found publishing ~30x slower than `tar` at 1,000 categories x 40 small 
 100-160 px, ~3-9 KB each, as the issue's run had):
 
 1. `repartition(tree, local folder board)`: one zip pin per category + the categories pin, the
-   board's default thread count (`parallel=None`), a fresh board each round.
+   default parallelism (`parallel=None`: worker processes from `PROCESS_MIN_IMAGES` images on, see
+   `pinstorm.pipeline.repartition`), a fresh board each round; and with each of `--parallel`'s counts,
+   which is how the default was chosen.
 2. The baseline: `tar cf` of the same folder, then a plain copy of the tar into a folder (what
    "publishing" costs with no board at all).
 
 Rounds are interleaved (size by size, repartition then tar, then the next round), each measurement
 starts after an `os.sync()` (no writeback of the previous one's files while it runs), and the median is
-reported: seconds, ms per image, and repartition / (tar + copy). Goals (issue 36): the ratio within
-3x, and ms per image flat from 10 to 1,000 categories.
+reported: seconds, ms per image, and ratios as the median of each round's ratio (repartition / (tar +
+copy), before / after); also CPU seconds (this process and its children, workers and `tar` included),
+steadier than wall time on a shared machine. Goals (issue 36):
+the ratio within 3x, and ms per image flat from 10 to 1,000 categories.
 
 `--against REV` also times `repartition` of commit REV (see bench/baseline.py) on the same trees,
-one subprocess per round between this code's rounds, so "before" and "after" come from the same run.
+one subprocess per size and round, right after this code's runs of that size, so "before" and "after"
+come from the same run and minutes apart at most.
 
 Writes bench/results/repartition.json and bench/results/repartition.png.
 """
@@ -26,6 +31,7 @@ import argparse
 import json
 import os
 import random
+import resource
 import shutil
 import statistics
 import subprocess
@@ -73,64 +79,81 @@ def tree_bytes(root: Path) -> int:
     return sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
 
 
-def time_repartition(tree: Path, work: Path, tag: str, parallel: int | None = None) -> float:
+def cpu_seconds() -> float:
+    """CPU seconds (user + system) of this process and of its children that have ended."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def time_repartition(tree: Path, work: Path, tag: str, parallel: int | None = None) -> tuple[float, float]:
+    """(wall seconds, CPU seconds) of `repartition` of `tree` into a fresh local folder board."""
     from pinstorm.boards import board_folder
     from pinstorm.pipeline import repartition
 
     folder, cache = work / f"board-{tag}", work / f"cache-{tag}"
     board = board_folder(folder, cache=cache, name=f"b{tag}")
     os.sync()  # no writeback of the previous measurement's files during this one
-    start = time.perf_counter()
+    cpu, start = cpu_seconds(), time.perf_counter()
     repartition(tree, board, parallel=parallel, progress=False)
-    took = time.perf_counter() - start
+    took, used = time.perf_counter() - start, cpu_seconds() - cpu
     shutil.rmtree(folder, ignore_errors=True)
     shutil.rmtree(cache, ignore_errors=True)
-    return took
+    return took, used
 
 
-def time_tar_copy(tree: Path, work: Path, tag: str) -> tuple[float, float]:
-    """(seconds of `tar cf`, seconds of tar + a plain copy of the tar into a folder)."""
+def time_tar_copy(tree: Path, work: Path, tag: str) -> tuple[float, float, float]:
+    """(seconds of `tar cf`, seconds of tar + a plain copy of the tar into a folder, CPU seconds of both)."""
     tar, dest = work / f"tree-{tag}.tar", work / f"copy-{tag}"
     dest.mkdir()
     os.sync()
-    start = time.perf_counter()
+    cpu, start = cpu_seconds(), time.perf_counter()
     subprocess.run(["tar", "cf", str(tar), "-C", str(tree), "train"], check=True)
     tarred = time.perf_counter() - start
     shutil.copyfile(tar, dest / tar.name)
-    both = time.perf_counter() - start
+    both, used = time.perf_counter() - start, cpu_seconds() - cpu
     tar.unlink()
     shutil.rmtree(dest)
-    return tarred, both
+    return tarred, both, used
 
 
 def run_rounds(trees: dict[int, Path], work: Path, rounds: int, against: str | None,
-               threads: list[int]) -> dict[int, dict]:
-    """Seconds per round: repartition (default threads), tar, tar + copy, `before` (REV), and at the
-    largest size repartition with each of `threads` threads."""
-    largest = max(trees)
+               parallel: list[int]) -> dict[int, dict]:
+    """Seconds per round: repartition (default parallelism) and its CPU seconds, repartition with each
+    of `parallel`'s counts, tar, tar + copy and its CPU seconds, and `before` (REV)."""
     times: dict[int, dict[str, list[float]]] = {
-        n: {"repartition": [], "tar": [], "tar_copy": [], "before": [],
-            **{f"threads_{t}": [] for t in (threads if n == largest else [])}} for n in trees}
+        n: {"repartition": [], "repartition_cpu": [], "tar": [], "tar_copy": [], "tar_copy_cpu": [], "before": [],
+            "before_cpu": [], **{f"parallel_{p}{cpu}": [] for p in parallel for cpu in ("", "_cpu")}} for n in trees}
     for r in range(rounds):
         for n, tree in trees.items():
-            times[n]["repartition"].append(time_repartition(tree, work, f"{n}-{r}"))
-            for t in threads if n == largest else []:
-                times[n][f"threads_{t}"].append(time_repartition(tree, work, f"{n}-{r}-t{t}", parallel=t))
-            tarred, both = time_tar_copy(tree, work, f"{n}-{r}")
+            took, used = time_repartition(tree, work, f"{n}-{r}")
+            times[n]["repartition"].append(took)
+            times[n]["repartition_cpu"].append(used)
+            for p in parallel:
+                took, used = time_repartition(tree, work, f"{n}-{r}-p{p}", parallel=p)
+                times[n][f"parallel_{p}"].append(took)
+                times[n][f"parallel_{p}_cpu"].append(used)
+            tarred, both, used = time_tar_copy(tree, work, f"{n}-{r}")
             times[n]["tar"].append(tarred)
             times[n]["tar_copy"].append(both)
-            print(f"round {r + 1}: {n} categories: repartition {times[n]['repartition'][-1]:.2f} s, "
-                  f"tar {tarred:.2f} s, tar + copy {both:.2f} s", flush=True)
-        if against:
-            from baseline import run_against
+            times[n]["tar_copy_cpu"].append(used)
+            line = (f"round {r + 1}: {n} categories: repartition {times[n]['repartition'][-1]:.2f} s "
+                    f"({times[n]['repartition_cpu'][-1]:.2f} s CPU), tar {tarred:.2f} s, tar + copy {both:.2f} s")
+            if against:  # right after this size's runs, so the pair sees the same load
+                from baseline import run_against
 
-            old = run_against(against, Path(__file__).resolve(),
-                              ["--only-repartition", "--rounds", "1", "--trees", str(work / "trees")])
-            for n, row in old["sizes"].items():
-                times[int(n)]["before"].append(row["repartition_s"])
-            print(f"round {r + 1}, {against}: " + ", ".join(
-                f"{n} categories {row['repartition_s']:.2f} s" for n, row in old["sizes"].items()), flush=True)
+                old = run_against(against, Path(__file__).resolve(),
+                                  ["--only-repartition", "--sizes", str(n), "--trees", str(work / "trees")])
+                row = old["sizes"][str(n)]
+                times[n]["before"].append(row["repartition_s"])
+                times[n]["before_cpu"].append(row["repartition_cpu_s"])
+                line += f", {against} {row['repartition_s']:.2f} s ({row['repartition_cpu_s']:.2f} s CPU)"
+            print(line, flush=True)
     return times
+
+
+def paired(times: dict[str, list[float]], a: str, b: str) -> float:
+    """The median over rounds of a / b, each round's pair measured minutes apart at most."""
+    return round(statistics.median(x / y for x, y in zip(times[a], times[b])), 2)
 
 
 def main(argv=None) -> dict:
@@ -138,7 +161,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--sizes", default="10,100,1000", help="categories per tree, comma-separated")
     ap.add_argument("--per-class", type=int, default=40, help="JPEGs per category")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--threads", default="1,2", help="at the largest size, also time these thread counts")
+    ap.add_argument("--parallel", default="1,2", help="also time repartition with these `parallel` counts")
     ap.add_argument("--against", metavar="REV", help="also time repartition at commit REV, interleaved")
     ap.add_argument("--trees", help=argparse.SUPPRESS)  # reuse the trees of a parent run (--against)
     ap.add_argument("--only-repartition", action="store_true", help=argparse.SUPPRESS)
@@ -150,8 +173,11 @@ def main(argv=None) -> dict:
         os.environ["PINSTORM_CONFIG"] = str(work / "config.yaml")
         os.environ["PINSTORM_CACHE"] = str(work / "cache")
         if args.trees:  # a baseline subprocess: time repartition only, on the parent's trees
-            trees = {int(p.name.split("-")[1]): p for p in sorted(Path(args.trees).iterdir())}
-            result = {"sizes": {n: {"repartition_s": round(time_repartition(t, work, str(n)), 3)}
+            wanted = {int(n) for n in args.sizes.split(",")}
+            trees = {int(p.name.split("-")[1]): p for p in sorted(Path(args.trees).iterdir())
+                     if int(p.name.split("-")[1]) in wanted}
+            result = {"sizes": {n: dict(zip(("repartition_s", "repartition_cpu_s"),
+                                            (round(x, 3) for x in time_repartition(t, work, str(n)))))
                                 for n, t in sorted(trees.items())}}
             Path(args.json_out).write_text(json.dumps(result))
             return result
@@ -160,8 +186,8 @@ def main(argv=None) -> dict:
         pool = jpeg_pool()
         trees = {n: make_tree(work / "trees" / f"tree-{n}", n, args.per_class, pool) for n in sizes}
         print(f"trees generated in {time.perf_counter() - start:.1f} s", flush=True)
-        threads = [int(t) for t in args.threads.split(",") if t]
-        times = run_rounds(trees, work, args.rounds, args.against, threads)
+        parallel = [int(p) for p in args.parallel.split(",") if p]
+        times = run_rounds(trees, work, args.rounds, args.against, parallel)
         rows = []
         for n in sizes:
             images = n * args.per_class
@@ -171,19 +197,20 @@ def main(argv=None) -> dict:
                    "tar_copy_s": round(t["tar_copy"], 3),
                    "repartition_ms_per_image": round(1000 * t["repartition"] / images, 3),
                    "tar_copy_ms_per_image": round(1000 * t["tar_copy"] / images, 3),
-                   "repartition_vs_tar_copy": round(t["repartition"] / t["tar_copy"], 2),
-                   **{f"{k}_s": round(v, 3) for k, v in t.items() if k.startswith("threads_")},
+                   "repartition_vs_tar_copy": paired(times[n], "repartition", "tar_copy"),
+                   "repartition_cpu_s": round(t["repartition_cpu"], 3), "tar_copy_cpu_s": round(t["tar_copy_cpu"], 3),
+                   "repartition_cpu_vs_tar_copy_cpu": paired(times[n], "repartition_cpu", "tar_copy_cpu"),
+                   "default_parallel": default_parallel(images),
+                   **{f"{k}_s": round(v, 3) for k, v in t.items() if k.startswith("parallel_")},
                    "rounds": {k: [round(x, 3) for x in v] for k, v in times[n].items() if v}}
             if "before" in t:
-                row.update(before_s=round(t["before"], 3),
+                row.update(before_s=round(t["before"], 3), before_cpu_s=round(t["before_cpu"], 3),
                            before_ms_per_image=round(1000 * t["before"] / images, 3),
-                           before_vs_tar_copy=round(t["before"] / t["tar_copy"], 2),
-                           before_vs_after=round(t["before"] / t["repartition"], 2))
+                           before_vs_tar_copy=paired(times[n], "before", "tar_copy"),
+                           before_vs_after=paired(times[n], "before", "repartition"),
+                           before_cpu_vs_after_cpu=paired(times[n], "before_cpu", "repartition_cpu"))
             rows.append(row)
-    import importlib
-
-    default = importlib.import_module("pinstorm.pipeline.repartition").PARALLEL.get("folder")
-    result = {"per_class": args.per_class, "rounds": args.rounds, "cpus": os.cpu_count(), "default_threads": default,
+    result = {"per_class": args.per_class, "rounds": args.rounds, "cpus": os.cpu_count(),
               "against": args.against, "sizes": rows,
               "ms_per_image_vs_smallest": {r["categories"]: round(r["repartition_ms_per_image"]
                                                                   / rows[0]["repartition_ms_per_image"], 2)
@@ -196,6 +223,17 @@ def main(argv=None) -> dict:
     plot(result, RESULTS / "repartition.png")
     print(json.dumps([{k: r[k] for k in r if k != "rounds"} for r in rows], indent=2))
     return result
+
+
+def default_parallel(images: int) -> int:
+    """What `repartition(parallel=None)` uses into a local folder for `images` images, here."""
+    import importlib
+
+    from pinstorm.boards import board_folder
+
+    module = importlib.import_module("pinstorm.pipeline.repartition")
+    with tempfile.TemporaryDirectory() as tmp:
+        return module.default_parallel(board_folder(tmp, name="probe"), images=images)
 
 
 def plot(result: dict, path: Path) -> None:
@@ -211,6 +249,9 @@ def plot(result: dict, path: Path) -> None:
     if all("before_ms_per_image" in r for r in rows):
         left.plot(n, [r["before_ms_per_image"] for r in rows], "x:", color="#c33",
                   label=f"repartition at {result['against']} (before)")
+    if all("parallel_1_s" in r for r in rows):
+        left.plot(n, [1000 * r["parallel_1_s"] / r["images"] for r in rows], ".-", color="#888",
+                  label="repartition, parallel=1")
     left.plot(n, [r["tar_copy_ms_per_image"] for r in rows], "s--", label="tar cf + copy")
     left.set(xscale="log", yscale="log", xlabel="categories", ylabel="ms per image",
              title=f"Publishing a tree ({result['per_class']} JPEGs a category)")
@@ -218,6 +259,8 @@ def plot(result: dict, path: Path) -> None:
     right.plot(n, [r["repartition_vs_tar_copy"] for r in rows], "o-", label="repartition / (tar + copy)")
     if all("before_vs_tar_copy" in r for r in rows):
         right.plot(n, [r["before_vs_tar_copy"] for r in rows], "x:", color="#c33", label="before")
+    right.plot(n, [r["repartition_cpu_vs_tar_copy_cpu"] for r in rows], "^--", color="#555",
+               label="CPU seconds: repartition / (tar + copy)")
     right.axhline(3, color="grey", lw=0.8, ls="--", label="goal: 3x")
     right.set(xscale="log", xlabel="categories", ylabel="x tar + copy", title="repartition against tar + copy")
     right.legend(fontsize=8)

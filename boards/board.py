@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import errno
 import os
 import re
 import shutil
@@ -20,6 +21,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from stat import S_ISDIR
 from typing import Any, ContextManager, Iterable, Iterator, Sequence
 
 import pandas as pd
@@ -1025,9 +1027,12 @@ def _collect_paths(items: Iterable[str | Path]) -> list[tuple[Path, str]]:
     seen: set[str] = set()
     for item in items:
         p = Path(item).expanduser()
-        is_dir = p.is_dir()  # once: a category of 1,300 files is 1,300 items
-        if not is_dir and not p.exists():
-            raise FileNotFoundError(f"cannot pin {str(item)!r}: no such file or folder")
+        try:  # one stat: a category of 1,300 files is 1,300 items
+            is_dir = S_ISDIR(os.stat(p).st_mode)
+        except OSError as e:  # what Path.exists() reads as "not there"; others (permissions) are raised
+            if e.errno not in (errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ELOOP):
+                raise
+            raise FileNotFoundError(f"cannot pin {str(item)!r}: no such file or folder") from None
         found = [(f, f.relative_to(p).as_posix()) for f in sorted(p.rglob("*")) if f.is_file()] \
             if is_dir else [(p, p.name)]
         if is_dir and not found:

@@ -10,6 +10,7 @@ from pinstorm.extras import ensure
 
 ensure("PIL", "pipeline", "pinstorm.pipeline")
 
+from .columns_reader import ColumnBatches, ColumnError, TorchColumnsLoader, make_columns_dataset
 from .contracts import DataMap, DatasetInfo
 from .convert import ConvertResult, DatasetExistsError, convert
 from .epochs import shard_row_groups
@@ -38,6 +39,8 @@ __all__ = [
     # open a part and read a row group with every check, cut an epoch into shards
     "Location", "locate", "read_info", "open_part", "read_row_group", "CHECKSUMMED", "shard_row_groups",
     "make_spark_converter", "SparkDatasetConverter", "SparkConverterError",
+    # a tabular dataset's (the Spark converter's DataFrames without images) readers
+    "ColumnBatches", "make_columns_dataset", "TorchColumnsLoader", "ColumnError",
 ]
 
 _SPARK_NAMES = ("make_spark_converter", "SparkDatasetConverter", "SparkConverterError")

@@ -76,7 +76,8 @@ def _secrets_masked(storage_options: dict | None):
 @click.option("--board", "-b", required=True, help="Registered board to pin the categories to.")
 @click.option("--zip/--no-zip", "zip_", default=True, show_default=True, help="One zip per category.")
 @click.option("--parallel", type=POSITIVE, default=None,
-              help="Categories pinned at once (default: 1 into a local folder, 8 into a bucket).")
+              help="Categories pinned at once: processes into a local folder (default: one per core from "
+                   "10,000 images, else 1), threads into a bucket (default 8).")
 def repartition(root, board, zip_, parallel):
     """Pin each train category of the image tree ROOT as its own pin, plus a `categories` table."""
     from .repartition import repartition as run

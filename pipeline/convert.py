@@ -980,9 +980,10 @@ def _convert(plan, classes, names, split, location, *, parallel, overwrite, prog
 
 
 def commit_dataset(location, parts: dict, ordered: list[str], *, classes, names, split, seed, digest,
-                   source) -> tuple[DatasetInfo, list, list]:
+                   source, schema=None, extra=None) -> tuple[DatasetInfo, list, list]:
     """Make `location` a dataset from its written parts (`parts`: name -> `write_part_file` entry, in
     `ordered` order): the report, then ``_common_metadata`` (the completeness marker), once.
+    A tabular dataset (no classes) gives its Arrow `schema` and `extra` keys (its checksum, columns).
     Returns (the pinstorm metadata as a `DatasetInfo`, skipped, re-encoded)."""
     skipped = [s for n in ordered for s in parts[n]["skipped"]]
     reencoded = [r for n in ordered for r in parts[n]["reencoded"]]
@@ -1008,8 +1009,11 @@ def commit_dataset(location, parts: dict, ordered: list[str], *, classes, names,
         "checksum": CHECKSUM, "seed": seed, "plan": digest,
         "source": source, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
+    if not classes:
+        del info["class_rows"]
+    info.update(extra or {})
     _write_json(location, REPORT, {"rows": rows, "skipped": skipped, "reencoded": reencoded})
-    write_common_metadata(location, info, {n: f["row_groups"] for n, f in files.items()})
+    write_common_metadata(location, info, {n: f["row_groups"] for n, f in files.items()}, schema=schema)
     if location.fs.exists(location.join(PROGRESS)):
         location.fs.rm(location.join(PROGRESS))
     return DatasetInfo.from_dict(info), skipped, reencoded

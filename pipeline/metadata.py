@@ -44,6 +44,7 @@ import numpy as np
 import pyarrow as pa
 
 from pinstorm.boards.safety.parquet_limits import BoundedParquetFile
+from .column_digest import TABLE_CHECKSUM
 from .contracts import DatasetInfo
 from .errors import PipelineError
 
@@ -222,10 +223,11 @@ def part_name(index: int, partitions: int) -> str:
     return f"{PART_PREFIX}{index:0{max(5, len(str(partitions - 1)))}d}.parquet"
 
 
-def write_common_metadata(location, info: Mapping, row_groups_per_file: dict[str, int]) -> None:
-    """Write ``_common_metadata`` (via a temporary name): the marker that the dataset is complete."""
+def write_common_metadata(location, info: Mapping, row_groups_per_file: dict[str, int], schema=None) -> None:
+    """Write ``_common_metadata`` (via a temporary name): the marker that the dataset is complete.
+    `schema`: a tabular dataset's Arrow schema (no Unischema then: petastorm infers one from Parquet)."""
     metadata = {
-        UNISCHEMA_KEY: petastorm_unischema_pickle(),
+        **({} if schema is not None else {UNISCHEMA_KEY: petastorm_unischema_pickle()}),
         ROW_GROUPS_PER_FILE_KEY: json.dumps(row_groups_per_file).encode(),
         PINSTORM_KEY: json.dumps(dict(info)).encode(),
     }
@@ -233,7 +235,7 @@ def write_common_metadata(location, info: Mapping, row_groups_per_file: dict[str
 
     tmp = location.join(TMP_PREFIX + COMMON_METADATA)
     with location.fs.open(tmp, "wb") as handle:
-        pq.write_metadata(ARROW_SCHEMA.with_metadata(metadata), handle)
+        pq.write_metadata((ARROW_SCHEMA if schema is None else schema).with_metadata(metadata), handle)
     location.fs.mv(tmp, location.join(COMMON_METADATA))
 
 
@@ -364,6 +366,35 @@ def check_info(info, where: str) -> None:
             raise MalformedDatasetError(f"{where}: {key} must be a string, got {str(info[key])[:60]!r}")
     if info.get("empty_classes") is not None:
         _strings(info["empty_classes"], "empty_classes", where)
+    _check_columns(info, where)
+
+
+MAX_COLUMNS = 10_000       # columns a tabular dataset's info may list (Spark DataFrames reach thousands)
+MAX_COLUMN_NAME = 1_024    # characters in one column's name
+
+
+def _check_columns(info: dict, where: str) -> None:
+    """A tabular dataset's ``columns`` (the columns its row-group checksums cover, `verify.checksummed`):
+    a non-empty list of distinct, non-empty names of bounded length and count; required by, and only
+    allowed with, the tabular checksum (`column_digest.TABLE_CHECKSUM`)."""
+    columns = info.get("columns")
+    tabular = info.get("checksum") == TABLE_CHECKSUM
+    if columns is None:
+        if tabular:
+            raise MalformedDatasetError(f"{where}: a tabular dataset must list its 'columns'")
+        return
+    if not tabular:
+        raise MalformedDatasetError(f"{where}: 'columns' belongs to tabular datasets (checksum "
+                                    f"{TABLE_CHECKSUM!r}), not to one of checksum {str(info.get('checksum'))[:60]!r}")
+    if not isinstance(columns, list) or not 0 < len(columns) <= MAX_COLUMNS:
+        raise MalformedDatasetError(f"{where}: 'columns' must be a list of 1 to {MAX_COLUMNS} column names")
+    _strings(columns, "columns", where)
+    bad = [c for c in columns if not 0 < len(c) <= MAX_COLUMN_NAME]
+    if bad:
+        raise MalformedDatasetError(f"{where}: column names must have 1 to {MAX_COLUMN_NAME} characters, got "
+                                    f"{bad[0][:60]!r} ({len(bad[0])})")
+    if len(set(columns)) != len(columns):
+        raise MalformedDatasetError(f"{where}: 'columns' names a column twice")
 
 
 def check_petastorm_metadata(location, info: Mapping) -> None:

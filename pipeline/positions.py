@@ -3,9 +3,10 @@
 One rule for every reader (`reader.make_dataset`, `torch_loader.make_torch_loader`): a sample's ID is its
 global row number (row groups in the dataset's order); one stream's epoch is a sequence of IDs computed
 from the row counts alone (`stream_ids`: the epoch's row groups in `epochs.epoch_order`, through a seeded
-shuffle buffer), and the reader delivers exactly it (`planned_rows`). A position (`Position`: per stream
-the epoch and the samples received of it) is then enough to deliver the rest; on another shard layout,
-the samples every old stream had received are recomputed and skipped (`consumed_by`).
+shuffle buffer), and the reader delivers exactly it (`planned_chunks` as arrays, for tf.data;
+`planned_rows` a row at a time, for the torch loader). A position (`Position`: per stream the epoch and
+the samples received of it) is then enough to deliver the rest; on another shard layout, the samples
+every old stream had received are recomputed and skipped (`consumed_by`).
 
 The state (`state_dict`) is one JSON-able format for both readers: a TensorFlow state resumes a PyTorch
 loader (``num_workers=0``) and the other way round. No TensorFlow, no torch here.
@@ -139,6 +140,85 @@ def planned_rows(source, ids, order, *, skip: int, consumed, where: str, epoch: 
     if delivered != expected:
         raise IncompleteEpochError(f"{where}: epoch {epoch} delivered {delivered} rows, expected "
                                    f"{expected}; the reader failed")
+
+
+def planned_chunks(source, ids, order, *, skip: int, consumed, where: str, epoch: int, size: int):
+    """`planned_rows` as arrays: ``(sample IDs int64, jpegs object, labels int32)`` of `size` rows at a time
+    (the last fewer), the same rows in the same order, checked and counted the same way
+    (`IncompleteEpochError`), with no Python work per row but drawing the IDs: a chunk is gathered from its
+    row groups' arrays, and a delivered row's bytes are let go at once (each row is held from its row
+    group's read to its turn, as `planned_rows` holds it).
+
+    Args:
+        source: The epoch source (`epochs.EpochSource`).
+        ids: The epoch's sample IDs (`stream_ids`), an iterator.
+        order: The epoch's row groups in reading order (`epochs.epoch_order`).
+        skip: Leading IDs of `ids` already delivered (a resumed position).
+        consumed: A bool per row consumed under another layout, or None.
+        where: The stream, for error messages.
+        epoch: The epoch, for error messages.
+        size: Rows per chunk.
+
+    Raises:
+        IncompleteEpochError: A row group missing or of another length than recorded, or the epoch's count off.
+    """
+    info = source.info
+    starts, rows = row_starts(info), np.asarray(info.row_group_rows, dtype=np.int64)
+    left = np.zeros(info.rows, dtype=bool)
+    for g in order:
+        left[starts[g]:starts[g + 1]] = True
+    if consumed is not None:
+        left &= ~consumed
+    head = np.fromiter(itertools.islice(ids, skip), dtype=np.int64)
+    left[head] = False
+    expected = int(left.sum())
+    # Rows still to come per row group: a row group's arrays are dropped when its last row is delivered.
+    marked = np.concatenate([[0], np.cumsum(left, dtype=np.int64)])
+    pending = marked[starts[1:]] - marked[starts[:-1]]
+    groups = source.row_groups([g for g in order if pending[g]])
+    held, delivered = {}, 0   # row group -> [jpegs, labels]
+
+    def short():
+        return IncompleteEpochError(f"{where}: epoch {epoch} delivered {delivered} rows, expected {expected}; "
+                                    "the reader failed")
+
+    while True:
+        chunk = np.fromiter(itertools.islice(ids, size), dtype=np.int64)
+        if not len(chunk):
+            break
+        if not left[chunk].all() or len(np.unique(chunk)) != len(chunk):   # a row not due: not this plan
+            raise short()
+        left[chunk] = False
+        of = np.searchsorted(starts, chunk, side="right") - 1
+        at = chunk - starts[of]
+        needed = np.unique(of)
+        for g in needed.tolist():
+            while g not in held:
+                read, (jpegs, labels) = next(groups, (None, (None, None)))
+                if read is None:
+                    raise short()
+                if len(labels) != rows[read]:
+                    raise IncompleteEpochError(f"{source.where}: delivered {len(labels)} rows, expected "
+                                               f"{rows[read]}; the dataset changed after conversion")
+                held[read] = [np.array(jpegs, dtype=object, copy=True), np.asarray(labels, dtype=np.int32)]
+        if len(needed) == 1:
+            g = int(needed[0])
+            out_jpegs, out_labels = held[g][0][at], held[g][1][at]
+        else:
+            out_jpegs, out_labels = np.empty(len(chunk), dtype=object), np.empty(len(chunk), dtype=np.int32)
+            for g in needed.tolist():
+                mine = of == g
+                out_jpegs[mine], out_labels[mine] = held[g][0][at[mine]], held[g][1][at[mine]]
+        for g, count in zip(*np.unique(of, return_counts=True)):
+            g = int(g)
+            held[g][0][at[of == g]] = None   # delivered: its bytes let go
+            pending[g] -= count
+            if pending[g] <= 0:
+                del held[g]
+        delivered += len(chunk)
+        yield chunk, out_jpegs, out_labels
+    if delivered != expected:
+        raise short()
 
 
 def info_digest(info: DatasetInfo) -> str:

@@ -40,10 +40,12 @@ The TF-free parts (shards, epoch order, the counted and verified `EpochSource`, 
 
 from __future__ import annotations
 
-import itertools
 
 import numpy as np
 
+from pinstorm.errors import PinstormError
+
+from .columns_reader import refuse_tabular
 from .errors import InvalidPipelineInput
 from .epochs import EpochSource as _EpochSource  # noqa: F401 (kept importable from here)
 from .epochs import IncompleteEpochError, shard_row_groups  # noqa: F401 (public names of this module)
@@ -53,7 +55,8 @@ from .epochs import check_jpegs as _check_jpegs  # noqa: F401 (kept importable f
 from .epochs import epoch_order, epoch_seed
 from .epochs import epoch_seed as _epoch_seed  # noqa: F401
 from .epochs import jpeg_problem as _jpeg_problem  # noqa: F401
-from .positions import Position, planned_rows, resume_position, state_dict, stream_ids, stream_length
+from .verify import open_part
+from .positions import Position, planned_chunks, resume_position, state_dict, stream_ids, stream_length
 
 ENGINES = ("petastorm", "pyarrow")
 _AHEAD = 512   # encoded rows queued ahead of the decoders (~55 MB of ImageNet JPEGs)
@@ -95,6 +98,20 @@ def _decode_crop(tf, jpeg, shape, window, target, dct_scale):
     return tf.cond(fit >= DCT_RATIOS[1], lambda: tf.switch_case(index, [branch(r) for r in DCT_RATIOS]), branch(1))
 
 
+def _flipped(tf, image, seed):
+    """`image` flipped left-right when ``tf.image.stateless_random_flip_left_right`` would flip it for `seed`.
+
+    Its draw (a uniform number from the reversed seed, below 0.5) is taken from the ops
+    ``tf.random.stateless_uniform`` runs for it (the default, auto-selected algorithm) without the scaling to
+    [0, 1), which is exact; and it is applied as a reverse over the axes [1] or [] rather than through a
+    ``tf.cond``: the same pixels for 8 fewer ops and no nested function call an image, ~0.01 ms of CPU an
+    image on small images (bench/bench_small_images.py)."""
+    key, counter = tf.raw_ops.StatelessRandomGetKeyCounter(seed=tf.reverse(seed, [0]))
+    draw = tf.raw_ops.StatelessRandomUniformV2(shape=[], key=key, counter=counter,
+                                               alg=tf.random.Algorithm.AUTO_SELECT.value)
+    return tf.reverse(image, tf.range(1, 1 + tf.cast(draw < 0.5, tf.int32)))
+
+
 def _preprocess_fns(tf, image_size, training, crop_area, flip, eval_crop, dct_scale=True):
     height, width = image_size
     full_box = tf.constant([[[0.0, 0.0, 1.0, 1.0]]])
@@ -105,11 +122,11 @@ def _preprocess_fns(tf, image_size, training, crop_area, flip, eval_crop, dct_sc
             shape, bounding_boxes=full_box, seed=seed, min_object_covered=crop_area[0],
             aspect_ratio_range=ASPECT_RANGE, area_range=crop_area, max_attempts=CROP_ATTEMPTS,
             use_image_if_no_bounding_boxes=True)
-        window = tf.stack([begin[0], begin[1], size[0], size[1]])
+        window = tf.concat([begin[:2], size[:2]], 0)
         image = _decode_crop(tf, jpeg, shape, window, (height, width), dct_scale)
         image = tf.image.resize(image, (height, width))
         if flip:
-            image = tf.image.stateless_random_flip_left_right(image, seed=tf.reverse(seed, [0]))
+            image = _flipped(tf, image, seed)
         return tf.clip_by_value(image / 255.0, 0.0, 1.0), label
 
     def eval_fn(jpeg, label, seed=None):
@@ -126,6 +143,49 @@ def _preprocess_fns(tf, image_size, training, crop_area, flip, eval_crop, dct_sc
         return tf.clip_by_value(image / 255.0, 0.0, 1.0), label
 
     return train_fn if training else eval_fn
+
+
+def _largest_stored(source):
+    """``(height, width)`` that no stored image of the shard exceeds, from the parts' Parquet statistics
+    (convert writes them for both columns); None where unknown: statistics missing, or a remote dataset
+    (its footers would cost requests before the first row). The statistics are untrusted input too: a
+    lie only costs the DCT-scale saving (`make_dataset`), never a wrong or unbounded decode."""
+    if not source.location.is_local or source.parts is not None:
+        return None
+    info = source.info
+    names = sorted(info.files)
+    where = [(name, rg) for name in names for rg in range(info.files[name]["row_groups"])]
+    wanted: dict[str, list[int]] = {}
+    for g in source.groups:
+        wanted.setdefault(where[g][0], []).append(where[g][1])
+    largest = [0, 0]
+    for name, groups in wanted.items():
+        try:
+            handle = open_part(source.location, info, name, columns=("height", "width"))
+        except PinstormError:   # the epoch that reads this part names the problem
+            return None
+        try:
+            meta = handle.metadata
+            for rg in groups:
+                group = meta.row_group(rg)
+                columns = {group.column(i).path_in_schema: group.column(i) for i in range(group.num_columns)}
+                for axis, column in enumerate(("height", "width")):
+                    stats = columns[column].statistics if column in columns else None
+                    if stats is None or not stats.has_min_max:
+                        return None
+                    largest[axis] = max(largest[axis], int(stats.max))
+        finally:
+            handle.close()
+    return tuple(largest)
+
+
+def _may_scale(source, image_size) -> bool:
+    """Whether any crop window of the shard could fit a DCT reduction (`_decode_crop`): at least twice the
+    target on both sides. Small stored images never do; their map then decodes without the branch, which
+    cost ~0.04 ms of CPU an image (bench/bench_small_images.py) and chose the full-scale decode anyway."""
+    largest = _largest_stored(source)
+    return largest is None or (largest[0] >= DCT_RATIOS[1] * image_size[0]
+                               and largest[1] >= DCT_RATIOS[1] * image_size[1])
 
 
 def preprocess_fn(image_size=(224, 224), *, training=READER.training, crop_area=READER.crop_area, flip=READER.flip,
@@ -209,7 +269,8 @@ class DatasetPosition:
                              shuffle=self.shuffle, consumed=self.start.consumed.get(epoch))
 
     def rows(self, epoch, with_ids=True):
-        """``(jpegs, labels, seeds [n, 2][, ids])`` chunks of `epoch` from the start position on, in plan order.
+        """``(jpegs, labels, seeds [n, 2][, ids])`` chunks of `_CHUNK` rows of `epoch` from the start position
+        on, in plan order, as arrays (`positions.planned_chunks`: no Python work per row).
 
         Args:
             epoch: The epoch, from 0.
@@ -222,33 +283,31 @@ class DatasetPosition:
         order = epoch_order(self.source.groups, seed, self.shuffle)
         where = self.source.location.url + (f" shard {self.source.shard[0]}/{self.source.shard[1]}"
                                             if self.source.shard else "")
-        rows = planned_rows(self.source, self.ids(epoch), order, skip=skip, consumed=self.start.consumed.get(epoch),
-                            where=where, epoch=epoch)
-        while True:
-            chunk = list(itertools.islice(rows, _CHUNK))
-            if not chunk:
-                return
-            ids = np.array([c[0] for c in chunk], dtype=np.int64)
-            jpegs = np.array([c[1] for c in chunk], dtype=object)
-            labels = np.array([c[2] for c in chunk], dtype=np.int32)
+        for ids, jpegs, labels in planned_chunks(self.source, self.ids(epoch), order, skip=skip, where=where,
+                                                 consumed=self.start.consumed.get(epoch), epoch=epoch, size=_CHUNK):
             seeds = np.stack([np.full(len(ids), seed, dtype=np.int64), ids], axis=1)
             yield (jpegs, labels, seeds, ids) if with_ids else (jpegs, labels, seeds)
 
-    def epoch_chunks(self, tf, return_ids: bool):
-        """epoch -> a dataset of that epoch's chunks of `_CHUNK` rows (`rows`): tf.data hands rows over a
-        chunk at a time, so queueing ahead and crossing epochs cost nothing per row.
+    def chunks(self, tf, first: int, end: int, return_ids: bool):
+        """A dataset of the chunks of `_CHUNK` rows (`rows`) of epochs `first` to `end` (excluded): tf.data
+        hands rows over a chunk at a time, so queueing ahead and crossing epochs cost nothing per row. One
+        generator runs through all the epochs: each ``from_generator`` costs ~0.01 s of CPU to start (its
+        functions instantiated), which one per epoch paid again at every epoch.
 
         Args:
             tf: The ``tensorflow`` module.
+            first: The first epoch.
+            end: The epoch after the last.
             return_ids: The chunks also carry the samples' IDs.
         """
         signature = (tf.TensorSpec([None], tf.string), tf.TensorSpec([None], tf.int32),
                      tf.TensorSpec([None, 2], tf.int64)) + ((tf.TensorSpec([None], tf.int64),) if return_ids else ())
 
-        def epoch_dataset(epoch):
-            return tf.data.Dataset.from_generator(self.rows, args=(epoch, return_ids), output_signature=signature)
+        def epochs(first, end, with_ids):
+            for epoch in range(int(first), int(end)):
+                yield from self.rows(epoch, bool(with_ids))
 
-        return epoch_dataset
+        return tf.data.Dataset.from_generator(epochs, args=(first, end, return_ids), output_signature=signature)
 
     def state(self, batches_consumed: int) -> dict:
         """The state after `batches_consumed` batches of this dataset (counted from its first).
@@ -298,6 +357,7 @@ def dataset_position(url, *, batch_size: int, shard=None, shuffle: bool = True, 
     if seed is None and state is None:
         raise InvalidPipelineInput("dataset_position needs the seed (or a state): an unseeded reader's order is its own")
     source = open_epochs(url, shard, shuffle=shuffle, seed=seed, storage_options=storage_options, stream=stream)
+    refuse_tabular(source.info, source.location.url, "dataset_position")
     return DatasetPosition(source, batch_size=int(batch_size), shuffle=shuffle, shuffle_buffer=shuffle_buffer,
                            num_epochs=num_epochs, drop_remainder=drop_remainder, state=state)
 
@@ -335,7 +395,8 @@ def make_dataset(url, *, batch_size: int, image_size=(224, 224), training: bool 
     * `prefetch_rows`: encoded rows queued ahead of decoding, across epoch boundaries (default 512).
     * `dct_scale`: decode a crop window at least 2, 4 or 8 times the target size (both sides) at
       1/2, 1/4 or 1/8 DCT scale (libjpeg's ``ratio``), then resize: small targets decode far fewer
-      pixels. False: always decode at full scale.
+      pixels. False: always decode at full scale. A local dataset whose Parquet statistics show no stored
+      image that large (small stored images) is decoded without that choice: the same pixels, less CPU.
     * `verify`: check footer and row-group checksums (default; see `pipeline.verify`). Parts are
       checked for presence and size before every epoch either way.
     * pyarrow engine: rows come in the sample-ID order of `positions.stream_ids` (the torch loader's,
@@ -393,6 +454,7 @@ def make_dataset(url, *, batch_size: int, image_size=(224, 224), training: bool 
     source = open_epochs(url, shard, shuffle=shuffle, seed=seed, engine=engine, retries=retries,
                          workers=reader_workers, storage_options=storage_options, verify=verify, stream=stream,
                          cache_limit=cache_limit)
+    refuse_tabular(source.info, source.location.url, "make_dataset")
     shard = source.shard
     if engine == "petastorm":
         if state is not None or return_ids:
@@ -404,17 +466,18 @@ def make_dataset(url, *, batch_size: int, image_size=(224, 224), training: bool 
                                    num_epochs=num_epochs, drop_remainder=drop_remainder, state=state)
         first = position.start.epoch
     end = first + num_epochs if num_epochs is not None else 2**62
-    epochs = tf.data.Dataset.range(first, end)
     # Keep encoded rows queued across epoch boundaries: a new epoch starts a new reader (and, petastorm,
     # refills its shuffle buffer), and the decoders should not wait for that.
     ahead = _AHEAD if prefetch_rows is None else prefetch_rows
     if position is None:
+        epochs = tf.data.Dataset.range(first, end)
         dataset = epochs.flat_map(_petastorm_epochs(tf, source, shuffle, shuffle_buffer))
         dataset = dataset.prefetch(ahead) if ahead > 0 else dataset
     else:   # queued as whole chunks, then cut into rows
-        dataset = epochs.flat_map(position.epoch_chunks(tf, return_ids))
+        dataset = position.chunks(tf, first, end, return_ids)
         dataset = dataset.prefetch(-(-ahead // _CHUNK)) if ahead > 0 else dataset
         dataset = _rows_of(tf, dataset)
+    dct_scale = dct_scale and _may_scale(source, image_size)   # small stored images: no DCT-scale branch
     fn = _preprocess_fns(tf, image_size, training, crop_area, flip, eval_crop, dct_scale)
     if return_ids:
         fn = (lambda decode: lambda jpeg, label, seed, sample: (*decode(jpeg, label, seed), sample))(fn)
@@ -423,9 +486,14 @@ def make_dataset(url, *, batch_size: int, image_size=(224, 224), training: bool 
     dataset = dataset.map(fn, num_parallel_calls=parallel or tf.data.AUTOTUNE, deterministic=deterministic)
     dataset = dataset.batch(batch_size, drop_remainder=drop_remainder)
     dataset = dataset.prefetch(tf.data.AUTOTUNE)
+    options = tf.data.Options()
+    # Of tf.data's default graph rewrites only map-and-batch fusion pays here (the plan already prefetches and
+    # parallelises): the others cost each iteration's start ~0.03 s of CPU, 0.01-0.02 ms an image over a few
+    # thousand small images (bench/bench_small_images.py).
+    options.experimental_optimization.apply_default_optimizations = False
+    options.experimental_optimization.map_and_batch_fusion = True
     if shard is not None:
-        options = tf.data.Options()
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-        dataset = dataset.with_options(options)
+    dataset = dataset.with_options(options)
     dataset.pinstorm_position = position
     return dataset

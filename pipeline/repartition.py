@@ -10,11 +10,16 @@ R and pins" (2020), where 16 workers each fetched 1/16 of the categories from a 
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+import pickle
+import queue
+import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from .contracts import DataMap
-from .errors import InvalidPipelineInput
+from .errors import InvalidPipelineInput, PipelineError
 from .layout import Layout, is_image_name, scan
 from pinstorm.progress import progress_bar
 from pinstorm.boards.safety import secrets
@@ -23,13 +28,19 @@ from pinstorm import boards
 log = secrets.logger(__name__)
 
 CATEGORIES_PIN = "categories"
-# Categories pinned at once by default, measured on 2 cores (docs/pipeline.md, "One pin per category"):
-# into a local folder the work is zipping and hashing under the GIL, and one thread was 1.9x faster
-# than four (16 s against 31 s at 1,000 categories); since each pin is no longer read back, two threads
-# were no clearer win than one (4.1-6.2 s against 4.7-5.7 s for 1,000 x 40 JPEGs, for 1.5x the CPU:
-# bench/bench_repartition.py); into a bucket each pin waits on requests, and
-# eight threads were the fastest of 1, 2, 4 and 8 (moto S3, 100 categories of 40 JPEGs).
-PARALLEL = {"folder": 1}
+# How many categories are pinned at once by default, measured (bench/bench_repartition.py, docs/pipeline.md,
+# "One pin per category"). Into a local folder the work is zipping, hashing and small file writes under
+# the GIL: threads only add contention (4 threads were 1.9x slower than 1 on 2 cores), so the categories
+# are shared among worker processes, one per core (at most `MAX_PROCESSES`: each worker's batch ends in
+# an index write under the board's lock; only 2 cores were measured), each pinning in a batch of its
+# own. A worker is forked (milliseconds), yet at 400 images two took 2.8x the time of one and at 4,000
+# no less, at 12,000 0.68-1.0x and at 40,000 0.77-0.90x (two runs): so one process below
+# `PROCESS_MIN_IMAGES` images, or where only a spawned worker is safe (~1 s to import pinstorm).
+# Into a bucket each pin waits on requests, and eight threads were the fastest of 1, 2, 4 and 8
+# (moto S3, 100 categories of 40 JPEGs).
+LOCAL_KINDS = frozenset({"folder", "local"})
+PROCESS_MIN_IMAGES = 10_000
+MAX_PROCESSES = 8
 REMOTE_PARALLEL = 8
 
 
@@ -40,19 +51,23 @@ def repartition(root, board, zip: bool = True, parallel: int | None = None, *, p
     `zip=True`), with the human name as description; then ``categories`` (every class of the layout,
     empty ones with 0 images, so labels stay the layout's), a DataFrame of ``id``, ``name``, ``images``,
     written last so a reader never sees a categories list whose pins are not all there.
-    `parallel` categories are pinned at once (threads; default `PARALLEL`: 1 into a local folder, 8 into
-    a bucket). Returns the categories DataFrame.
+    `parallel` categories are pinned at once: by worker processes into a local folder, by threads into
+    any other board (default `default_parallel`). Returns the categories DataFrame.
     Validation images are not pinned: convert them straight from the layout (``split="val"``).
 
     Args:
         root: The tree: a folder (`scan`ned) or a `Layout`.
         board: A registered board's name or a writable `Board`.
         zip: Pin each category's images as one zip archive (else as separate files).
-        parallel: Categories pinned at once (None: 1 into a local folder, 8 into a bucket; measured).
+        parallel: Categories pinned at once (None: `default_parallel`, measured).
         progress: Show a progress bar (None: where one can be seen).
 
     Returns:
         The ``categories`` DataFrame (``id``, ``name``, ``images``), as pinned.
+
+    Raises:
+        RepartitionWorkerDied: A worker process stopped without a word (killed); what it stored is on
+            the board, listed by the next write or `pinstorm board repair`.
     """
 
     import pandas as pd
@@ -65,24 +80,21 @@ def repartition(root, board, zip: bool = True, parallel: int | None = None, *, p
     # Every class of the layout is listed, empty ones included (with 0 images, and no pin): labels are
     # indexes into this list, so dropping one would renumber every later class.
     classes = sorted(by_class)
-    filled = [wnid for wnid in classes if by_class[wnid]]
+    jobs = [(wnid, by_class[wnid], layout.names.get(wnid, wnid)) for wnid in classes if by_class[wnid]]
 
     target = boards.resolve_board(board)  # one Board object: the batch below is per object
-
-    def pin_one(wnid: str) -> None:
-        # `store`, not `pin`: `pin` reads each version back, which unpacks every zip into the cache
-        # again (on a bucket board, downloads it first): 3/4 of the time at 1,000 categories
-        target.store(by_class[wnid], name=wnid, zip=zip, description=layout.names.get(wnid, wnid),
-                     metadata={"wnid": wnid, "name": layout.names.get(wnid, wnid), "images": len(by_class[wnid])})
-
-    # One batch: the board's indexes are published once, after the last category, so a category costs
-    # the same on a board of 21,841 as on one of 10 (docs/boards.md, "ImageNet-sized boards").
-    with target.batch():
-        with progress_bar("repartition", len(filled), unit="categories", enabled=progress) as advance, \
-                ThreadPoolExecutor(max_workers=parallel or default_parallel(target)) as pool:
-            for future in [pool.submit(pin_one, wnid) for wnid in filled]:
-                future.result()
-                advance(1)
+    workers = min(parallel or default_parallel(target, images=len(items)), max(len(jobs), 1))
+    if workers > 1 and target.kind in LOCAL_KINDS:
+        _pin_in_processes(target, jobs, zip, workers, progress)
+    else:
+        # One batch: the board's indexes are published once, after the last category, so a category
+        # costs the same on a board of 21,841 as on one of 10 (docs/boards.md, "ImageNet-sized boards").
+        with target.batch():
+            with progress_bar("repartition", len(jobs), unit="categories", enabled=progress) as advance, \
+                    ThreadPoolExecutor(max_workers=workers) as pool:
+                for future in [pool.submit(_pin_category, target, zip, job) for job in jobs]:
+                    future.result()
+                    advance(1)
     categories = pd.DataFrame({"id": classes, "name": [layout.names.get(w, w) for w in classes],
                                "images": [len(by_class[w]) for w in classes]})
     # after the batch: a reader never sees a categories list whose pins are not all listed
@@ -91,10 +103,135 @@ def repartition(root, board, zip: bool = True, parallel: int | None = None, *, p
     return categories
 
 
-def default_parallel(board) -> int:
-    """Threads `repartition` pins with when not told: by the kind of board (see `PARALLEL`)."""
+def default_parallel(board, images: int | None = None) -> int:
+    """Categories `repartition` pins at once when not told (see `LOCAL_KINDS` and `PROCESS_MIN_IMAGES`).
 
-    return PARALLEL.get(boards.resolve_board(board).kind, REMOTE_PARALLEL)
+    Args:
+        board: The board pinned to (a name, a spec or a `Board`).
+        images: The images to pin (None: many).
+
+    Returns:
+        Into a local folder: one worker process per usable core (at most `MAX_PROCESSES`) where a worker
+        can be forked and there are at least `PROCESS_MIN_IMAGES` images, else 1. Into any other board:
+        `REMOTE_PARALLEL` threads.
+    """
+    if boards.resolve_board(board).kind not in LOCAL_KINDS:
+        return REMOTE_PARALLEL
+    if (images is not None and images < PROCESS_MIN_IMAGES) or _process_context().get_start_method() != "fork":
+        return 1
+    return min(_usable_cores(), MAX_PROCESSES)
+
+
+class RepartitionWorkerDied(PipelineError, OSError):
+    """A `repartition` worker process stopped without finishing or reporting an error (it was killed)."""
+
+
+def _pin_category(board, zip: bool, job: tuple[str, list[str], str]) -> None:
+    """Pin one category: its files under its wnid, its human name as description."""
+    wnid, files, name = job
+    # `store`, not `pin`: `pin` reads each version back, which unpacks every zip into the cache
+    # again (on a bucket board, downloads it first): 3/4 of the time at 1,000 categories
+    board.store(files, name=wnid, zip=zip, description=name,
+                metadata={"wnid": wnid, "name": name, "images": len(files)})
+
+
+def _usable_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _process_context():
+    """fork where it is safe (Linux, and no other thread in this process that a child could inherit
+    mid-lock): a worker starts in milliseconds with the board and the job list; else spawn."""
+    if sys.platform.startswith("linux") and threading.active_count() == 1:
+        return multiprocessing.get_context("fork")
+    return multiprocessing.get_context("spawn")
+
+
+def _pin_in_processes(board, jobs: list, zip: bool, workers: int, progress: bool | None) -> None:
+    """Pin `jobs` with `workers` processes, each taking the next category as it is free (so a core
+    slowed by other work takes fewer) and pinning in a batch of its own: one index write per worker.
+    The first error stops the others after their current category and is raised here, with its type."""
+    context = _process_context()
+    claimed = context.Value("q", 0)   # index of the next job to take
+    done = context.Queue()
+    procs = [context.Process(target=_pin_worker, args=(board, zip, jobs, claimed, done),
+                             name=f"repartition-{i}", daemon=True) for i in range(workers)]
+    for p in procs:  # before the progress bar, which may start a thread
+        p.start()
+    ended: set[int] = set()
+    error: BaseException | None = None
+    try:
+        with progress_bar("repartition", len(jobs), unit="categories", enabled=progress) as advance:
+            while len(ended) < len(procs):
+                try:
+                    pid, what, value = done.get(timeout=0.5)
+                except queue.Empty:
+                    for p in procs:  # killed: it never reported its end
+                        if p.pid not in ended and p.exitcode not in (None, 0):
+                            ended.add(p.pid)
+                            error = error or RepartitionWorkerDied(
+                                f"repartition worker {p.name} (pid {p.pid}) stopped with exit code {p.exitcode}; "
+                                "the categories it pinned are on the board, listed by the next write or "
+                                "`pinstorm board repair`")
+                    if error is not None:
+                        _stop(claimed, len(jobs))
+                    continue
+                if what == "pinned":
+                    advance(1)
+                    continue
+                ended.add(pid)
+                if what == "failed" and error is None:
+                    error = pickle.loads(value)
+                    _stop(claimed, len(jobs))
+    finally:
+        for p in procs:
+            if error is not None or len(ended) < len(procs):  # interrupted: nothing left running
+                p.join(timeout=5 if error is not None else 0)
+                if p.is_alive():
+                    p.terminate()
+            p.join()
+        done.close()
+    if error is not None:
+        raise error
+
+
+def _stop(claimed, total: int) -> None:
+    with claimed.get_lock():
+        claimed.value = total
+
+
+def _pin_worker(board, zip: bool, jobs: list, claimed, done) -> None:
+    """A worker process: take the next job index from `claimed` until none is left, pin it, report
+    ``(pid, "pinned", i)``; then, once its batch is indexed, ``(pid, "finished", None)`` or
+    ``(pid, "failed", pickled error)``."""
+    pid = os.getpid()
+    try:
+        with board.batch():
+            while True:
+                with claimed.get_lock():
+                    i = claimed.value
+                    claimed.value = i + 1
+                if i >= len(jobs):
+                    break
+                _pin_category(board, zip, jobs[i])
+                done.put((pid, "pinned", i))
+    except BaseException as e:  # noqa: BLE001 - any error goes back to the parent, which raises it
+        done.put((pid, "failed", _portable(e)))
+    else:
+        done.put((pid, "finished", None))
+    finally:
+        done.close()
+        done.join_thread()  # the report is in the pipe before this process exits
+
+
+def _portable(error: BaseException) -> bytes:
+    """`error` pickled, or, where it does not survive pickling, a `PipelineError` saying what it was."""
+    try:
+        data = pickle.dumps(error)
+        pickle.loads(data)
+        return data
+    except Exception:  # noqa: BLE001 - an error class pickle cannot rebuild
+        return pickle.dumps(PipelineError(f"{type(error).__name__}: {error}"))
 
 
 def imagenet_partition(partition: int, partitions: int, board, parallel=None, *, extract: bool = True) -> DataMap:

@@ -15,6 +15,10 @@ writer (`convert.write_parts_on_spark`), which this module imports.
   of its own task attempt, then renamed into place: a retried or speculative attempt overwrites the
   same name with the same bytes, never adds a duplicate. The driver commits exactly the parts whose
   results it collected and then removes the temporaries of attempts that died.
+* A DataFrame without images (`is_tabular`) is stored column for column: the executors receive its
+  partitions through Spark's Arrow transfer (``mapInArrow``, types by pyspark's ``to_arrow_type``) and
+  write them with `write_table_part` (the same temporary names, renames and checksums, over every
+  column, `column_digest`); the driver commits through the same `convert.commit_dataset`.
 * The converter's cache: a DataFrame with the same analysed plan (Spark's ``sameResult``) and the same
   settings reuses the dataset made for it in this process; each cache folder is a fresh folder under
   `cache_url` (or the Spark conf ``pinstorm.spark.converter.parentCacheDirUrl``), and
@@ -36,17 +40,23 @@ import sys
 import threading
 import time
 import uuid
+import warnings
 from datetime import datetime, timezone
+
+import pyarrow as pa
+import xxhash
 
 from pinstorm.boards.safety import secrets
 
+from .column_digest import TABLE_CHECKSUM, columns_digest
 from .contracts import DatasetInfo
-from .convert import (SparkConverterError, _attempt_tmp_name, _remove_attempt_temporaries, _run_job,
+from .convert import (SparkConverterError, _attempt_tmp_name, _Hashing, _remove_attempt_temporaries, _run_job,
                       commit_dataset, write_part_file)
 from .errors import InvalidPipelineInput
 from .images import DEFAULT_MAX_PIXELS, DOWNSCALE_QUALITY, UndecodableImage, check_image
 from .metadata import COMMON_METADATA, part_name
 from .storage import resolve
+from .verify import footer_digest, writer_options
 
 log = secrets.logger(__name__)
 
@@ -61,11 +71,33 @@ _INTEGRAL = ("ByteType", "ShortType", "IntegerType", "LongType")
 # Tasks (run on the executors; module-level so Spark ships them by reference)
 
 
+def _local_to_utc(value, data_type):
+    """A Row value as Arrow takes it: Spark hands TimestampType values to Python as naive local times,
+    which Arrow's ``timestamp(tz="UTC")`` would read as UTC; nested values are walked by their type."""
+    if value is None:
+        return None
+    kind = type(data_type).__name__
+    if kind == "TimestampType":
+        return value.astimezone(timezone.utc)   # naive: this process's local time, as pyspark made it
+    if kind == "ArrayType":
+        return [_local_to_utc(v, data_type.elementType) for v in value]
+    if kind == "MapType":
+        return [(_local_to_utc(k, data_type.keyType), _local_to_utc(v, data_type.valueType)) for k, v in value.items()]
+    if kind == "StructType":
+        return {f.name: _local_to_utc(v, f.dataType) for f, v in zip(data_type.fields, value)}
+    return value
+
+
+def _has_timestamp(data_type) -> bool:
+    return "TimestampType(" in repr(data_type)
+
+
 def _checked_rows(index, rows, *, has_filename, classes, class_index, max_pixels, max_side, quality,
-                  row_group_bytes, extras=0):
+                  row_group_bytes, extras=0, extra_types=()):
     """A DataFrame partition's rows as row groups of ((filename, wnid, label), checked or reason) pairs,
-    each about `row_group_bytes` of image bytes; with `extras` extra columns (the row's last ones), of
-    triples ((filename, wnid, label), checked, their values)."""
+    each about `row_group_bytes` of image bytes; with `extras` extra columns (the row's last ones, of Spark
+    types `extra_types`), of triples ((filename, wnid, label), checked, their values)."""
+    convert = [(i, t) for i, t in enumerate(extra_types) if _has_timestamp(t)]
     group, size = [], 0
     for i, row in enumerate(rows):
         image, value = row[0], row[1]
@@ -92,7 +124,10 @@ def _checked_rows(index, rows, *, has_filename, classes, class_index, max_pixels
                                           quality=quality)
                 except UndecodableImage as error:
                     checked = str(error).split(": ", 1)[-1]
-        group.append(((filename, wnid, label), checked, tuple(row[len(row) - extras:])) if extras
+        values = list(row[len(row) - extras:]) if extras else None
+        for i, data_type in convert:
+            values[i] = _local_to_utc(values[i], data_type)
+        group.append(((filename, wnid, label), checked, tuple(values)) if extras
                      else ((filename, wnid, label), checked))
         size += len(image) if image is not None else 0
         if size >= row_group_bytes:
@@ -120,6 +155,71 @@ def _dataframe_part_task(index, rows, *, url, storage_options, parts, extra_fiel
         yield name, {"skipped": entry["skipped"], "empty": True}
     else:
         yield name, entry
+
+
+def write_table_part(location, name: str, tables, *, schema, tmp_name: str) -> dict:
+    """Write part `name` of a tabular dataset from `tables` (Arrow tables, one row group each) under
+    `tmp_name`, renamed into place when whole: `write_part_file`'s rules and entry (rows, row groups,
+    their `column_digest` checksums, file and footer checksums), for columns of any type."""
+    import pyarrow.parquet as pq
+
+    tmp = location.join(tmp_name)
+    entry = {"rows": 0, "row_group_rows": [], "row_group_xxh3": [], "skipped": [], "reencoded": [],
+             "class_rows": {}}
+    file_digest = None if location.is_local else xxhash.xxh3_128()
+    with (pa.OSFile(tmp, "wb") if location.is_local else _Hashing(location.fs.open(tmp, "wb"), file_digest)) \
+            as handle:
+        with pq.ParquetWriter(handle, schema, compression="snappy", **writer_options()) as writer:
+            for table in tables:
+                writer.write_table(table, row_group_size=len(table))
+                entry["rows"] += len(table)
+                entry["row_group_rows"].append(len(table))
+                entry["row_group_xxh3"].append(columns_digest(table))
+    if file_digest is None:   # local: read back from the page cache
+        file_digest = xxhash.xxh3_128()
+        with open(tmp, "rb") as written:
+            for block in iter(lambda: written.read(1 << 22), b""):
+                file_digest.update(block)
+    location.fs.mv(tmp, location.join(name))
+    entry["bytes"] = location.fs.size(location.join(name))
+    entry["footer_xxh3"] = footer_digest(location.fs, location.join(name), entry["bytes"])
+    entry["xxh3"] = file_digest.hexdigest()
+    return entry
+
+
+def _row_groups(batches, schema, row_group_bytes: int):
+    """Arrow record batches regrouped into tables of about `row_group_bytes` (in memory), cast to `schema`;
+    a batch larger than that is cut (Spark hands a partition over in batches of up to 10,000 rows)."""
+    held, size = [], 0
+    for batch in batches:
+        per_row = max(1, batch.nbytes // max(1, batch.num_rows))
+        start = 0
+        while start < batch.num_rows:
+            take = max(1, min(batch.num_rows - start, -(-(row_group_bytes - size) // per_row)))
+            held.append(batch.slice(start, take))
+            start += take
+            size += take * per_row
+            if size >= row_group_bytes:
+                yield pa.Table.from_batches(held).cast(schema)
+                held, size = [], 0
+    if held:
+        yield pa.Table.from_batches(held).cast(schema)
+
+
+def _table_part_task(batches, *, url, storage_options, parts, schema, row_group_bytes):
+    """``mapInArrow`` task: write this Spark partition of a tabular DataFrame as ``part-<index>.parquet``
+    (nothing for an empty partition); yields one record batch of (name, entry as JSON)."""
+    from pyspark import TaskContext
+
+    groups = _row_groups(batches, schema, row_group_bytes)
+    first = next(groups, None)
+    if first is None:
+        return
+    location = resolve(url, storage_options)
+    name = part_name(TaskContext.get().partitionId(), parts)
+    entry = write_table_part(location, name, itertools.chain([first], groups), schema=schema,
+                             tmp_name=_attempt_tmp_name(name))
+    yield pa.RecordBatch.from_pydict({"name": [name], "entry": [json.dumps(entry)]})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -175,8 +275,9 @@ class SparkDatasetConverter:
 
     ``len(converter)`` / ``converter.dataset_size``: rows; ``converter.cache_dir_url``: the dataset;
     ``make_tf_dataset(...)`` and ``make_torch_dataloader(...)``: context managers giving
-    `make_dataset`'s ``tf.data.Dataset`` and `make_torch_loader`'s DataLoader; ``delete()`` removes the
-    cache folder.
+    `make_dataset`'s ``tf.data.Dataset`` and `make_torch_loader`'s DataLoader, or for a tabular
+    DataFrame (``converter.tabular``) petastorm's batch shapes (`columns_reader`); ``delete()`` removes
+    the cache folder.
 
     Made by `make_spark_converter`, whose results these are.
 
@@ -230,14 +331,48 @@ class SparkDatasetConverter:
                 arguments.setdefault("shuffle_buffer", int(shuffling_queue_capacity))
         return arguments
 
+    @property
+    def tabular(self) -> bool:
+        """Whether the dataset holds a DataFrame's columns rather than images (`is_tabular`)."""
+        return self.info.checksum == TABLE_CHECKSUM
+
+    def _column_batches(self, batch_size, arguments: dict, workers_count):
+        """The `ColumnBatches` of a tabular dataset for the reader arguments (petastorm's names mapped)."""
+        from .columns_reader import ColumnBatches
+
+        arguments = dict(arguments)
+        if arguments.pop("shuffle_buffer", None) is not None:
+            raise InvalidPipelineInput(
+                "a tabular dataset's reader takes no shuffling_queue_capacity > 0 (shuffle_buffer): it shuffles "
+                "the row groups in a seeded order and the rows within each row group, which a resume state "
+                "replays exactly; for finer mixing write smaller row groups (row_group_bytes), or pass "
+                "shuffling_queue_capacity=0 / shuffle=False for the stored order")
+        arguments.pop("prefetch", None)
+        for name in ("parallel", "num_workers"):
+            value = arguments.pop(name, None)
+            workers_count = workers_count if workers_count is not None else value
+        unknown = sorted(set(arguments) - {"num_epochs", "shard", "seed", "shuffle", "columns", "storage_options",
+                                           "state"})
+        if unknown:
+            raise InvalidPipelineInput(f"a tabular dataset's reader takes no {', '.join(unknown)} (it takes "
+                                       "num_epochs, shard / cur_shard and shard_count, seed, shuffle, columns, "
+                                       "workers_count, state)")
+        arguments.setdefault("storage_options", self.storage_options or None)
+        return ColumnBatches(self.cache_dir_url, batch_size=batch_size, workers=workers_count, **arguments)
+
     def make_tf_dataset(self, batch_size: int = 32, num_epochs: int | None = None, *, workers_count: int | None = None,
                         shuffling_queue_capacity: int | None = None, prefetch: int | None = None,
                         cur_shard: int | None = None, shard_count: int | None = None, **options):
         """``with converter.make_tf_dataset(batch_size=64) as dataset:`` a `make_dataset` ``tf.data.Dataset``
-        of (images, labels) batches. Every `make_dataset` keyword is accepted (``image_size``, ``shard``,
-        ``seed``, ``state`` to resume, ...); petastorm's defaults hold: 32 rows a batch, endless epochs
-        (``num_epochs=None``). ``workers_count`` is ``parallel``; ``cur_shard``/``shard_count`` is ``shard``;
-        ``shuffling_queue_capacity`` 0 turns shuffling off, n > 0 is ``shuffle_buffer``; ``prefetch``: that
+        of (images, labels) batches; of a tabular DataFrame, batches as namedtuples of column tensors
+        (petastorm's shape: ``dataset.map(lambda x: (x.features, x.label))``, `columns_reader`), taking
+        ``seed``, ``shuffle``, ``columns``, ``state`` (to resume mid-epoch: ``dataset.pinstorm_position.state(k)``
+        after k batches, `ColumnBatches.state`) and the arguments below. For images every `make_dataset`
+        keyword is accepted (``image_size``, ``shard``, ``seed``, ``state`` to resume, ...). petastorm's
+        defaults hold: 32 rows a batch, endless epochs (``num_epochs=None``). ``workers_count`` is ``parallel``
+        (row groups read ahead, tabular); ``cur_shard``/``shard_count`` is ``shard``;
+        ``shuffling_queue_capacity`` 0 turns shuffling off, n > 0 is ``shuffle_buffer`` (images only: a
+        tabular reader shuffles row groups and the rows within them, and refuses it); ``prefetch``: that
         many batches prefetched (default: tf.data's autotuning, already on).
 
         Args:
@@ -253,10 +388,15 @@ class SparkDatasetConverter:
         Returns:
             A context manager giving the ``tf.data.Dataset``.
         """
-        from .reader import make_dataset
-
         arguments = self._reader_arguments(num_epochs, workers_count, shuffling_queue_capacity, cur_shard,
                                            shard_count, options)
+        if self.tabular:
+            from .columns_reader import make_columns_dataset
+
+            return contextlib.nullcontext(make_columns_dataset(
+                self._column_batches(batch_size, arguments, workers_count), prefetch=prefetch))
+        from .reader import make_dataset
+
         if workers_count is not None:
             arguments.setdefault("parallel", int(workers_count))
         arguments.setdefault("storage_options", self.storage_options or None)
@@ -269,8 +409,11 @@ class SparkDatasetConverter:
                               workers_count: int | None = None, shuffling_queue_capacity: int | None = None,
                               cur_shard: int | None = None, shard_count: int | None = None, **options):
         """``with converter.make_torch_dataloader(batch_size=64) as loader:`` a `make_torch_loader` DataLoader
-        of (images, labels) batches; every `make_torch_loader` keyword is accepted, petastorm's names
-        mapped as in `make_tf_dataset` (``workers_count`` is ``num_workers``).
+        of (images, labels) batches; of a tabular DataFrame, a `TorchColumnsLoader` of dicts of column ->
+        tensor (petastorm's ``BatchedDataLoader`` shape: ``batch['features']``), taking what
+        `make_tf_dataset` takes for one (``loader.state_dict()`` / ``state=`` to resume). For images every
+        `make_torch_loader` keyword is accepted, petastorm's names mapped as in `make_tf_dataset`
+        (``workers_count`` is ``num_workers``).
 
         Args:
             batch_size: Rows per batch.
@@ -282,12 +425,16 @@ class SparkDatasetConverter:
             **options: Any other `make_torch_loader` keyword (`ReaderOptions`).
 
         Returns:
-            A context manager giving the `TorchLoader`.
+            A context manager giving the `TorchLoader` (a `TorchColumnsLoader` for a tabular dataset).
         """
-        from .torch_loader import make_torch_loader
-
         arguments = self._reader_arguments(num_epochs, workers_count, shuffling_queue_capacity, cur_shard,
                                            shard_count, options)
+        if self.tabular:
+            from .columns_reader import TorchColumnsLoader
+
+            return TorchColumnsLoader(self._column_batches(batch_size, arguments, workers_count))
+        from .torch_loader import make_torch_loader
+
         if workers_count is not None:
             arguments.setdefault("num_workers", int(workers_count))
         arguments.setdefault("storage_options", self.storage_options or None)
@@ -351,25 +498,29 @@ def _check_columns(df, image_col: str, label_col: str, filename_col: str | None)
     return "string" if fields[label_col] == "StringType" else "integer"
 
 
-_EXTRA_TYPES = ("BooleanType", *_INTEGRAL, "FloatType", "DoubleType", "StringType", "BinaryType", "DateType",
-                "DecimalType")
 _PINSTORM_COLUMNS = ("image", "label", "wnid", "filename", "height", "width")
 
 
+def arrow_field(field):
+    """The Arrow field a Spark column is stored as: pyspark's own mapping (``to_arrow_type``, what Spark's
+    Arrow transfers use), for every type Spark hands to Arrow (timestamps with and without time zone,
+    dates, decimals, arrays, structs, maps, nested); `SparkConverterError` for the few it cannot (intervals
+    of months, user-defined types)."""
+    from pyspark.sql.pandas.types import to_arrow_type
+
+    try:
+        with warnings.catch_warnings():   # pyspark 3.5 compares versions with distutils' deprecated classes
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return pa.field(field.name, to_arrow_type(field.dataType), nullable=field.nullable)
+    except Exception as error:  # noqa: BLE001 - pyspark's TypeError / PySparkTypeError, by version
+        raise SparkConverterError(f"column {field.name!r} is {field.dataType.simpleString()}, which Spark cannot "
+                                  f"hand to Arrow ({str(error).splitlines()[0][:200]}); cast or drop it") from None
+
+
 def _extra_columns(df, used: list[str], extra_cols) -> list:
-    """The DataFrame's other columns to keep, as Arrow fields: `extra_cols` (None: every other column of a
-    scalar, string or bytes type; the rest are left out, said in a log line)."""
-    import pyarrow as pa
-
-    def arrow(data_type):
-        kind = type(data_type).__name__
-        if kind == "DecimalType":
-            return pa.decimal128(data_type.precision, data_type.scale)
-        return {"BooleanType": pa.bool_(), "ByteType": pa.int8(), "ShortType": pa.int16(), "IntegerType": pa.int32(),
-                "LongType": pa.int64(), "FloatType": pa.float32(), "DoubleType": pa.float64(),
-                "StringType": pa.string(), "BinaryType": pa.binary(), "DateType": pa.date32()}[kind]
-
-    fields = {field.name: field.dataType for field in df.schema.fields}
+    """The DataFrame's other columns to keep, as Arrow fields: `extra_cols` (None: every other column but
+    those named like the dataset's own, which are left out with a log line)."""
+    fields = {field.name: field for field in df.schema.fields}
     if extra_cols is not None:
         wanted = [str(c) for c in extra_cols]
         for column in wanted:
@@ -378,25 +529,112 @@ def _extra_columns(df, used: list[str], extra_cols) -> list:
             if column in used or column in _PINSTORM_COLUMNS:
                 raise SparkConverterError(f"extra_cols: {column!r} is one of the dataset's own columns "
                                           f"({', '.join(_PINSTORM_COLUMNS)}) or an *_col argument; rename it")
-            if type(fields[column]).__name__ not in _EXTRA_TYPES:
-                raise SparkConverterError(f"extra_cols: column {column!r} is {type(fields[column]).__name__}; extra "
-                                          "columns hold scalars, strings or bytes (to_json() a nested column first)")
-        return [pa.field(column, arrow(fields[column])) for column in wanted]
+        return [arrow_field(fields[column]) for column in wanted]
     kept, left = [], []
-    for column, data_type in fields.items():
+    for column, field in fields.items():
         if column in used:
             continue
-        if column in _PINSTORM_COLUMNS or type(data_type).__name__ not in _EXTRA_TYPES:
+        if column in _PINSTORM_COLUMNS:
             left.append(column)
         else:
-            kept.append(pa.field(column, arrow(data_type)))
+            kept.append(arrow_field(field))
     if left:
-        log.warning("make_spark_converter: column(s) %s not stored (a name of the dataset's own columns, or not "
-                    "a scalar, string or bytes type)", ", ".join(left))
+        log.warning("make_spark_converter: column(s) %s not stored (names of the dataset's own columns; "
+                    "rename them to keep them)", ", ".join(left))
     return kept
 
 
-def make_spark_converter(df, *, cache_url=None, image_col: str = "image", label_col: str = "label",
+def _table_schema(df, extra_cols):
+    """A tabular DataFrame's Arrow schema: every column (or `extra_cols`, in that order)."""
+    fields = {field.name: field for field in df.schema.fields}
+    wanted = list(fields) if extra_cols is None else [str(c) for c in extra_cols]
+    missing = [c for c in wanted if c not in fields]
+    if missing:
+        raise SparkConverterError(f"extra_cols: the DataFrame has no column {missing[0]!r}")
+    if not wanted:
+        raise SparkConverterError("the DataFrame has no column to store")
+    return pa.schema([arrow_field(fields[c]) for c in wanted])
+
+
+def _cached(plan, settings) -> SparkDatasetConverter | None:
+    """The converter made in this process for the same analysed plan and settings, if its dataset is whole."""
+    with _lock:
+        for cached_plan, cached_settings, converter in _converters:
+            if cached_settings == settings and _same_result(cached_plan, plan):
+                location = resolve(converter.cache_dir_url, converter.storage_options)
+                if location.fs.exists(location.join(COMMON_METADATA)):
+                    log.info("%s: reusing the dataset of the same DataFrame", converter.cache_dir_url)
+                    return converter
+    return None
+
+
+def _new_folder(parent: str, storage_options):
+    """A fresh cache folder under `parent`, recorded as this process's (removed at exit)."""
+    parent_location = resolve(parent, storage_options)
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    name = f"{CACHE_PREFIX}{stamp}-{uuid.uuid4().hex[:12]}"
+    location = resolve(f"{parent_location.url.rstrip('/')}/{name}", storage_options)
+    location.fs.makedirs(location.path, exist_ok=False)
+    with _lock:
+        _created[location.url] = dict(storage_options or {})
+    return location
+
+
+def _abandon(location) -> None:
+    """Remove a cache folder whose conversion failed."""
+    with _lock:
+        _created.pop(location.url, None)
+    with contextlib.suppress(Exception):
+        location.fs.rm(location.path, recursive=True)
+
+
+def _tabular_converter(df, *, parent, row_group_bytes: int, storage_options, extra_cols) -> SparkDatasetConverter:
+    """`make_spark_converter` for a DataFrame without images: every column (or `extra_cols`) as it is,
+    written by the executors through Spark's Arrow transfer (``mapInArrow``), checksummed by
+    `column_digest`, committed once by the driver as image datasets are."""
+    schema = _table_schema(df, extra_cols)
+    plan = _analysed_plan(df)
+    settings = (parent, json.dumps(storage_options or {}, sort_keys=True, default=str), "tabular",
+                int(row_group_bytes), str(schema))
+    cached = _cached(plan, settings)
+    if cached is not None:
+        return cached
+    started = time.monotonic()
+    location = _new_folder(parent, storage_options)
+    try:
+        selected = df.select(*schema.names)
+        parts = selected.rdd.getNumPartitions()
+        task = functools.partial(_table_part_task, url=location.url, storage_options=location.storage_options,
+                                 parts=parts, schema=schema, row_group_bytes=int(row_group_bytes))
+        results = _run_job(df.sparkSession, f"pinstorm make_spark_converter: {parts} partition(s) to {location.url}",
+                           selected.mapInArrow(task, "name string, entry string").rdd, storage_options)
+        written = {name: json.loads(entry) for name, entry in results}
+        if not written:
+            raise SparkConverterError("the DataFrame has no rows")
+        ordered = sorted(written)
+        digest = hashlib.sha256(json.dumps([str(plan.toString()), settings[2:]], default=str).encode()).hexdigest()
+        info, _, _ = commit_dataset(
+            location, written, ordered, classes=[], names={}, split=None, seed=None, digest=digest[:32],
+            source=f"Spark DataFrame ({parts} partitions, columns {', '.join(schema.names)})", schema=schema,
+            extra={"checksum": TABLE_CHECKSUM, "columns": list(schema.names)})
+        _remove_attempt_temporaries(location)
+    except BaseException:
+        _abandon(location)
+        raise
+    converter = SparkDatasetConverter(location.url, info, storage_options=storage_options,
+                                      seconds=time.monotonic() - started)
+    with _lock:
+        _converters.append((plan, settings, converter))
+    return converter
+
+
+def is_tabular(df, image_col: str | None) -> bool:
+    """The rule for a DataFrame without images: `image_col` is None, or left at ``"image"`` and the
+    DataFrame has no column of that name."""
+    return image_col is None or (image_col == "image" and "image" not in df.columns)
+
+
+def make_spark_converter(df, *, cache_url=None, image_col: str | None = "image", label_col: str = "label",
                          filename_col: str | None = None, classes=None,
                          row_group_bytes: int = DEFAULT_ROW_GROUP_BYTES, storage_options: dict | None = None,
                          max_pixels: int | None = DEFAULT_MAX_PIXELS, max_side: int | None = None,
@@ -413,10 +651,17 @@ def make_spark_converter(df, *, cache_url=None, image_col: str = "image", label_
     ``df.repartition(n)`` first for more parts, i.e. more executors writing and more reader shards.
     Rows keep the DataFrame's order; the readers shuffle row groups and rows.
 
-    The DataFrame's other columns of scalar, string or bytes types (boolean, integers, floats, decimal,
-    date, string, binary) are stored too, as extra Parquet columns after pinstorm's six, which the readers
-    ignore (`extra_cols`: just these; other types, and names of the dataset's own columns, are left out
-    with a log line unless named there, which is an error).
+    The DataFrame's other columns are stored too, of any type Spark hands to Arrow (`arrow_field`:
+    numbers, strings, binary, decimals, dates, timestamps with or without time zone, arrays, structs,
+    maps, nested), as extra Parquet columns after pinstorm's six, which the image readers ignore
+    (`extra_cols`: just these; names of the dataset's own columns are left out with a log line unless
+    named there, which is an error).
+
+    A DataFrame without images (`is_tabular`: ``image_col=None``, or no column named ``image`` while
+    `image_col` is left at its default) is stored as it is: every column (or `extra_cols`), each Spark
+    partition a part, each row group checksummed over all its columns; the converter's readers then give
+    petastorm's batch shapes (namedtuples of column tensors in tf, dicts in torch, `columns_reader`).
+    `label_col`, `filename_col`, `classes` and the image checks do not apply.
 
     Images are checked as `convert` checks files (`max_pixels`, `max_side`, `quality`): what does not
     decode, and rows with a null image or a label outside the classes, are skipped and listed in
@@ -428,9 +673,9 @@ def make_spark_converter(df, *, cache_url=None, image_col: str = "image", label_
     Spark's ``sameResult`` says) with the same arguments reuses its dataset within this process.
 
     Args:
-        df: A Spark DataFrame with an image-bytes column and a label column.
+        df: A Spark DataFrame with an image-bytes column and a label column, or any columns (tabular).
         cache_url: The parent folder of the cached datasets (None: the Spark conf above).
-        image_col: The column of image bytes (BinaryType).
+        image_col: The column of image bytes (BinaryType); None: the DataFrame is tabular.
         label_col: The column of labels: integer class indexes or class names.
         filename_col: A string column kept as each row's file name (None: ``row-<partition>-<n>``).
         classes: The class names in label order (None: string labels sorted).
@@ -440,7 +685,7 @@ def make_spark_converter(df, *, cache_url=None, image_col: str = "image", label_
         max_side: As `convert`'s.
         quality: As `convert`'s.
         parquet_row_group_size_bytes: petastorm's name for `row_group_bytes`.
-        extra_cols: The other columns to store (None: every one of a scalar, string or bytes type).
+        extra_cols: The other columns to store (None: every one); of a tabular DataFrame, the columns.
 
     Returns:
         A `SparkDatasetConverter` (``make_tf_dataset``, ``make_torch_dataloader``, ``delete``).
@@ -451,6 +696,9 @@ def make_spark_converter(df, *, cache_url=None, image_col: str = "image", label_
         raise SparkConverterError(f"row_group_bytes must be a positive integer, got {row_group_bytes!r}")
     if max_side is not None and (isinstance(max_side, bool) or int(max_side) != max_side or max_side < 1):
         raise SparkConverterError(f"max_side must be None or a positive integer, got {max_side!r}")
+    if is_tabular(df, image_col):
+        return _tabular_converter(df, parent=_parent_cache_url(df, cache_url), row_group_bytes=int(row_group_bytes),
+                                  storage_options=storage_options, extra_cols=extra_cols)
     label_kind = _check_columns(df, image_col, label_col, filename_col)
     used = [image_col, label_col] + ([filename_col] if filename_col else [])
     extra_fields = _extra_columns(df, used, extra_cols)
@@ -463,13 +711,9 @@ def make_spark_converter(df, *, cache_url=None, image_col: str = "image", label_
     settings = (parent, json.dumps(storage_options or {}, sort_keys=True, default=str), image_col, label_col,
                 filename_col, tuple(classes) if classes is not None else None, int(row_group_bytes), max_pixels,
                 max_side, quality, tuple(str(field) for field in extra_fields))
-    with _lock:
-        for cached_plan, cached_settings, converter in _converters:
-            if cached_settings == settings and _same_result(cached_plan, plan):
-                location = resolve(converter.cache_dir_url, converter.storage_options)
-                if location.fs.exists(location.join(COMMON_METADATA)):
-                    log.info("%s: reusing the dataset of the same DataFrame", converter.cache_dir_url)
-                    return converter
+    cached = _cached(plan, settings)
+    if cached is not None:
+        return cached
     started = time.monotonic()
     if label_kind == "string" and classes is None:
         found = [row[0] for row in df.select(label_col).distinct().collect()]
@@ -481,13 +725,7 @@ def make_spark_converter(df, *, cache_url=None, image_col: str = "image", label_
         class_index = {name: i for i, name in enumerate(classes)} if label_kind == "string" \
             else {i: i for i in range(len(classes))}
 
-    parent_location = resolve(parent, storage_options)
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    name = f"{CACHE_PREFIX}{stamp}-{uuid.uuid4().hex[:12]}"
-    location = resolve(f"{parent_location.url.rstrip('/')}/{name}", storage_options)
-    location.fs.makedirs(location.path, exist_ok=False)
-    with _lock:
-        _created[location.url] = dict(storage_options or {})
+    location = _new_folder(parent, storage_options)
     try:
         columns = [image_col, label_col] + ([filename_col] if filename_col else [])
         columns += [field.name for field in extra_fields]
@@ -496,7 +734,8 @@ def make_spark_converter(df, *, cache_url=None, image_col: str = "image", label_
         task = functools.partial(
             _dataframe_part_task, url=location.url, storage_options=location.storage_options, parts=parts,
             has_filename=filename_col is not None, classes=classes, class_index=class_index, max_pixels=max_pixels,
-            max_side=max_side, quality=quality, row_group_bytes=int(row_group_bytes), extra_fields=extra_fields)
+            max_side=max_side, quality=quality, row_group_bytes=int(row_group_bytes), extra_fields=extra_fields,
+            extra_types=[df.schema[field.name].dataType for field in extra_fields])
         results = _run_job(df.sparkSession, f"pinstorm make_spark_converter: {parts} partition(s) to {location.url}",
                            rdd.mapPartitionsWithIndex(task), storage_options)
         written = {name: entry for name, entry in results if not entry.get("empty")}
@@ -519,10 +758,7 @@ def make_spark_converter(df, *, cache_url=None, image_col: str = "image", label_
             digest=digest[:32], source=f"Spark DataFrame ({parts} partitions, columns {', '.join(columns)})")
         _remove_attempt_temporaries(location)
     except BaseException:
-        with _lock:
-            _created.pop(location.url, None)
-        with contextlib.suppress(Exception):
-            location.fs.rm(location.path, recursive=True)
+        _abandon(location)
         raise
     if skipped:
         log.warning("%s: skipped %d row(s) of the DataFrame (listed in converter.skipped)", location.url,

@@ -46,6 +46,7 @@ from PIL import Image
 
 from pinstorm.extras import require
 
+from .columns_reader import refuse_tabular
 from .errors import InvalidPipelineInput
 from .epochs import check_arguments, epoch_order, epoch_seed, open_epochs
 from .options import ASPECT_RANGE, CROP_ATTEMPTS, DEFAULTS as READER, ReaderOptionError
@@ -276,6 +277,7 @@ class BatchMemory:
 
 PREFETCH_BATCHES = 2   # batches made ahead in the calling process (num_workers=0)
 DEVICE_AHEAD_BATCHES = 2   # decode="gpu": batches decoded on the device ahead of the caller
+DEVICE_DECODED_BATCHES = 1   # decode="gpu": batches nvJPEG has decoded ahead of the resize (full-size pixels)
 
 
 def _one_torch_thread() -> None:
@@ -320,9 +322,9 @@ class _Decoder:
             self.pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _ahead(make, depth: int):
-    """The items of the generator `make()`, made in a thread of their own up to `depth` ahead. An error
-    there is raised here; when the caller stops early, the thread stops and closes the generator."""
+def _ahead(make, depth: int, name: str = "pinstorm-batches"):
+    """The items of the generator `make()`, made in a thread (`name`) of their own up to `depth` ahead. An
+    error there is raised here; when the caller stops early, the thread stops and closes the generator."""
     torch.get_num_threads()   # torch reads its thread setting here first, before the thread sets its own
     items, stop = queue.Queue(depth), threading.Event()
 
@@ -350,7 +352,7 @@ def _ahead(make, depth: int):
             if made is not None:
                 made.close()
 
-    thread = threading.Thread(target=produce, name="pinstorm-batches", daemon=True)
+    thread = threading.Thread(target=produce, name=name, daemon=True)
     thread.start()
     try:
         while True:
@@ -565,24 +567,55 @@ class TorchLoader(torch.utils.data.DataLoader):
             yield (images, labels, ids) if self.return_ids else (images, labels)
 
     def _decoded_ahead(self, batches):
-        """decode="gpu": each batch decoded on the device while the caller works on the one before, in a
-        thread of its own and (on CUDA) a stream of its own, so nvJPEG and the resize overlap the training
-        step instead of adding to it (decode in the caller's turn held an H200's ResNet-50 at the sum of
-        the two times: bench/results/gpu/gpu_check.json)."""
+        """decode="gpu": each batch decoded on the device while the caller works on the one before, in two
+        threads, each with (on CUDA) a stream of its own: one receives a batch and decodes its JPEGs (nvJPEG),
+        the other crops, resizes, flips and scales the batch before, so nvJPEG, the resize and the training
+        step overlap instead of adding up (decode in the caller's turn held an H200's ResNet-50 at the sum of
+        the two times: bench/results/gpu/gpu_check.json; receive, nvJPEG and resize in one thread held the
+        decode at ~6,000 img/s where each alone ran at over 19,000: bench/results/gpu/gpu_decode_probe.json).
+        Each stage waits for the other's work by a CUDA event, and tells the allocator that memory made on
+        one stream is used on another (`record_stream`); an error in either is raised here, and stopping
+        early stops both threads."""
         decoder = self.device_decoder
         cuda = decoder.device.type == "cuda"
-        side = torch.cuda.Stream(decoder.device) if cuda else None
+        decoding, resizing = ((torch.cuda.Stream(decoder.device), torch.cuda.Stream(decoder.device)) if cuda
+                              else (None, None))
 
-        def decoded():
-            with torch.cuda.stream(side) if cuda else contextlib.nullcontext():
-                for images, labels, ids, tag in batches:
-                    images, labels = decoder(images), labels.to(decoder.device, non_blocking=True)
-                    done = torch.cuda.Event() if cuda else None
-                    if cuda:
-                        done.record(side)
-                    yield images, labels, ids, tag, done
+        def on(stream):
+            return torch.cuda.stream(stream) if cuda else contextlib.nullcontext()
 
-        for images, labels, ids, tag, done in _ahead(decoded, DEVICE_AHEAD_BATCHES):
+        def recorded(stream):
+            if not cuda:
+                return None
+            event = torch.cuda.Event()
+            event.record(stream)
+            return event
+
+        def decoded():   # the first thread: a batch received from the workers, its JPEGs decoded
+            try:
+                with on(decoding):
+                    for jpegs, labels, ids, tag in batches:
+                        pixels = decoder.decode(jpegs)
+                        yield pixels, jpegs, labels, ids, tag, recorded(decoding)
+            finally:   # the reader's threads end now, not when an error's traceback is let go
+                batches.close()
+
+        def finished():   # the second: the batch decoded before cropped, resized, flipped, scaled
+            ahead = _ahead(decoded, DEVICE_DECODED_BATCHES, name="pinstorm-device-decode")
+            try:
+                with on(resizing):
+                    for pixels, jpegs, labels, ids, tag, done in ahead:
+                        if cuda:
+                            resizing.wait_event(done)
+                            for image in pixels:
+                                image.record_stream(resizing)
+                        images, labels = decoder.finish(pixels, jpegs), labels.to(decoder.device, non_blocking=True)
+                        del pixels   # freed here (after the resize, for the allocator's streams)
+                        yield images, labels, ids, tag, recorded(resizing)
+            finally:
+                ahead.close()
+
+        for images, labels, ids, tag, done in _ahead(finished, DEVICE_AHEAD_BATCHES, name="pinstorm-device-resize"):
             if cuda:   # the caller's stream waits for the decode; the allocator keeps the memory till it is used
                 current = torch.cuda.current_stream(decoder.device)
                 current.wait_event(done)
@@ -722,6 +755,7 @@ def make_torch_loader(url, *, batch_size: int, image_size=224, training: bool = 
     target = resolve_decode(decode, device)   # None: decode on the CPU
     source = open_epochs(url, shard, shuffle=shuffle, seed=seed, retries=retries, storage_options=storage_options,
                          verify=verify, stream=stream, cache_limit=cache_limit)
+    refuse_tabular(source.info, source.location.url, "make_torch_loader")
     dataset = ParquetImages(source, batch_size=int(batch_size), image_size=image_size, training=training,
                             num_epochs=num_epochs, shuffle=shuffle, shuffle_buffer=shuffle_buffer,
                             crop_area=crop_area, flip=flip, eval_crop=eval_crop, dct_scale=dct_scale,

@@ -38,6 +38,7 @@ import xxhash
 from pinstorm.boards.safety.parquet_limits import BoundedParquetFile, UnreadableRowGroup
 from pinstorm.errors import PinstormError
 
+from .column_digest import TABLE_CHECKSUM, columns_digest
 from .contracts import DatasetInfo
 from .errors import PipelineError
 
@@ -139,6 +140,12 @@ def footer_digest(fs, path: str, size: int | None = None) -> str:
         handle.seek(size - _TAIL - length)
         footer = handle.read(length)
     return xxhash.xxh3_128(footer + tail).hexdigest()
+
+
+def checksummed(info: DatasetInfo) -> tuple[str, ...]:
+    """The columns a row group's content checksum covers: image and label, or every column of a tabular
+    dataset (the Spark converter's DataFrames without images, `column_digest`)."""
+    return tuple(info.get("columns") or ()) if info.checksum == TABLE_CHECKSUM else CHECKSUMMED
 
 
 def verified(info: DatasetInfo) -> bool:
@@ -254,8 +261,9 @@ def read_row_group(handle, location, info: DatasetInfo | Mapping, name: str, rg:
     entry = info.files[name]
     columns = list(columns)
     digests = entry.get("row_group_xxh3")
+    covered = checksummed(info)
     if digests is not None:
-        columns += [c for c in CHECKSUMMED if c not in columns]
+        columns += [c for c in covered if c not in columns]
     try:
         table = handle.read_row_group(rg, columns=columns)
     except UnreadableRowGroup as error:  # damaged bytes (pyarrow >= 15 also checks page CRCs): a corrupt part
@@ -265,7 +273,8 @@ def read_row_group(handle, location, info: DatasetInfo | Mapping, name: str, rg:
     except Exception as error:
         raise CorruptPartError(f"{location.url}/{name} row group {rg}: cannot be read: {error}") from None
     if digests is not None:
-        if rg >= len(digests) or table_digest(table) != digests[rg]:
+        found = table_digest(table) if covered == CHECKSUMMED else columns_digest(table.select(list(covered)))
+        if rg >= len(digests) or found != digests[rg]:
             raise CorruptPartError(f"{location.url}/{name} row group {rg}: checksum mismatch (the part changed "
                                    "after conversion); none of its rows was delivered")
     return table
@@ -313,9 +322,10 @@ def verify_dataset(url, *, decode: bool = False, storage_options: dict | None = 
         handle = open_part(location, info, name)
         try:
             for rg in range(info.files[name]["row_groups"]):
-                table = read_row_group(handle, location, info, name, rg,
-                                       columns=("image", "label", "filename") if decode else ("image", "label"))
-                if decode:
+                tabular = checksummed(info) != CHECKSUMMED
+                table = read_row_group(handle, location, info, name, rg, columns=checksummed(info)
+                                       if tabular or not decode else ("image", "label", "filename"))
+                if decode and not tabular:
                     for image, filename in zip(table.column("image").to_pylist(),
                                                table.column("filename").to_pylist()):
                         try:
@@ -334,7 +344,8 @@ def _find_row_group(location, info: DatasetInfo, name: str) -> None:
     handle = open_part(location, info, name)
     try:
         for rg in range(info.files[name]["row_groups"]):
-            read_row_group(handle, location, info, name, rg, columns=("image", "label", "wnid", "filename",
-                                                                      "height", "width"))
+            read_row_group(handle, location, info, name, rg, columns=checksummed(info)
+                           if checksummed(info) != CHECKSUMMED else ("image", "label", "wnid", "filename",
+                                                                     "height", "width"))
     finally:
         handle.close()

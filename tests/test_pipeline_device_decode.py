@@ -121,3 +121,82 @@ def test_a_jpeg_batch_crosses_processes_as_one_tensor_of_bytes():
     assert packed.numel() == sum(map(len, samples)) and offsets.tolist()[-1] == packed.numel()
     back = pickle.loads(pickle.dumps(batch))
     assert [bytes(t.numpy()) for t in back.data] == samples and back.flips.tolist() == [False, True] * 2 + [False]
+
+
+def _windows_and_images(seed: int):
+    """Images of mixed shapes (some shared: stacked; some alone: padded) and every kind of window: down- and
+    upscaled, exact size, one pixel, at the edges, flipped or not, antialiased (DCT ratio > 1) or not."""
+    import random
+
+    from pinstorm.pipeline.device_decode import JpegBatch
+
+    rng = random.Random(seed)
+    generator = torch.Generator().manual_seed(seed)
+    shapes = [(75, 100)] * 4 + [(100, 75)] * 3 + [(40, 30), (130, 90), (33, 50), (200, 140), (48, 64), (9, 7)]
+    images = [torch.randint(0, 256, (3, h, w), dtype=torch.uint8, generator=generator) for h, w in shapes]
+    batch = JpegBatch(len(images))
+    for i, (h, w) in enumerate(shapes):
+        crop_w, crop_h = [(rng.randint(1, w), rng.randint(1, h)), (w, h), (1, 1), (min(w, 32), min(h, 24))][i % 4]
+        x, y = rng.choice([(0, 0), (w - crop_w, h - crop_h), (rng.randint(0, w - crop_w), rng.randint(0, h - crop_h))])
+        batch[i].fill(b"", (x, y, crop_w, crop_h), rng.choice([1, 1, 2, 4]), rng.random() < 0.5, f"image {i}")
+    return images, batch
+
+
+@pytest.mark.parametrize("size", [(24, 32), (48, 48)])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_batched_crop_and_resize_is_the_per_image_one(size, seed):
+    """One grid_sample (bilinear) or one separable matrix product (antialiased) a group of images gives what
+    ``interpolate`` gives image by image, crops, flips and all: float rounding apart."""
+    from pinstorm.pipeline.device_decode import DeviceDecoder
+
+    images, batch = _windows_and_images(seed)
+    assert {bool(r > 1) for r in batch.windows[:, 4]} == {True, False} and batch.flips.any() and not batch.flips.all()
+    batched = DeviceDecoder("cpu", size, torch.float32).finish(images, batch)
+    reference = DeviceDecoder("cpu", size, torch.float32, batched=False).finish(images, batch)
+    assert batched.shape == (len(images), 3, *size)
+    assert float((batched - reference).abs().max()) * 255 < 0.02
+    as_bytes = DeviceDecoder("cpu", size, torch.uint8).finish(images, batch)
+    assert as_bytes.dtype == torch.uint8 and int((as_bytes.int() - (reference * 255).round().int()).abs().max()) <= 1
+
+
+def test_images_are_grouped_by_kind_and_shape_within_bounds():
+    from pinstorm.pipeline.device_decode import _groups
+
+    shapes = [(375, 500)] * 7 + [(500, 375)] * 2 + [(100, 80), (2000, 1500), (90, 120), (333, 500), (10, 10)]
+    kinds = [False, True] * 7   # of the 7 of one shape, 4 of one kind (3 to a group, then 1) and 3 of the other
+    groups = _groups(shapes, kinds, max_pixels=600_000)
+    assert sorted(i for g in groups for i in g) == list(range(len(shapes)))
+    for group in groups:
+        assert len({kinds[i] for i in group}) == 1
+        padded = len(group) * max(shapes[i][0] for i in group) * max(shapes[i][1] for i in group)
+        area = sum(shapes[i][0] * shapes[i][1] for i in group)
+        assert len(group) == 1 or (padded <= 600_000 and padded <= 2 * area)
+    assert [len(g) for g in groups if shapes[g[0]] == (375, 500) and len({shapes[i] for i in g}) == 1] == [3, 1, 3]
+
+
+def test_an_error_in_the_device_decode_is_raised_naming_the_sample_and_stopping_early_ends_its_threads(photos):
+    """The device path runs in two threads (receive and decode; crop and resize): an image its decoder
+    refuses is raised to the caller by name, and a caller that stops early leaves no thread behind."""
+    import threading
+
+    from pinstorm.pipeline.torch_loader import decode_whole
+
+    def running():
+        return [t.name for t in threading.enumerate() if t.name.startswith("pinstorm-")]
+
+    loader = make_torch_loader(photos, batch_size=4, image_size=32, seed=0, decode="gpu", device="cpu")
+    calls = []
+
+    def refusing(data, where):
+        calls.append(where)
+        if len(calls) == 11:
+            raise UndecodableImage(f"{where}: the 11th image, refused")
+        return decode_whole(data, where)
+
+    loader.device_decoder.cpu_decode = refusing
+    with pytest.raises(UndecodableImage, match=r"part-\d+\.parquet row group \d+: an image: the 11th image, refused"):
+        list(loader)
+    assert running() == []
+    for _ in make_torch_loader(photos, batch_size=4, image_size=32, seed=0, num_epochs=3, decode="gpu", device="cpu"):
+        break
+    assert running() == []

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import io
+import json
 import os
 import shutil
 import signal
@@ -27,8 +28,8 @@ pytestmark = [needs("spark"), pytest.mark.slow]
 
 pyspark = pytest.importorskip("pyspark")
 
-from pinstorm.pipeline import (SparkConverterError, convert, dataset_info, make_digits_tree,  # noqa: E402
-                               make_spark_converter, scan, verify_dataset)
+from pinstorm.pipeline import (CorruptPartError, SparkConverterError, convert, dataset_info,  # noqa: E402
+                               make_digits_tree, make_spark_converter, scan, verify_dataset)
 from pinstorm.pipeline import spark_converter  # noqa: E402
 from pinstorm.pipeline.metadata import read_info  # noqa: E402
 from pinstorm.pipeline.storage import resolve  # noqa: E402
@@ -202,43 +203,323 @@ def test_bad_dataframes_are_refused(spark, tmp_path):
 
 
 def test_other_dataframe_columns_are_kept_as_extra_parquet_columns(spark, tmp_path):
-    """Scalar, string and bytes columns are stored after pinstorm's six, row for row; nested ones and names
-    of the dataset's own columns are left out (or refused when named); the readers ignore the extras."""
+    """Columns of every type Spark hands to Arrow (scalars, decimals, dates, timestamps with and without a
+    time zone, arrays, structs, maps, nested) are stored after pinstorm's six, row for row; names of the
+    dataset's own columns are left out (or refused when named); the readers ignore the extras."""
     import datetime
     import decimal
 
     import pyarrow.parquet as pq
 
-    rows = [(_jpeg(i), i % 2, f"img{i}.jpg", i * 10, i / 4, i % 3 == 0, f"s{i}", bytes([i]), datetime.date(2020, 1, i + 1),
-             decimal.Decimal(f"{i}.50"), [i, i], "w") for i in range(8)]
-    rows.append((b"broken", 0, "broken.jpg", 99, 0.0, False, "x", b"", datetime.date(2020, 2, 1), decimal.Decimal("0"),
-                 [], "w"))
+    utc = datetime.timezone.utc
+
+    def row(i, image, name):
+        return (image, i % 2, name, i * 10, i / 4, i % 3 == 0, f"s{i}", bytes([i]), datetime.date(2020, 1, i + 1),
+                decimal.Decimal(f"{i}.50"), [i, i], "w",
+                datetime.datetime(2024, 3, 1, 12, tzinfo=utc) + datetime.timedelta(minutes=i),
+                datetime.datetime(2024, 3, 1, 8, 30) + datetime.timedelta(seconds=i),
+                (i, [f"a{i}", None], {"k": [i, i + 1]}), {f"m{i}": i / 2}, [(i, {"x": None})])
+
+    rows = [row(i, _jpeg(i), f"img{i}.jpg") for i in range(8)] + [row(9, b"broken", "broken.jpg")]
     df = spark.createDataFrame(rows, "image binary, label long, name string, n long, x double, flag boolean, "
                                      "tag string, raw binary, day date, price decimal(6,2), seq array<int>, "
-                                     "wnid string").repartition(2)
+                                     "wnid string, ts timestamp, ntz timestamp_ntz, "
+                                     "st struct<a:int, b:array<string>, c:map<string, array<int>>>, "
+                                     "mp map<string, double>, arr array<struct<q:long, r:map<string, string>>>"
+                               ).repartition(2)
     converter = make_spark_converter(df, cache_url=tmp_path / "cache", filename_col="name")
     assert len(converter) == 8 and [s["path"] for s in converter.skipped] == ["broken.jpg"]
     location = resolve(converter.cache_dir_url)
     tables = [pq.read_table(location.join(name)) for name in sorted(read_info(location)["files"])]
-    assert tables[0].column_names == ["image", "label", "wnid", "filename", "height", "width", "n", "x", "flag", "tag",
-                                      "raw", "day", "price"]                  # seq (an array) and wnid: left out
-    stored = sorted(row for t in tables for row in zip(*(t.column(c).to_pylist() for c in
-                                                         ("filename", "label", "n", "x", "flag", "tag", "raw", "day",
-                                                          "price"))))
-    assert stored == sorted((f"img{i}.jpg", i % 2, i * 10, i / 4, i % 3 == 0, f"s{i}", bytes([i]),
-                             datetime.date(2020, 1, i + 1), decimal.Decimal(f"{i}.50")) for i in range(8))
+    extras = ["n", "x", "flag", "tag", "raw", "day", "price", "seq", "ts", "ntz", "st", "mp", "arr"]
+    assert tables[0].column_names == ["image", "label", "wnid", "filename", "height", "width", *extras]  # wnid: out
+    assert str(tables[0].schema.field("ts").type) == "timestamp[us, tz=UTC]"
+    assert str(tables[0].schema.field("ntz").type) == "timestamp[us]"
+    stored = sorted(tuple(r) for t in tables for r in zip(*(t.column(c).to_pylist() for c in ("filename", *extras))))
+
+    def arrow_view(r):     # how pyarrow hands the DataFrame's values back: maps as pairs, structs as dicts
+        st = {"a": r[14][0], "b": r[14][1], "c": list(r[14][2].items())}
+        return (r[2], *r[3:11], r[12], r[13], st, list(r[15].items()),
+                [{"q": q, "r": list(m.items())} for q, m in r[16]])
+
+    assert stored == sorted(arrow_view(r) for r in rows[:8])
     assert verify_dataset(converter.cache_dir_url, decode=True)["rows"] == 8      # checksums: pinstorm's columns
     if importlib.util.find_spec("torch") is not None:
         with converter.make_torch_dataloader(batch_size=4, num_epochs=1, image_size=16, training=False) as loader:
             assert sum(len(labels) for _, labels in loader) == 8
-    just = make_spark_converter(df, cache_url=tmp_path / "cache", filename_col="name", extra_cols=["tag"])
-    assert resolve(just.cache_dir_url).fs.exists(resolve(just.cache_dir_url).join("part-00000.parquet"))
-    assert pq.read_schema(resolve(just.cache_dir_url).join("part-00000.parquet")).names[6:] == ["tag"]
-    for bad, message in ((["seq"], "ArrayType"), (["wnid"], "dataset's own columns"), (["nope"], "no column")):
+    just = make_spark_converter(df, cache_url=tmp_path / "cache", filename_col="name", extra_cols=["tag", "st"])
+    assert pq.read_schema(resolve(just.cache_dir_url).join("part-00000.parquet")).names[6:] == ["tag", "st"]
+    for bad, message in ((["wnid"], "dataset's own columns"), (["nope"], "no column")):
         with pytest.raises(SparkConverterError, match=message):
             make_spark_converter(df, cache_url=tmp_path / "cache", filename_col="name", extra_cols=bad)
     converter.delete()
     just.delete()
+
+
+def _tabular(spark, rows=40, partitions=2):
+    import datetime
+
+    start = datetime.datetime(2024, 1, 1, tzinfo=datetime.timezone.utc)
+    data = [([float(i), i / 2, 1.0], i % 2, start + datetime.timedelta(seconds=i)) for i in range(rows)]
+    return spark.createDataFrame(data, "features array<float>, label int, ts timestamp").repartition(partitions)
+
+
+def test_a_tabular_dataframe_reads_as_petastorm_batches_sharded_and_in_exact_epochs(spark, tmp_path):
+    """No image column: every column stored as it is, checked like an image dataset; tf gives namedtuples of
+    column tensors, torch dicts; every row once an epoch; two shards disjoint and together the dataset."""
+    import datetime
+
+    import pyarrow.parquet as pq
+
+    from pinstorm.pipeline.columns_reader import ColumnError
+
+    df = _tabular(spark)
+    converter = make_spark_converter(df, cache_url=tmp_path / "cache", row_group_bytes=200)
+    assert converter.tabular and len(converter) == 40 and converter.classes == []
+    info = dataset_info(converter.cache_dir_url)
+    assert info["columns"] == ["features", "label", "ts"] and info["row_groups"] >= 4
+    assert verify_dataset(converter.cache_dir_url) == {"parts": 2, "row_groups": info["row_groups"], "rows": 40}
+    table = pq.read_table(resolve(converter.cache_dir_url).path)
+    assert sorted(zip(*(table.column(c).to_pylist() for c in ("features", "label", "ts")))) == \
+        sorted((list(r.features), r.label, r.ts.astimezone(datetime.timezone.utc)) for r in df.collect())
+    assert make_spark_converter(df, cache_url=tmp_path / "cache", row_group_bytes=200) is converter   # reused
+
+    with converter.make_tf_dataset(batch_size=7, num_epochs=2, seed=5, workers_count=2) as dataset:
+        batches = list(dataset)
+    first = batches[0]
+    assert type(first).__name__ == "ColumnBatch" and first._fields == ("features", "label", "ts")
+    assert first.features.dtype.name == "float32" and tuple(first.features.shape) == (7, 3)
+    assert first.ts.dtype.name == "int64"
+    assert len(batches) == 12                                   # 6 a epoch (5 x 7 + 5): batches never mix epochs
+    for epoch in (batches[:6], batches[6:]):
+        ids = sorted(int(v) for b in epoch for v in b.features.numpy()[:, 0])
+        assert ids == list(range(40))
+        assert all(int(f[0]) % 2 == int(y) for b in epoch for f, y in zip(b.features.numpy(), b.label.numpy()))
+    assert [int(v) for v in batches[0].features.numpy()[:, 0]] != [int(v) for v in batches[6].features.numpy()[:, 0]]
+
+    def shard_ids(index):
+        with converter.make_tf_dataset(batch_size=4, num_epochs=1, cur_shard=index, shard_count=2) as shard:
+            return [int(v) for b in shard for v in b.features.numpy()[:, 0]]
+
+    zero, one = shard_ids(0), shard_ids(1)
+    assert not set(zero) & set(one) and sorted(zero + one) == list(range(40))
+
+    if importlib.util.find_spec("torch") is not None:
+        import torch
+
+        with converter.make_torch_dataloader(batch_size=8, num_epochs=1, cur_shard=1, shard_count=2,
+                                             seed=1) as loader:
+            got = list(loader)
+        assert set(got[0]) == {"features", "label", "ts"} and got[0]["features"].dtype == torch.float32
+        assert sorted(int(v) for b in got for v in b["features"][:, 0]) == sorted(one)
+    with pytest.raises(Exception, match="no column 'nope'"):
+        converter.make_tf_dataset(batch_size=4, columns=["nope"])
+    part = resolve(converter.cache_dir_url).join("part-00000.parquet")     # a flipped byte is found
+    data = bytearray(Path(part).read_bytes())
+    data[len(data) // 3] ^= 0xFF
+    Path(part).write_bytes(bytes(data))
+    with pytest.raises(CorruptPartError):
+        verify_dataset(converter.cache_dir_url)
+    converter.delete()
+
+    ragged = spark.createDataFrame([([1.0, 2.0], {"k": 1}), ([3.0], {"k": 2})],
+                                   "seq array<double>, m map<string, int>")
+    odd = make_spark_converter(ragged.repartition(1), cache_url=tmp_path / "cache")
+    with pytest.raises(ColumnError, match="column 'seq' holds arrays of different lengths"):
+        next(iter(odd.make_torch_dataloader(batch_size=2, num_epochs=1, columns=["seq"])))
+    with pytest.raises(ColumnError, match="column 'm' holds structs or maps"):
+        odd.make_tf_dataset(batch_size=2, columns=["m"])
+    maps = [b["m"] for b in odd.make_torch_dataloader(batch_size=2, num_epochs=1, columns=["m"], shuffle=False)]
+    assert sorted(maps[0]) == [[("k", 1)], [("k", 2)]]                   # torch: Python objects
+    odd.delete()
+
+
+def _ids(batch) -> list[int]:
+    """The rows of a tabular batch (tf namedtuple or torch dict) by their first feature, the row's number."""
+    features = batch["features"] if isinstance(batch, dict) else batch.features
+    return [int(v) for v in features.numpy()[:, 0]]
+
+
+def test_a_tabular_reader_resumes_mid_epoch_with_exactly_the_rows_left(spark, tmp_path):
+    """A state taken after k batches (tf: ``pinstorm_position.state(k)``, torch: ``state_dict()``), through
+    JSON, continues with exactly the batches the uninterrupted reader gave next, within and across epochs,
+    in either framework; a state of another shard is refused, and so is a shuffle buffer."""
+    import json
+
+    from pinstorm.pipeline import ColumnBatches, InvalidPipelineInput, ResumeStateError
+
+    converter = make_spark_converter(_tabular(spark, rows=40), cache_url=tmp_path / "cache", row_group_bytes=200)
+    assert dataset_info(converter.cache_dir_url)["row_groups"] >= 4
+    plain = dict(batch_size=6, num_epochs=3, seed=11, cur_shard=0, shard_count=2)   # 4+ row groups per epoch
+    with converter.make_tf_dataset(**plain) as dataset:
+        full = [_ids(b) for b in dataset]
+    per_epoch = len(full) // 3
+    assert sorted(sum(full[:per_epoch], [])) == sorted(sum(full[per_epoch:2 * per_epoch], []))
+    assert full[:per_epoch] != full[per_epoch:2 * per_epoch]          # each epoch in its own order
+    for k in (2, per_epoch, per_epoch + 1, 2 * per_epoch + 1):        # mid-epoch, at a boundary, later epochs
+        with converter.make_tf_dataset(**plain) as dataset:
+            taken = [_ids(b) for b, _ in zip(dataset, range(k))]
+            state = json.loads(json.dumps(dataset.pinstorm_position.state(k)))
+        assert taken == full[:k] and state["epoch"] == k // per_epoch
+        left = dict(plain, num_epochs=3 - state["epoch"], seed=None)  # num_epochs counts from the state's epoch
+        with converter.make_tf_dataset(**left, state=state) as resumed:
+            assert [_ids(b) for b in resumed] == full[k:]
+        if importlib.util.find_spec("torch") is not None:
+            with converter.make_torch_dataloader(**left, state=state) as loader:   # a tf state resumes torch
+                assert [_ids(b) for b in loader] == full[k:]
+    if importlib.util.find_spec("torch") is not None:
+        with converter.make_torch_dataloader(**plain) as loader:
+            it = iter(loader)
+            assert [_ids(next(it)) for _ in range(per_epoch + 2)] == full[:per_epoch + 2]
+            state = json.loads(json.dumps(loader.state_dict()))
+        assert state["streams"] == [[1, 12]]
+        with converter.make_torch_dataloader(**dict(plain, num_epochs=2), state=state) as loader:
+            assert [_ids(b) for b in loader] == full[per_epoch + 2:]
+        with converter.make_tf_dataset(**dict(plain, num_epochs=2), state=state) as resumed:   # and back to tf
+            assert [_ids(b) for b in resumed] == full[per_epoch + 2:]
+        with converter.make_torch_dataloader(**plain) as loader:   # an epoch's end is the next one's start
+            it = iter(loader)
+            assert [_ids(next(it)) for _ in range(per_epoch)] == full[:per_epoch]
+            assert loader.state_dict()["streams"] == [[1, 0]]
+        with converter.make_torch_dataloader(**plain) as loader:
+            loader.load_state_dict(state)
+            assert [_ids(b) for b in loader][:3] == full[per_epoch + 2:per_epoch + 5]
+    endless = ColumnBatches(converter.cache_dir_url, batch_size=6, num_epochs=None, shard=(0, 2), seed=11)
+    assert endless.state(10**9 * per_epoch + 1)["streams"] == [[10**9, 6]]     # whole epochs counted at once
+    with pytest.raises(ResumeStateError, match="same shard and shuffle"):
+        ColumnBatches(converter.cache_dir_url, batch_size=6, shard=(1, 2), state=state)
+    with pytest.raises(ResumeStateError, match="another dataset"):
+        ColumnBatches(converter.cache_dir_url, batch_size=6, shard=(0, 2),
+                      state=dict(state, dataset=dict(state["dataset"], digest="0" * 32)))
+    with pytest.raises(ResumeStateError, match="samples received"):
+        ColumnBatches(converter.cache_dir_url, batch_size=6, shard=(0, 2), state=dict(state, streams=[[1, 10**6]]))
+    with pytest.raises(InvalidPipelineInput, match="shuffling_queue_capacity"):
+        converter.make_tf_dataset(batch_size=4, shuffling_queue_capacity=100)
+    import pyarrow.parquet as pq
+
+    location = resolve(converter.cache_dir_url)
+    in_parts = [int(f[0]) for name in sorted(converter.info.files)
+                for f in pq.read_table(location.join(name), columns=["features"]).column("features").to_pylist()]
+    with converter.make_tf_dataset(batch_size=40, num_epochs=1, shuffling_queue_capacity=0) as stored:
+        assert [i for b in stored for i in _ids(b)] == in_parts          # 0: the stored order, no shuffling
+    converter.delete()
+
+
+def test_image_readers_name_a_tabular_dataset_and_its_columns_are_checked(spark, tmp_path):
+    """make_dataset / make_torch_loader on a tabular dataset: `InvalidPipelineInput` naming it tabular and the
+    readers that read it; a malformed ``columns`` in the info (it comes from a board) is refused."""
+    from pinstorm.pipeline import InvalidPipelineInput, MalformedDatasetError, make_dataset
+    from pinstorm.pipeline.metadata import MAX_COLUMNS, check_info
+
+    converter = make_spark_converter(_tabular(spark, rows=12), cache_url=tmp_path / "cache")
+    with pytest.raises(InvalidPipelineInput, match="tabular dataset .*no image column.*ColumnBatches"):
+        make_dataset(converter.cache_dir_url, batch_size=4, image_size=16)
+    if importlib.util.find_spec("torch") is not None:
+        from pinstorm.pipeline import make_torch_loader
+
+        with pytest.raises(InvalidPipelineInput, match="tabular dataset .*make_torch_loader"):
+            make_torch_loader(converter.cache_dir_url, batch_size=4, image_size=16)
+    raw = json.loads(json.dumps(dict(read_info(resolve(converter.cache_dir_url)))))
+    check_info(raw, "here")                                     # the dataset's own is whole
+    for columns, message in ((None, "must list its 'columns'"), ([], "1 to"), ("features", "1 to"),
+                             ([1, 2], "list of strings"), (["a", "a"], "twice"), ([""], "1 to 1024 characters"),
+                             (["x" * 1025], "1 to 1024 characters"), (["c"] * (MAX_COLUMNS + 1), "1 to")):
+        with pytest.raises(MalformedDatasetError, match=message):
+            check_info(dict(raw, columns=columns), "here")
+    image_info = dict(raw, checksum="xxh3_128 of image bytes and label")
+    with pytest.raises(MalformedDatasetError, match="belongs to tabular datasets"):
+        check_info(image_info, "here")
+    converter.delete()
+
+
+def test_petastorms_own_batch_reader_reads_a_tabular_dataset(spark, tmp_path):
+    """The migration path backwards: petastorm 0.13's ``make_batch_reader`` reads the converter's tabular
+    dataset (no Unischema pickle in it: petastorm infers the schema from Parquet) and gets every row."""
+    petastorm = pytest.importorskip("petastorm")
+    from pinstorm.pipeline.epochs import quiet_petastorm
+    from pinstorm.pipeline.metadata import UNISCHEMA_KEY, read_common_metadata
+
+    df = _tabular(spark, rows=30)
+    converter = make_spark_converter(df, cache_url=tmp_path / "cache", row_group_bytes=300)
+    assert UNISCHEMA_KEY not in read_common_metadata(resolve(converter.cache_dir_url))   # nothing to unpickle
+    quiet_petastorm()
+    rows = []
+    with petastorm.make_batch_reader(converter.cache_dir_url, num_epochs=1, reader_pool_type="dummy") as reader:
+        for batch in reader:
+            assert set(batch._fields) == {"features", "label", "ts"}
+            rows += [(list(map(float, f)), int(y), t) for f, y, t in zip(batch.features, batch.label, batch.ts)]
+    expected = sorted((list(map(float, r.features)), r.label) for r in df.collect())
+    assert sorted((f, y) for f, y, _ in rows) == expected
+    converter.delete()
+
+
+def test_the_tabular_checksum_covers_values_whatever_the_buffers():
+    """`column_digest`: the table written and the one read back from Parquet (other offsets, padding, bytes
+    under nulls) agree, slices included; one changed value, nested or not, changes it."""
+    import datetime
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pinstorm.pipeline.column_digest import columns_digest
+
+    utc = datetime.timezone.utc
+    table = pa.table({
+        "f": pa.array([[1.0, 2.0], None, [3.0, 4.0], []], pa.list_(pa.float32())),
+        "s": pa.array([{"a": 1, "b": "x"}, None, {"a": None, "b": "y"}, {"a": 4, "b": ""}]),
+        "m": pa.array([[("k", 1)], None, [], [("a", 2), ("b", 3)]], pa.map_(pa.string(), pa.int64())),
+        "t": pa.array([datetime.datetime(2020, 1, 1, tzinfo=utc), None, None,
+                       datetime.datetime(2021, 1, 1, tzinfo=utc)], pa.timestamp("us", tz="UTC")),
+        "i": pa.array([1, None, 3, 4], pa.int32()), "x": pa.array([b"ab", None, b"", b"c"])})
+    out = io.BytesIO()
+    pq.write_table(table, out)
+    back = pq.read_table(io.BytesIO(out.getvalue()))
+    assert columns_digest(back) == columns_digest(table)
+    assert columns_digest(back.slice(1, 2)) == columns_digest(table.slice(1, 2)) != columns_digest(table)
+    changed = table.set_column(2, "m", pa.array([[("k", 1)], None, [], [("a", 2), ("b", 4)]],
+                                                pa.map_(pa.string(), pa.int64())))
+    assert columns_digest(changed) != columns_digest(table)
+    moved_null = table.set_column(4, "i", pa.array([1, 3, None, 4], pa.int32()))
+    assert columns_digest(moved_null) != columns_digest(table)
+
+
+# Databricks' documented petastorm example, as a user has it; the test changes its import line only.
+PETASTORM_SCRIPT = """
+import tensorflow as tf
+from petastorm.spark import SparkDatasetConverter, make_spark_converter
+
+spark.conf.set(SparkDatasetConverter.PARENT_CACHE_DIR_URL_CONF, CACHE_DIR)
+converter_train = make_spark_converter(df_train)
+
+model = tf.keras.Sequential([tf.keras.Input(shape=(3,)), tf.keras.layers.Dense(2)])
+model.compile(optimizer="sgd", loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+with converter_train.make_tf_dataset(batch_size=BATCH_SIZE) as dataset:
+    dataset = dataset.map(lambda x: (x.features, x.label))
+    history = model.fit(dataset, steps_per_epoch=len(converter_train) // BATCH_SIZE, epochs=2, verbose=0)
+
+with converter_train.make_torch_dataloader(batch_size=BATCH_SIZE) as dataloader:
+    dataloader_iter = iter(dataloader)
+    for step in range(3):
+        pd_batch = next(dataloader_iter)
+        inputs, labels = pd_batch["features"], pd_batch["label"]
+        seen.append((tuple(inputs.shape), tuple(labels.shape)))
+converter_train.delete()
+"""
+
+
+def test_a_petastorm_users_script_runs_with_only_the_import_changed(spark, tmp_path):
+    pytest.importorskip("torch")
+    script = PETASTORM_SCRIPT.replace("from petastorm.spark import", "from pinstorm.pipeline import")
+    assert sum(a != b for a, b in zip(script.splitlines(), PETASTORM_SCRIPT.splitlines())) == 1
+    scope = {"spark": spark, "df_train": _tabular(spark), "CACHE_DIR": (tmp_path / "cache").as_uri(),
+             "BATCH_SIZE": 8, "seen": []}
+    try:
+        exec(compile(script, "petastorm_user_script.py", "exec"), scope)
+    finally:
+        spark.conf.unset(spark_converter.PARENT_CACHE_DIR_URL_CONF)
+    assert len(scope["history"].history["loss"]) == 2
+    assert scope["seen"] == [((8, 3), (8,))] * 3
+    assert list((tmp_path / "cache").iterdir()) == []
 
 
 def _python_workers() -> list[int]:

@@ -405,3 +405,205 @@ def test_streams_from_gcs_and_a_gcs_board_pin(dataset, isolated_pinstorm):
         part_cache.reset_counters()
         assert _rows("board://g/ds", epochs=1, stream=True, cache_limit=30_000) == got
         assert part_cache.COUNTERS.fetches == PARTS
+
+
+# ---- HTTP boards: data.txt and URL boards stream a pin's parts through the board's own client -----------
+
+API_KEY = "k3y-S3CRET-streaming"
+
+
+def _recording(proxy, redirect: dict | None = None) -> list:
+    """The (path, lower-cased headers) of every request `proxy` answers; paths matching a key of `redirect`
+    are answered with a 302 to the value + path instead."""
+    seen, base = [], proxy._httpd.RequestHandlerClass
+
+    class Recording(base):
+        def _answer(self):
+            seen.append((self.path, {k.lower(): v for k, v in self.headers.items()}))
+            for pattern, target in (redirect or {}).items():
+                if re.search(pattern, self.path):
+                    self.owner.ranges.append((self.path, self.headers.get("Range")))
+                    self.send_response(302)
+                    self.send_header("Location", target + self.path)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+            super()._answer()
+
+    proxy._httpd.RequestHandlerClass = Recording
+    return seen
+
+
+@pytest.fixture(params=["datatxt", "url"])
+def http_pin(dataset, tmp_path, request):
+    """(board:// URL of the dataset pinned to a folder board served over HTTP behind a fault proxy and
+    registered as a data.txt board or a URL board reading its _pins.yaml, the proxy, the served version
+    folder, the dataset's part bytes, the requests the proxy saw)."""
+    from pinstorm import boards
+
+    local, info = dataset
+    folder = tmp_path / "served"
+    boards.board_register("local", name="src", path=folder).pin(
+        sorted(str(p) for p in Path(local).iterdir()), name="ds", type="files")
+    (version,) = [p for p in (folder / "ds").iterdir() if p.is_dir()]
+    with boards.serve_board(folder) as base, FaultProxy(base) as proxy:
+        seen = _recording(proxy)
+        if request.param == "datatxt":
+            boards.board_register("datatxt", name="web", url=proxy.endpoint, headers={"X-Api-Key": API_KEY})
+        else:
+            boards.board_register(proxy.endpoint, name="web", index="manifest", headers={"X-Api-Key": API_KEY})
+        part_cache.reset_counters()
+        yield "board://web/ds", proxy, version, sum(e["bytes"] for e in info["files"].values()), seen
+
+
+def test_an_http_board_pin_streams_the_same_rows_within_the_limit(dataset, http_pin, isolated_pinstorm):
+    local, info = dataset
+    url, proxy, version, total, seen = http_pin
+    limit = total // 4 + 1024
+    assert _rows(url, stream=True, cache_limit=limit) == _rows(local)
+    counters = part_cache.COUNTERS
+    assert counters.peak_bytes <= limit and counters.evicted > 0
+    assert _cache_bytes(isolated_pinstorm / "cache" / "parts") <= limit
+    assert _part_bytes(proxy) == counters.fetched_bytes == 2 * total
+    parts = [(p, h) for p, h in proxy.ranges if "/part-" in p]
+    assert parts and all(h for _, h in parts)   # ranged reads only: no part fetched whole
+    # the files come from the pin's metadata: nothing asked of the version folder itself (no listing)
+    asked = {p.split("?")[0] for p, _ in seen}
+    assert not [p for p in asked if p.rstrip("/").endswith(version.name)]
+    assert {p.rsplit("/", 1)[-1] for p in asked if version.name in p} <= set(info["files"]) | {"_common_metadata",
+                                                                                                "data.txt"}
+    assert not list((isolated_pinstorm / "cache").glob("web/**/part-*"))   # the pin was not fetched whole
+    assert all(h.get("x-api-key") == API_KEY for _, h in seen)   # the board's headers, on its origin
+
+
+def test_an_http_board_pin_part_that_fails_its_checksum_is_fetched_again_once_then_named(dataset, http_pin):
+    url, proxy, version, total, _ = http_pin
+    _, info = dataset
+    name = sorted(info["files"])[2]
+    data = bytearray((version / name).read_bytes())
+    data[len(data) // 3] ^= 0xFF   # same size: the metadata's size still matches
+    (version / name).write_bytes(bytes(data))
+    with pytest.raises(CorruptPartError, match=re.escape(name) + ".*after fetching it twice"):
+        _rows(url, epochs=1, stream=True, cache_limit=10 * total, shuffle=False)
+    assert part_cache.COUNTERS.refetched == 1
+    assert sum(1 for path, header in proxy.ranges if path.endswith(name) and header) == 2
+
+
+def test_an_http_board_pin_resumes_a_dropped_connection_with_a_ranged_read(dataset, http_pin, monkeypatch):
+    local, info = dataset
+    url, proxy, version, total, _ = http_pin
+    monkeypatch.setattr(part_cache, "BLOCK", 4096)   # several ranged reads per part
+    name = sorted(info["files"])[1]
+    proxy.truncate(re.escape(name) + "$", times=1)
+    assert _rows(url, epochs=1, stream=True, cache_limit=10**6) == _rows(local, epochs=1)
+    assert part_cache.COUNTERS.resumed == 1 and part_cache.COUNTERS.fetches == PARTS
+    starts = [int(h.split("=")[1].split("-")[0]) for p, h in proxy.ranges if p.endswith(name) and h]
+    assert len(starts) == len(set(starts)) + 1 and starts == sorted(starts)   # the cut block asked again, once
+    assert [p for p, h in proxy.ranges if p.endswith(name) and not h] == []   # never the whole file
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_a_torch_loader_with_workers_streams_an_http_board_pin(dataset, http_pin, context, isolated_pinstorm):
+    """Forked workers make their own HTTP session; spawned ones get the board's storage pickled."""
+    local, _ = dataset
+    url, proxy, version, total, _ = http_pin
+    kw = dict(epochs=1, num_workers=2, multiprocessing_context=context)
+    assert _ids(url, stream=True, cache_limit=total // 2, **kw) == _ids(local, **kw)
+    assert 0 < _cache_bytes(isolated_pinstorm / "cache" / "parts") <= total // 2
+    assert all(h for p, h in proxy.ranges if "/part-" in p)
+
+
+def test_make_dataset_streams_an_http_board_pin(dataset, http_pin):
+    pytest.importorskip("tensorflow")
+    from pinstorm.pipeline import make_dataset
+
+    local, _ = dataset
+    url, proxy, version, total, _ = http_pin
+
+    def rows(where, **kw):
+        ds = make_dataset(where, batch_size=8, image_size=16, seed=5, num_epochs=2, return_ids=True, **kw)
+        return [(int(i), int(y)) for _, labels, ids in ds for i, y in zip(ids.numpy(), labels.numpy())]
+
+    assert rows(url, stream=True, cache_limit=total // 3) == rows(local)
+    assert part_cache.COUNTERS.peak_bytes <= total // 3 and _part_bytes(proxy) == 2 * total
+
+
+def test_the_board_credentials_stay_on_its_origin_when_a_part_redirects(dataset, tmp_path):
+    """A part answered with a redirect to another origin: followed without the board's headers."""
+    from pinstorm import boards
+
+    local, info = dataset
+    folder = tmp_path / "served"
+    boards.board_register("local", name="src", path=folder).pin(
+        sorted(str(p) for p in Path(local).iterdir()), name="ds", type="files")
+    name = sorted(info["files"])[0]
+    with boards.serve_board(folder) as base, FaultProxy(base) as home, FaultProxy(base) as away:
+        at_home = _recording(home, redirect={re.escape(name) + "$": away.endpoint})
+        elsewhere = _recording(away)
+        boards.board_register("datatxt", name="web", url=home.endpoint, headers={"X-Api-Key": API_KEY})
+        assert _rows("board://web/ds", epochs=1, stream=True, cache_limit=10**6) == _rows(local, epochs=1)
+    assert at_home and all(h.get("x-api-key") == API_KEY for _, h in at_home)
+    assert [p for p, _ in elsewhere] and all(p.endswith(name) for p, _ in elsewhere)   # the redirect was followed
+    assert all("x-api-key" not in h and h.get("range") for _, h in elsewhere)
+
+
+def test_a_kaggle_board_pin_is_refused_with_stream(monkeypatch, tmp_path):
+    from pinstorm import boards
+    from pinstorm.pipeline.errors import InvalidPipelineInput
+
+    for var in ("KAGGLE_USERNAME", "KAGGLE_KEY", "KAGGLE_API_TOKEN", "PINSTORM_KAGGLE_ENDPOINT"):
+        monkeypatch.delenv(var, raising=False)
+    boards.board_register("kaggle", name="k", endpoint="http://127.0.0.1:9", cache=tmp_path / "kc", retries=0)
+    with pytest.raises(InvalidPipelineInput, match=r"board://k/ds: a kaggle board cannot stream parts; read it with "
+                                                   r"stream=False"):
+        _rows("board://k/ds", epochs=1, stream=True, cache_limit=10**6)
+
+
+_HTTP_READER = textwrap.dedent("""
+    import json, sys
+    from pinstorm import boards
+    from pinstorm.pipeline import part_cache
+    from pinstorm.pipeline.epochs import open_epochs
+    boards.board_register("datatxt", name="web", url=sys.argv[1])
+    source = open_epochs("board://web/ds", None, shuffle=True, seed=3, stream=True, cache_limit=int(sys.argv[2]))
+    ids = [int(label) for _, labels in source(0) for label in labels]
+    print(json.dumps({"ids": ids, "fetched": part_cache.COUNTERS.fetched_bytes}))
+""")
+
+
+def test_local_ranks_fetch_each_part_of_an_http_board_pin_once(dataset, tmp_path, isolated_pinstorm):
+    import json
+
+    from pinstorm import boards
+
+    local, info = dataset
+    total = sum(e["bytes"] for e in info["files"].values())
+    folder = tmp_path / "served"
+    boards.board_register("local", name="src", path=folder).pin(
+        sorted(str(p) for p in Path(local).iterdir()), name="ds", type="files")
+    env = {**os.environ, "PINSTORM_CACHE": str(isolated_pinstorm / "cache"), "LOCAL_WORLD_SIZE": "3"}
+    with boards.serve_board(folder) as base, FaultProxy(base) as proxy:
+        proxy.delay(r"/part-\d+\.parquet$", 0.2, method="GET")   # downloads overlap: ranks wait on one another's
+        ranks = [subprocess.Popen([sys.executable, "-c", _HTTP_READER, proxy.endpoint, str(10 * total)], env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(3)]
+        results = []
+        for rank in ranks:
+            out, err = rank.communicate(timeout=300)
+            assert rank.returncode == 0, err[-3000:]
+            results.append(json.loads(out.strip().splitlines()[-1]))
+    assert results[0]["ids"] == results[1]["ids"] == results[2]["ids"] and len(results[0]["ids"]) == 50
+    assert _part_bytes(proxy) == total == sum(r["fetched"] for r in results)
+
+
+def test_an_http_board_version_naming_a_file_outside_its_folder_is_refused(dataset, http_pin):
+    from pinstorm.boards.errors import MalformedMetadata
+
+    url, proxy, version, total, seen = http_pin
+    meta = version / "data.txt"
+    text = meta.read_text()
+    assert "_common_metadata" in text
+    meta.write_text(text.replace("_common_metadata", "../../_common_metadata", 1))
+    seen.clear()
+    with pytest.raises(MalformedMetadata, match=r"'\.\./\.\./_common_metadata' points outside the version folder"):
+        _rows(url, epochs=1, stream=True, cache_limit=10**6)
+    assert not [p for p, _ in seen if "_common_metadata" in p or "/part-" in p]   # nothing fetched

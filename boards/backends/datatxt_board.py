@@ -336,6 +336,57 @@ class DatatxtStorage(StorageBase):
         self._download(self._version_url(name, version) + file, dest, size=self._declared_size(name, version, file),
                        what=f"pin {name!r} version {version} file {file!r} of board {self.name!r}", offset=offset)
 
+    def file_url(self, name: str, version: str, file: str) -> str:
+        """The URL of one file of a version, inside the version's folder (`paths.check_relative`).
+
+        Args:
+            name: The pin's name.
+            version: A version name from `list_versions`.
+            file: A file name from the version's metadata.
+
+        Returns:
+            The file's URL (credentials left out: the session adds them, on the board's origin only).
+        """
+        paths.check_relative(file, pin=name, board=self.url)
+        if version == LEGACY:
+            return self._abs(self._legacy_meta(self._entry(name, revalidate=False)).extra["base_url"] + file, pin=name)
+        return self._version_url(name, version) + file
+
+    def read_range(self, name: str, version: str, file: str, start: int, end: int) -> bytes:
+        """Bytes `start` to `end` (exclusive) of one file of a version, by one ranged GET through the board's
+        client: a reader that streams a pin's files part by part (`pipeline.part_cache`) fetches no file whole.
+
+        Args:
+            name: The pin's name.
+            version: A version name from `list_versions`.
+            file: A file name from the version's metadata.
+            start: The first byte.
+            end: One past the last byte.
+
+        Returns:
+            At most ``end - start`` bytes; fewer when the connection dropped mid-body (the caller resumes).
+
+        Raises:
+            DownloadError: Unreachable, an HTTP error (``status`` 404: no such file), or a server that ignored
+                the Range and answered with another part of the file.
+        """
+        if end <= start:
+            return b""
+        url = self.file_url(name, version, file)
+        with self._request(url, headers={"Range": f"bytes={start}-{end - 1}"}) as r:
+            if r.status_code != 206 or not r.headers.get("Content-Range", "").startswith(f"bytes {start}-"):
+                raise DownloadError(f"{url} answered a request for bytes {start}-{end - 1} with HTTP {r.status_code} "
+                                    f"and Content-Range {r.headers.get('Content-Range')!r}: the server must honour "
+                                    "Range requests to stream", url=url, status=r.status_code)
+            data = bytearray()
+            try:
+                for block in bounded_blocks(r, url, cap=end - start, limits=self.limits, chunk=1 << 16):
+                    data += block
+            except DownloadError as e:   # cut off: what arrived is kept, the caller asks for the rest
+                if not data:
+                    raise DownloadError(self._scrub(str(e)), url=url, status=e.status) from None
+            return bytes(data)
+
     # ---- legacy (unversioned, mutable) pins ----------------------------------------------
     def _legacy_meta(self, entry: dict) -> PinMeta:
         path = str(entry["path"])

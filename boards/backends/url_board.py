@@ -164,6 +164,12 @@ class UrlStorage(DatatxtStorage):
         self._download(url, dest, size=self._declared_size(name, version, file),  # the board's one HTTP client
                        what=f"pin {name!r} version {version} file {file!r} of board {self.name!r}", offset=offset)
 
+    def file_url(self, name: str, version: str, file: str) -> str:
+        """As DatatxtStorage's; an R legacy version's files sit in the pin's `_versions/<sha1>/` folder."""
+        if not self._is_legacy_version(name, version):
+            return super().file_url(name, version, file)
+        return self._legacy_version_url(name, version) + check_relative(file, pin=name, board=self.url)
+
     def direct_fetch(self, name: str, version: str | None, *, download: bool) -> tuple[PinMeta, Path] | None:
         """The current copy of an R legacy pin comes directly (see DatatxtStorage); a version of one
         is immutable (named by its content), so it is cached like pins 1.x versions."""
