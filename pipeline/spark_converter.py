@@ -506,15 +506,20 @@ def arrow_field(field):
     Arrow transfers use), for every type Spark hands to Arrow (timestamps with and without time zone,
     dates, decimals, arrays, structs, maps, nested); `SparkConverterError` for the few it cannot (intervals
     of months, user-defined types)."""
+    import inspect
+
     from pyspark.sql.pandas.types import to_arrow_type
 
+    # pyspark 4 asks for the time zone of timestamps (an AssertionError without one); 3.5 always gives UTC
+    options = {"timezone": "UTC"} if "timezone" in inspect.signature(to_arrow_type).parameters else {}
     try:
         with warnings.catch_warnings():   # pyspark 3.5 compares versions with distutils' deprecated classes
             warnings.simplefilter("ignore", DeprecationWarning)
-            return pa.field(field.name, to_arrow_type(field.dataType), nullable=field.nullable)
+            return pa.field(field.name, to_arrow_type(field.dataType, **options), nullable=field.nullable)
     except Exception as error:  # noqa: BLE001 - pyspark's TypeError / PySparkTypeError, by version
+        reason = (str(error).splitlines() or [type(error).__name__])[0][:200]
         raise SparkConverterError(f"column {field.name!r} is {field.dataType.simpleString()}, which Spark cannot "
-                                  f"hand to Arrow ({str(error).splitlines()[0][:200]}); cast or drop it") from None
+                                  f"hand to Arrow ({reason}); cast or drop it") from None
 
 
 def _extra_columns(df, used: list[str], extra_cols) -> list:
