@@ -325,12 +325,13 @@ def test_a_tabular_dataframe_reads_as_petastorm_batches_sharded_and_in_exact_epo
     ragged = spark.createDataFrame([([1.0, 2.0], {"k": 1}), ([3.0], {"k": 2})],
                                    "seq array<double>, m map<string, int>")
     odd = make_spark_converter(ragged.repartition(1), cache_url=tmp_path / "cache")
-    with pytest.raises(ColumnError, match="column 'seq' holds arrays of different lengths"):
-        next(iter(odd.make_torch_dataloader(batch_size=2, num_epochs=1, columns=["seq"])))
     with pytest.raises(ColumnError, match="column 'm' holds structs or maps"):
         odd.make_tf_dataset(batch_size=2, columns=["m"])
-    maps = [b["m"] for b in odd.make_torch_dataloader(batch_size=2, num_epochs=1, columns=["m"], shuffle=False)]
-    assert sorted(maps[0]) == [[("k", 1)], [("k", 2)]]                   # torch: Python objects
+    if importlib.util.find_spec("torch") is not None:   # the modern environment has no torch
+        with pytest.raises(ColumnError, match="column 'seq' holds arrays of different lengths"):
+            next(iter(odd.make_torch_dataloader(batch_size=2, num_epochs=1, columns=["seq"])))
+        maps = [b["m"] for b in odd.make_torch_dataloader(batch_size=2, num_epochs=1, columns=["m"], shuffle=False)]
+        assert sorted(maps[0]) == [[("k", 1)], [("k", 2)]]               # torch: Python objects
     odd.delete()
 
 
