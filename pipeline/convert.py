@@ -508,7 +508,14 @@ def write_part_file(location, name: str, groups, advance=None, tmp_name: str | N
         close = getattr(groups, "close", None)   # a generator: its read-ahead is cancelled
         if close is not None:
             close()
-    if file_digest is None:   # local: read back from the page cache, at GB/s
+    return finish_part(location, tmp, name, entry, file_digest)
+
+
+def finish_part(location, tmp: str, name: str, entry: dict, file_digest=None) -> dict:
+    """A written part's temporary file `tmp` renamed to `name`, and its size, footer checksum and whole-file
+    xxh3-128 recorded in `entry` (`file_digest`: hashed while written to a remote store; None: a local file,
+    read back from the page cache, at GB/s). Shared by every writer of parts (`write_part_file`, Spark's)."""
+    if file_digest is None:
         file_digest = xxhash.xxh3_128()
         with open(tmp, "rb") as written:
             for block in iter(lambda: written.read(1 << 22), b""):

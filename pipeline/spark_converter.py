@@ -51,12 +51,12 @@ from pinstorm.boards.safety import secrets
 from .column_digest import TABLE_CHECKSUM, columns_digest
 from .contracts import DatasetInfo
 from .convert import (SparkConverterError, _attempt_tmp_name, _Hashing, _remove_attempt_temporaries, _run_job,
-                      commit_dataset, write_part_file)
+                      commit_dataset, finish_part, write_part_file)
 from .errors import InvalidPipelineInput
 from .images import DEFAULT_MAX_PIXELS, DOWNSCALE_QUALITY, UndecodableImage, check_image
 from .metadata import COMMON_METADATA, part_name
 from .storage import resolve
-from .verify import footer_digest, writer_options
+from .verify import writer_options
 
 log = secrets.logger(__name__)
 
@@ -175,16 +175,7 @@ def write_table_part(location, name: str, tables, *, schema, tmp_name: str) -> d
                 entry["rows"] += len(table)
                 entry["row_group_rows"].append(len(table))
                 entry["row_group_xxh3"].append(columns_digest(table))
-    if file_digest is None:   # local: read back from the page cache
-        file_digest = xxhash.xxh3_128()
-        with open(tmp, "rb") as written:
-            for block in iter(lambda: written.read(1 << 22), b""):
-                file_digest.update(block)
-    location.fs.mv(tmp, location.join(name))
-    entry["bytes"] = location.fs.size(location.join(name))
-    entry["footer_xxh3"] = footer_digest(location.fs, location.join(name), entry["bytes"])
-    entry["xxh3"] = file_digest.hexdigest()
-    return entry
+    return finish_part(location, tmp, name, entry, file_digest)
 
 
 def _row_groups(batches, schema, row_group_bytes: int):
