@@ -47,10 +47,11 @@ demo: $(STAMP)  ## the main job: digits -> pins -> HTTP board -> Parquet -> Alex
 	$(BIN)/pinstorm demo --output demo-output/$$(date +%Y%m%dT%H%M%S)
 
 # TEST_WORKERS=N spreads test files over N processes (pytest-xdist, a whole file to one process: module
-# fixtures such as a Spark session are made once): for machines with cores to spare. Default 0, one
-# process: on CI's 2 cores, with the modern and core suites beside it, 2 workers each for the full and
-# modern suites made the run slower, not faster (the CPUs were the limit, not waiting).
-TEST_WORKERS ?= 0
+# fixtures such as a Spark session are made once); 0 runs one process. Default 2: most of the suite
+# waits (servers, subprocesses, Spark), so two processes overlap the waits even on 2 cores. It paid
+# only once the tests stopped letting PyTorch's OpenMP threads spin (tests/conftest.py): spinning
+# threads had filled every idle core, so that 2 workers were no faster than 1.
+TEST_WORKERS ?= 2
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
 test: $(STAMP) test-servers  ## the whole test suite in the full environment (what CI runs, with test-modern)

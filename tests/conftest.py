@@ -13,6 +13,11 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ["PINSTORM_PROGRESS"] = "0"
+# PyTorch's OpenMP threads spin while they wait for work. With the three CI suites sharing two cores
+# that spinning took the cores from the other suites: a torch training loop beside one busy process
+# used 2.3-2.8x the CPU seconds of the same loop with passive waits (same results). Set before any
+# test imports torch, and inherited by the subprocesses tests start (docs examples, Spark workers).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 sys.path.insert(0, str(Path(__file__).parent))  # so tests can import the `servers` helpers
 
 # The boards core runs its tests without the heavier extras (CI does, on the oldest Python): the

@@ -47,6 +47,22 @@ def test_alexnet_scales_down_for_small_inputs(side):
     assert model.features[0].out_channels == 24 and model.classifier[2].out_features == 1024
 
 
+@pytest.mark.parametrize("size", [5, 4, 1])
+def test_alexnets_lrn_is_torchs_local_response_norm(size):
+    from pinstorm.training.torch_models import ChannelLRN
+
+    x = torch.randn(3, 7, 5, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(size), requires_grad=True)
+    ours, theirs = ChannelLRN(size, 5e-2, 0.75, 1.5)(x), torch.nn.LocalResponseNorm(size, 5e-2, 0.75, 1.5)(x)
+    torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
+    weights = torch.rand_like(ours)
+    torch.testing.assert_close(torch.autograd.grad((ours * weights).sum(), x)[0],
+                               torch.autograd.grad((theirs * weights).sum(), x)[0], rtol=1e-12, atol=1e-12)
+    # half precision: summed in float32, so activations whose squares float16 cannot hold still normalise
+    big = (x.detach() * 1000).to(torch.float16)
+    torch.testing.assert_close(ChannelLRN(size, 5e-2, 0.75, 1.5)(big).float(),
+                               torch.nn.LocalResponseNorm(size, 5e-2, 0.75, 1.5)(big.double()).float(), rtol=2e-3, atol=1e-3)
+
+
 def test_resnet_small_and_refusals():
     model = build_torch_model("resnet_small", 10, 32, width=0.5, blocks=1)
     assert model(torch.zeros(2, 3, 32, 32)).shape == (2, 10)
