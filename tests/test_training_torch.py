@@ -61,6 +61,12 @@ def test_alexnets_lrn_is_torchs_local_response_norm(size):
     big = (x.detach() * 1000).to(torch.float16)
     torch.testing.assert_close(ChannelLRN(size, 5e-2, 0.75, 1.5)(big).float(),
                                torch.nn.LocalResponseNorm(size, 5e-2, 0.75, 1.5)(big.double()).float(), rtol=2e-3, atol=1e-3)
+    with torch.autocast("cpu", dtype=torch.bfloat16):   # mixed precision: normalised in float32 all the same
+        mixed = ChannelLRN(size, 5e-2, 0.75, 1.5)(x.detach().float() * 1000)
+    torch.testing.assert_close(mixed.double(), torch.nn.LocalResponseNorm(size, 5e-2, 0.75, 1.5)(x.detach() * 1000),
+                               rtol=1e-5, atol=1e-6)
+    with torch.device("meta"):   # how load_experiment sizes a model before reading its weights
+        assert ChannelLRN(size)(torch.zeros(1, 7, 5, 6)).shape == (1, 7, 5, 6)
 
 
 def test_resnet_small_and_refusals():

@@ -440,6 +440,8 @@ def _write_variant(path: Path, spec: dict, victim: Path) -> None:
             layout[...] = h5py.VirtualSource(str(victim), "d", shape)
             f.create_virtual_dataset(where, layout)
         elif spec["layout"] == "external":
+            if not shape:   # h5py drops `external` for a scalar and stores it in the file: no such variant
+                raise ValueError("a scalar cannot be stored externally")
             f.create_dataset(where, shape, dtype, external=[(str(victim), 0, h5py.h5f.UNLIMITED)])
         elif spec["layout"] == "compact":
             plist = h5py.h5p.create(h5py.h5p.DATASET_CREATE)

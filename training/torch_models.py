@@ -55,13 +55,19 @@ class ChannelLRN(nn.Module):
 
     def forward(self, x):
         # in float32 under mixed precision: a sum of squares overflows float16 long before the activations do
-        with torch.autocast(x.device.type, enabled=False):
-            wide = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
-            channels = torch.arange(x.shape[1], device=x.device)
-            offset = channels[None, :] - channels[:, None]    # [out, in]: input channel minus output channel
-            band = ((offset >= -(self.size // 2)) & (offset <= (self.size - 1) // 2)).to(wide.dtype)
-            sums = torch.nn.functional.conv2d(wide * wide, band[:, :, None, None])
-            return (wide / (self.k + (self.alpha / self.size) * sums).pow(self.beta)).to(x.dtype)
+        device = x.device.type
+        if torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device):
+            with torch.autocast(device, enabled=False):
+                return self._normalized(x)
+        return self._normalized(x)
+
+    def _normalized(self, x):
+        wide = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+        channels = torch.arange(x.shape[1], device=x.device)
+        offset = channels[None, :] - channels[:, None]    # [out, in]: input channel minus output channel
+        band = ((offset >= -(self.size // 2)) & (offset <= (self.size - 1) // 2)).to(wide.dtype)
+        sums = torch.nn.functional.conv2d(wide * wide, band[:, :, None, None])
+        return (wide / (self.k + (self.alpha / self.size) * sums).pow(self.beta)).to(x.dtype)
 
 
 def _normalize(kind: str | None, channels: int) -> nn.Module:
