@@ -18,6 +18,12 @@ os.environ["PINSTORM_PROGRESS"] = "0"
 # used 2.3-2.8x the CPU seconds of the same loop with passive waits (same results). Set before any
 # test imports torch, and inherited by the subprocesses tests start (docs examples, Spark workers).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# One intra-op thread per test process (torch, TensorFlow, BLAS). CI runs six test processes on two
+# cores: an op split over two threads then waits for whichever was descheduled, op after op. Beside
+# three busy loops the torch demo trained in 136 s with one thread against 317 s with two, and two
+# Keras fits took 85 against 108 s (same results): more threads than free cores only add waiting.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).parent))  # so tests can import the `servers` helpers
 
 # The boards core runs its tests without the heavier extras (CI does, on the oldest Python): the

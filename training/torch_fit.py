@@ -404,8 +404,8 @@ def train_torch(
     DataLoader processes per rank. ``checkpoint_dir``: resume from its checkpoint when one exists,
     save one after every epoch, remove it after a finished run. ``callbacks``: functions called
     on every rank as ``fn(epoch, logs)`` after each epoch (``logs``: the epoch's metrics).
-    ``threads``: torch's intra-op threads (default under DDP on CPU: the cores shared by the
-    ranks on this machine). ``backup_every=N`` (with ``checkpoint_dir``): also back up every N steps
+    ``threads``: torch's intra-op threads (default under DDP on CPU: ``OMP_NUM_THREADS`` where set,
+    torch's own setting, else the cores shared by the ranks on this machine). ``backup_every=N`` (with ``checkpoint_dir``): also back up every N steps
     within an epoch, with every rank's input position (``loader.state_dict()``), the epoch's partial
     metrics and the random state; a run killed mid-epoch resumes with exactly the samples it had not
     trained on (on another number of ranks: every one of them once; ranks that each read a dataset of
@@ -436,7 +436,8 @@ def train_torch(
             (`init_distributed`).
         probe_timeout: Seconds the NCCL all-reduce probe may take before it counts as failed.
         fallback: Fall back to gloo when the NCCL probe fails (False: raise ``BackendProbeError``).
-        threads: torch's intra-op threads (None: under DDP on CPU, the cores shared by this machine's ranks).
+        threads: torch's intra-op threads (None: under DDP on CPU, ``OMP_NUM_THREADS`` where set, else
+            the cores shared by this machine's ranks).
         callbacks: Functions called on every rank as ``fn(epoch, logs)`` after each epoch.
         backup_every: With ``checkpoint_dir``, also back up every that many steps within an epoch
             (None: after each epoch only).
@@ -499,7 +500,8 @@ def _train(model_name, url, validation_data, *, choice, epochs, batch_size, imag
     rank, world = (choice.rank, choice.world_size) if distributed else (0, 1)
     device = _device_for(choice.backend) if distributed else torch.device("cuda" if torch.cuda.is_available()
                                                                             else "cpu")
-    if threads is None and distributed and device.type == "cpu":
+    # an OMP_NUM_THREADS of the user's (or torchrun's 1 a rank) is torch's own setting and stays
+    if threads is None and distributed and device.type == "cpu" and not os.environ.get("OMP_NUM_THREADS"):
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE") or world)
         threads = max(1, (os.cpu_count() or 1) // max(local_world, 1))
     if threads:
