@@ -55,10 +55,11 @@ def _autocast_agreement(torch, device: str) -> dict:
 
     x = torch.randn(8, 96, 55, 55, generator=torch.Generator().manual_seed(0)).to(device) * 300
     reference = torch.nn.LocalResponseNorm(**LRN)(x)
+    modules = {"ChannelLRN": ChannelLRN(**LRN), "nn.LocalResponseNorm": torch.nn.LocalResponseNorm(**LRN)}
     found = {}
     for dtype in (torch.float16, torch.bfloat16):
         with torch.autocast(device, dtype=dtype):
-            for name, module in (("ChannelLRN", ChannelLRN(**LRN)), ("nn.LocalResponseNorm", torch.nn.LocalResponseNorm(**LRN))):
+            for name, module in modules.items():
                 y = module(x.to(dtype)).float()
                 error = ((y - reference).abs() / reference.abs().clamp_min(1e-6)).max().item()
                 found[f"{name} under {str(dtype).split('.')[-1]} autocast: max relative error"] = error

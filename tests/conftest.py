@@ -54,8 +54,8 @@ if os.environ.get("CI"):
 
 # The longest test modules first (seconds in CI, slowest first), the rest in their usual order.
 # `make test` hands whole modules to its test processes in collection order (xdist's --dist
-# loadfile), so a long module collected last ran alone at the end while the other process sat idle:
-# longest first, the short ones fill in around them.
+# loadfile): longest first, no long module is left to run alone at the end while the other process
+# sits idle (wall time where cores are free; on CI's two saturated cores it measured the same).
 LONGEST_FIRST = ("test_training_torch.py", "test_docs_examples.py", "test_training_torch_spark.py",
                  "test_pipeline_spark_converter.py", "test_training_spark_cluster.py",
                  "test_training_multiworker.py", "test_training_spark_distributor.py", "test_training_fit.py",

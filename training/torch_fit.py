@@ -405,14 +405,15 @@ def train_torch(
     save one after every epoch, remove it after a finished run. ``callbacks``: functions called
     on every rank as ``fn(epoch, logs)`` after each epoch (``logs``: the epoch's metrics).
     ``threads``: torch's intra-op threads (default under DDP on CPU: ``OMP_NUM_THREADS`` where set,
-    torch's own setting, else the cores shared by the ranks on this machine). ``backup_every=N`` (with ``checkpoint_dir``): also back up every N steps
-    within an epoch, with every rank's input position (``loader.state_dict()``), the epoch's partial
-    metrics and the random state; a run killed mid-epoch resumes with exactly the samples it had not
-    trained on (on another number of ranks: every one of them once; ranks that each read a dataset of
-    their own, ``"shard": None``, resume on as many ranks), and on the same layout ends with
-    the weights an uninterrupted run ends with. ``on_batch``: a function called on every rank after
-    each training step as ``fn(epoch, step, ids)``, ``ids`` the step's samples (int64 ``[B]``, the
-    loader's ``return_ids``), before that step's backup: which samples trained, for audits and tests.
+    torch's own setting, else the cores shared by the ranks on this machine). ``backup_every=N``
+    (with ``checkpoint_dir``): also back up every N steps within an epoch, with every rank's input
+    position (``loader.state_dict()``), the epoch's partial metrics and the random state; a run
+    killed mid-epoch resumes with exactly the samples it had not trained on (on another number of
+    ranks: every one of them once; ranks that each read a dataset of their own, ``"shard": None``,
+    resume on as many ranks), and on the same layout ends with the weights an uninterrupted run ends
+    with. ``on_batch``: a function called on every rank after each training step as
+    ``fn(epoch, step, ids)``, ``ids`` the step's samples (int64 ``[B]``, the loader's
+    ``return_ids``), before that step's backup: which samples trained, for audits and tests.
     ``pin`` and ``lineage``: as ``train``'s (rank 0 pins the finished run; ``load_experiment`` returns the
     module).
 
