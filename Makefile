@@ -54,14 +54,22 @@ demo: $(STAMP)  ## the main job: digits -> pins -> HTTP board -> Parquet -> Alex
 TEST_WORKERS ?= 2
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
+# OWN_MODULES are byte-compiled before a run: this machine (and CI's) sets PYTHONDONTWRITEBYTECODE, so an
+# editable install's modules would otherwise be compiled anew by each of the suite's ~1,000 processes
+# that import them (~0.1 CPU-s each: 0.99 against 0.89 CPU-s to import all four layers).
+OWN_MODULES := pinstorm boards pipeline training
+compile_own = $(1)/bin/python -m compileall -q $(OWN_MODULES)
+
 test: $(STAMP) test-servers  ## the whole test suite in the full environment (what CI runs, with test-modern)
+	$(call compile_own,$(VENV))
 	$(BIN)/pytest -q -ra --durations=15 $(XDIST) tests
 
 test-modern: $(MODERN_STAMP) test-servers  ## the suite on numpy 2 and a current pyarrow (petastorm tests skip)
+	$(call compile_own,$(MODERN))
 	$(MODERN)/bin/pytest -q -ra --durations=15 $(XDIST) tests
 
 test-core: test-servers  ## the boards core alone (no pipeline/training extras) on CORE_PY, in .venv-py<X.Y>
-	venv=$$(.ci/core-env $(CORE_PY)) && $$venv/bin/pytest -q -ra --durations=10 --ignore tests/test_interop_r.py tests
+	venv=$$(.ci/core-env $(CORE_PY)) && $(call compile_own,$$venv) && $$venv/bin/pytest -q -ra --durations=10 --ignore tests/test_interop_r.py tests
 
 # What the tests drive besides Python packages, installed once and only when missing: R with R pins
 # 0.4.5 / 1.1.0, and Azurite. Without them those tests skip (and fail under CI=true).

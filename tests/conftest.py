@@ -70,6 +70,36 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))   # stable: each module stays in order
 
 
+# PINSTORM_TEST_CPU=FILE: each test's CPU seconds (this process and the children it reaped: servers,
+# subprocesses, Spark's JVM when its session stops) into FILE.<worker>.json, to see where CI's CPU goes
+# (its two cores are saturated, so wall-clock durations mostly measure the neighbours).
+CPU_PROFILE = os.environ.get("PINSTORM_TEST_CPU")
+_cpu_seconds: dict[str, float] = {}
+
+
+def _cpu_now() -> float:
+    import resource
+
+    return sum(getattr(resource.getrusage(who), field) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+               for field in ("ru_utime", "ru_stime"))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    started = _cpu_now() if CPU_PROFILE else 0.0
+    yield
+    if CPU_PROFILE:
+        _cpu_seconds[item.nodeid] = _cpu_now() - started
+
+
+def pytest_sessionfinish(session):
+    if CPU_PROFILE and _cpu_seconds:
+        import json
+
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        Path(f"{CPU_PROFILE}.{worker}.json").write_text(json.dumps(_cpu_seconds, indent=1))
+
+
 @pytest.fixture(autouse=True)
 def isolated_pinstorm(tmp_path, monkeypatch):
     """A private default board, cache and config for each test."""
