@@ -71,7 +71,7 @@ def pytest_collection_modifyitems(config, items):
 
 
 # PINSTORM_TEST_CPU=FILE: each test's CPU seconds (this process and the children it reaped: servers,
-# subprocesses, Spark's JVM when its session stops) into FILE.<worker>.json, to see where CI's CPU goes
+# subprocesses, Spark's JVM when its session stops) into FILE.<venv>.<worker>.json, to see where CI's CPU goes
 # (its two cores are saturated, so wall-clock durations mostly measure the neighbours).
 CPU_PROFILE = os.environ.get("PINSTORM_TEST_CPU")
 _cpu_seconds: dict[str, float] = {}
@@ -97,7 +97,7 @@ def pytest_sessionfinish(session):
         import json
 
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-        Path(f"{CPU_PROFILE}.{worker}.json").write_text(json.dumps(_cpu_seconds, indent=1))
+        Path(f"{CPU_PROFILE}.{Path(sys.prefix).name}.{worker}.json").write_text(json.dumps(_cpu_seconds, indent=1))
 
 
 @pytest.fixture(autouse=True)
