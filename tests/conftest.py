@@ -24,6 +24,11 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # Keras fits took 85 against 108 s (same results): more threads than free cores only add waiting.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
+# Spark's driver JVMs (every local session, every spark-submit) compile with C1 alone: a test's JVM lives
+# seconds and does little, and C2's compiler threads were most of its CPU (a local[2] session with a
+# small job: 8.6-9.0 CPU-s against 13.5-14.9; the suite starts ~85 JVMs). Tests only: real jobs want C2.
+JVM_QUICK_START = "-XX:TieredStopAtLevel=1"
+os.environ.setdefault("SPARK_SUBMIT_OPTS", JVM_QUICK_START)
 sys.path.insert(0, str(Path(__file__).parent))  # so tests can import the `servers` helpers
 
 # The boards core runs its tests without the heavier extras (CI does, on the oldest Python): the

@@ -143,6 +143,8 @@ class StandaloneCluster(LocalServer):
                "SPARK_WORKER_DIR": str(Path(self._dir.name) / "work"),
                # no REST submission server (it takes the fixed port 6066)
                "SPARK_MASTER_OPTS": "-Dspark.master.rest.enabled=false",
+               # the master and worker JVMs start quickly, as the tests' drivers do (tests/conftest.py)
+               "SPARK_DAEMON_JAVA_OPTS": "-XX:TieredStopAtLevel=1",
                # executors never touch the user's pinstorm state either
                "PINSTORM_CACHE": str(Path(self._dir.name) / "pinstorm-cache"),
                "PINSTORM_CONFIG": str(Path(self._dir.name) / "pinstorm-config" / "boards.yaml"),
