@@ -191,13 +191,13 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             time.sleep(rule.seconds)
         if rule is not None and rule.action == "status":
             self._answering()
+            self._log(rule.status)
             self.send_response(rule.status)
             self.send_header("Content-Type", rule.content_type)
             self.send_header("Content-Length", str(len(rule.body)))
             self.end_headers()
             if self.command != "HEAD":
                 self.wfile.write(rule.body)
-            self.owner.log.append((self.command, self.path, rule.status))
             return
         headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
         if body or self.command in {"POST", "PUT", "PATCH"}:
@@ -220,23 +220,28 @@ class _ProxyHandler(BaseHTTPRequestHandler):
                 self.send_header(k, v)
         if self.command == "HEAD":
             self.send_header("Content-Length", resp.getheader("Content-Length") or "0")
+            self._log(resp.status)
             self.end_headers()
-            self.owner.log.append((self.command, self.path, resp.status))
             return
         self.send_header("Content-Length", str(len(payload)))
         if rule is not None and rule.action == "truncate" and len(payload) > 1:
             self.send_header("Connection", "close")
+            self._log(-resp.status)
             self.end_headers()
             self.wfile.write(payload[: len(payload) // 2])
             self.wfile.flush()
             self.close_connection = True
             with contextlib.suppress(OSError):
                 self.connection.shutdown(socket.SHUT_RDWR)
-            self.owner.log.append((self.command, self.path, -resp.status))
             return
+        self._log(resp.status)
         self.end_headers()
         self.wfile.write(payload)
-        self.owner.log.append((self.command, self.path, resp.status))
+
+    def _log(self, status: int) -> None:
+        """Logged before the answer goes out: once a client holds its answer the log shows it, so a
+        test's clear() after one request never catches that request's entry arriving late."""
+        self.owner.log.append((self.command, self.path, status))
 
     do_GET = do_POST = do_PUT = do_DELETE = do_HEAD = do_PATCH = _handle
 
