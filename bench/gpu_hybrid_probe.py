@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -38,19 +40,17 @@ def hybrid(*, torch, trainer, url, batch, image_size, cpu_workers, gpu_workers, 
 
     device = trainer.device
     parts = len(pattern)
-    cpu_shards = [i for i, w in enumerate(pattern) if w == "c"]
     common = dict(batch_size=batch, image_size=image_size, seed=0, num_epochs=None, drop_remainder=True)
-    # each loader reads its own row groups: shard i of len(pattern) per letter (one loader per letter kind
-    # reads the first of its shards; the row groups differ, the rate is what is measured)
+    # disjoint row groups: each loader reads the shard (of len(pattern)) of its letter's first place; the
+    # epochs are endless, so a loader asked for more batches than its shard holds simply goes round again
     # forkserver: the second loader's workers must not be forked while the first one's pin-memory and
     # device threads run (a fork then copies their held locks: the first H100 run hung here)
     context = "forkserver"
-    cpu = make_torch_loader(url, shard=(cpu_shards[0], parts), num_workers=cpu_workers,
+    cpu = make_torch_loader(url, shard=(pattern.index("c"), parts), num_workers=cpu_workers,
                             pin_memory=device.type == "cuda", multiprocessing_context=context,
                             dtype=gpu_check.torch_uint8() if device.type == "cuda" else None,
                             prefetch_factor=2, **common)
-    gpu_shard = next(i for i, w in enumerate(pattern) if w == "g")
-    gpu = make_torch_loader(url, shard=(gpu_shard, parts), decode="gpu", device=device,
+    gpu = make_torch_loader(url, shard=(pattern.index("g"), parts), decode="gpu", device=device,
                             num_workers=gpu_workers, multiprocessing_context=context, **common)
     cpu_it, gpu_it = iter(cpu), iter(gpu)
     try:
@@ -76,9 +76,6 @@ def main(argv=None) -> int:
     settings = parser.parse_args(argv)
     settings.warmup, settings.max_batches = (2, 6) if settings.smoke else (5, 10_000)
     gpu_check.use_checkout()
-    import os
-    import time
-
     import torch
 
     from pinstorm.pipeline import convert, scan
