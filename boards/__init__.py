@@ -17,7 +17,7 @@ from .errors import (BoardError, BoardNotRegistered, CredentialsError, DownloadE
                      VersionNotFound)
 from .errors import AddressInUse, ArchiveTooLarge, DiskFull, LimitExceeded, UnsafePath
 from .metadata import PinMetadata, VersionInfo
-from .safety.parquet_limits import MalformedParquet, ParquetLimitExceeded
+from .errors import MalformedParquet, ParquetLimitExceeded
 from .safety.archive import ExtractLimits
 from .pruning import cache_prune
 from .errors import NotSupported, PinsError, PinsInsecureReadError, PinsVersionError

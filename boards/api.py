@@ -8,15 +8,16 @@ there first, then in the other registered boards, as R's `pin_get` did.
 
 from __future__ import annotations
 
-from typing import Any, ContextManager
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any, ContextManager
 
 from .board import FIND_COLUMNS, Board
 from .errors import PinNotFound
 from .metadata import PinMetadata
 from .pruning import PRUNE_GRACE
 from .registry import DEFAULT_BOARD, board_names, resolve_board
+
+if TYPE_CHECKING:  # pandas loads when a DataFrame is made (see drivers.py)
+    import pandas as pd
 
 
 def _board_holding(name: str, board: str | Board | None) -> Board:
@@ -192,6 +193,8 @@ def pin_find(text: str = "", board: str | Board | list[Any] | None = None, name:
                 raise
             _warn(f"pin_find: skipped board {b!r}: {_reason(e)}")
     frames = [f for f in frames if not f.empty]
+    import pandas as pd
+
     if not frames:
         return pd.DataFrame(columns=FIND_COLUMNS)
     return pd.concat(frames, ignore_index=True)

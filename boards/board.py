@@ -22,9 +22,7 @@ import time
 import warnings
 from pathlib import Path
 from stat import S_ISDIR
-from typing import Any, ContextManager, Iterable, Iterator, Sequence
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any, ContextManager, Iterable, Iterator, Sequence
 
 from .safety import archive, paths, secrets
 
@@ -40,6 +38,9 @@ from .pruning import PRUNE_GRACE, check_prune_rules, version_age, versions_to_pr
 from .storage import ZIPPED_FIELD, Maintenance, Storage
 from .tempnames import tmp_name
 from pinstorm.progress import progress_bar
+
+if TYPE_CHECKING:  # pandas loads when a DataFrame is made (see drivers.py)
+    import pandas as pd
 
 FIND_COLUMNS = ["name", "description", "type", "board"]
 SEARCH_COLUMNS = ["name", "type", "title", "created", "file_size", "meta"]  # pins-python's
@@ -415,7 +416,7 @@ class Board:
         """Write `x` into `staging`; return (files, type, default title, extra data.txt fields).
         `link`: user files are symlinked, not copied (`staging` is a TMPDIR folder; see `Storage.staging`)."""
         extra: dict[str, Any] = {}
-        if isinstance(x, pd.DataFrame):
+        if drivers.is_dataframe(x):
             path, kind, title = drivers.save_dataframe(x, name, staging, type)
             return [path], kind, title, extra
         if isinstance(x, str) and x.startswith(("http://", "https://")):
@@ -659,6 +660,8 @@ class Board:
         versions = [VersionInfo(v) for v in self.list_versions(self.check_name(name))]
         if not as_df:
             return versions
+        import pandas as pd
+
         rows = [{"version": str(v), "created": pd.Timestamp(v.created) if v.created else pd.NaT, "hash": v.hash}
                 for v in versions]
         return pd.DataFrame(rows, columns=VERSION_COLUMNS)
@@ -696,6 +699,8 @@ class Board:
             if extended:
                 row.update({k: v for k, v in e.items() if k not in row})
             rows.append(row)
+        import pandas as pd
+
         df = pd.DataFrame(rows)
         return df if extended and rows else df.reindex(columns=FIND_COLUMNS)
 
@@ -790,6 +795,8 @@ class Board:
         rows = [{"name": m["name"], "type": m.get("type"), "title": m.get("title"),
                  "created": created_timestamp(m.get("created")), "file_size": m.get("file_size"), "meta": m}
                 for m in found]
+        import pandas as pd
+
         return pd.DataFrame(rows, columns=SEARCH_COLUMNS)
 
     def pin_version_delete(self, name: str, version: str) -> None:

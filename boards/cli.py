@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import TYPE_CHECKING
 
 import click
-import pandas as pd
 
 from . import api, registry
 from .board import default_pin_name
 from .display import escape
+
+if TYPE_CHECKING:  # pandas loads when a DataFrame is made (see drivers.py)
+    import pandas as pd
 
 # What these commands print comes from boards anyone may write (pin names, descriptions, file names,
 # index fields and their keys): every value goes through `display.escape`, the one rule, before it
@@ -42,6 +45,8 @@ def _show(df: pd.DataFrame, as_json: bool = False) -> None:
     elif df.empty:
         click.echo("(none)")
     else:
+        import pandas as pd
+
         shown = df.map(_escaped_cell).rename(columns=escape)
         with pd.option_context("display.max_rows", 500, "display.max_colwidth", 80, "display.width", 200):
             click.echo(shown.to_string(index=False))
@@ -184,6 +189,8 @@ def board_list_cmd(as_json):
         hidden = secret_values(spec)  # registrations of this process still hold their secrets
         rows.append({"name": name, "kind": redact_text(str(spec.get("kind")), hidden),
                      "where": redact_text(str(where), hidden)})
+    import pandas as pd
+
     _show(pd.DataFrame(rows, columns=["name", "kind", "where"]), as_json)
 
 
@@ -263,7 +270,7 @@ def pin_cmd(paths, name, board, zip_, description):
     b = registry.resolve_board(board)
     pin_name = name or default_pin_name(target)
     result = b.pin(target, name=pin_name, zip=zip_, description=description)
-    version = b.pin_versions(pin_name)["version"].iloc[-1]
+    version = b.pin_versions(pin_name, as_df=False)[-1]
     count = f", {len(result)} file(s)" if isinstance(result, list) else ""
     click.echo(f"pinned {pin_name!r} to board {b.name!r} as version {version}{count}")
 

@@ -20,20 +20,29 @@ work is done (``terminate called without an active exception``; apache/arrow#343
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
-import pyarrow as pa
-
-from .safety import parquet_limits
 from .errors import BoardError, LimitExceeded, NotSupported, PinsInsecureReadError
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+# pandas, pyarrow and the Parquet bounds load on first use: together they are three quarters of a
+# `pinstorm` command's start (0.4 of 0.6 s), and most commands (pin, get, list) never read a table.
 
 NOT_LOADED = object()
 DATAFRAME_TYPES = ("parquet", "csv", "arrow")
 CSV_EXPANSION = 8     # pandas: one-character cells become 8-byte pointers / offsets and more
 JSON_EXPANSION = 32   # `[{},{},...]`: 3 bytes of text, a 64-byte dict and an 8-byte pointer
 RDS_EXPANSION = 64    # gzip-compressed R data: bounded like JSON, with room for its compression
+
+
+def is_dataframe(x: Any) -> bool:
+    """A pandas DataFrame, asked without loading pandas (an object cannot be one before pandas is loaded)."""
+    pandas = sys.modules.get("pandas")
+    return pandas is not None and isinstance(x, pandas.DataFrame)
 
 
 def type_name(x: Any) -> str:
@@ -59,7 +68,7 @@ def save_joblib(x: Any, name: str, staging: Path) -> tuple[Path, str, str]:
 
     path = staging / f"{name}.joblib"
     joblib.dump(x, path)
-    title = f"{name}: a pinned {df_shape(x)} DataFrame" if isinstance(x, pd.DataFrame) \
+    title = f"{name}: a pinned {df_shape(x)} DataFrame" if is_dataframe(x) \
         else f"{name}: a pinned {type_name(x)} object"
     return path, "joblib", title
 
@@ -130,6 +139,8 @@ def load_pin(pin_type: str, paths: list[Path], allow_pickle: bool = False) -> An
     if pin_type == "table":
         csv = [p for p in paths if p.name == "data.csv"]
         if len(csv) == 1:
+            import pandas as pd
+
             _check_text(csv[0], CSV_EXPANSION)
             return pd.read_csv(csv[0])
     return NOT_LOADED
@@ -138,6 +149,11 @@ def load_pin(pin_type: str, paths: list[Path], allow_pickle: bool = False) -> An
 def load(pin_type: str, path: Path) -> Any:
     """The object stored in a one-file pin of a table or json type, else NOT_LOADED."""
     suffix = path.suffix.lower()
+    if pin_type in {"parquet", "csv", "arrow", "feather", "table"}:  # a table: pandas and pyarrow load now
+        import pandas as pd
+        import pyarrow as pa
+
+        from .safety import parquet_limits
     if pin_type == "parquet" or (pin_type == "table" and suffix == ".parquet"):
         parquet_limits.check_file(path, str(path))
         with pa.OSFile(str(path)) as file:
@@ -169,6 +185,8 @@ def rds_reader() -> Any:
 
 def _check_text(path: Path, expansion: int) -> None:
     """A text file (CSV, JSON) is parsed only when `expansion` x its size fits the load budget."""
+    from .safety import parquet_limits  # the one budget rule; its module loads pyarrow
+
     size, budget = path.stat().st_size, parquet_limits.load_budget()
     if size * expansion > budget:
         raise LimitExceeded(f"{path}: {size:,} bytes of {path.suffix.lstrip('.') or 'text'} may take up to "

@@ -86,6 +86,19 @@ class LimitExceeded(BoardError, ValueError):
     """Untrusted input larger than a configured bound (index size, YAML expansion, extracted bytes)."""
 
 
+class ParquetLimitExceeded(LimitExceeded):
+    """A Parquet file (or a row group of it) that would decode to more than the memory budget."""
+
+
+class MalformedParquet(MalformedMetadata):
+    """A Parquet footer or page header that is unreadable or contradicts itself."""
+
+
+class UnreadableRowGroup(MalformedParquet):
+    """A row group whose bytes fail to decode (a page checksum, a damaged page): the file is corrupt,
+    which a reader of checksummed data (the pipeline) reports as its own corruption error."""
+
+
 class ArchiveTooLarge(LimitExceeded, UnsafeArchive):
     """An archive that expands past the extraction limits (a zip or gzip bomb, or just too big)."""
 

@@ -10,8 +10,6 @@ from __future__ import annotations
 import datetime as _dt
 from typing import Any
 
-import pandas as pd
-
 from .meta import TIME_FORMAT, parse_version
 
 
@@ -67,6 +65,8 @@ def version_time(version: str) -> float | None:
 
 def created_timestamp(value: Any) -> Any:
     """A data.txt `created` value as a pandas timestamp (NaT when it is not pins' format)."""
+    import pandas as pd  # loads when a DataFrame is made (see drivers.py)
+
     try:
         return pd.to_datetime(str(value), format=TIME_FORMAT, utc=True)
     except (ValueError, TypeError):

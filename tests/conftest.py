@@ -29,6 +29,7 @@ os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
 # small job: 8.6-9.0 CPU-s against 13.5-14.9; the suite starts ~85 JVMs). Tests only: real jobs want C2.
 JVM_QUICK_START = "-XX:TieredStopAtLevel=1"
 os.environ.setdefault("SPARK_SUBMIT_OPTS", JVM_QUICK_START)
+os.environ.setdefault("SPARK_CONF_DIR", str(Path(__file__).parent / "spark_conf"))  # executors: the same
 sys.path.insert(0, str(Path(__file__).parent))  # so tests can import the `servers` helpers
 
 # The boards core runs its tests without the heavier extras (CI does, on the oldest Python): the

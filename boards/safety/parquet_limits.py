@@ -35,7 +35,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from ..errors import LimitExceeded, MalformedMetadata
+# the errors live with the other boards errors, so that catching them loads no pyarrow
+from ..errors import LimitExceeded, MalformedMetadata, MalformedParquet, ParquetLimitExceeded, UnreadableRowGroup
 
 MIB = 1 << 20
 ROW_GROUP_ENV = "PINSTORM_MAX_ROW_GROUP_BYTES"
@@ -50,19 +51,6 @@ _DICTIONARY = {"PLAIN_DICTIONARY", "RLE_DICTIONARY"}
 DICTIONARY_ROW_BYTES = 13   # an expanded dictionary row besides its value: offsets + validity (9), index (4)
 _U32 = struct.Struct("<I")
 _CODECS = {"SNAPPY": "snappy", "GZIP": "gzip", "ZSTD": "zstd", "BROTLI": "brotli", "LZ4_RAW": "lz4_raw"}
-
-
-class ParquetLimitExceeded(LimitExceeded):
-    """A Parquet file (or a row group of it) that would decode to more than the memory budget."""
-
-
-class MalformedParquet(MalformedMetadata):
-    """A Parquet footer or page header that is unreadable or contradicts itself."""
-
-
-class UnreadableRowGroup(MalformedParquet):
-    """A row group whose bytes fail to decode (a page checksum, a damaged page): the file is corrupt,
-    which a reader of checksummed data (the pipeline) reports as its own corruption error."""
 
 
 def _env_bytes(name: str, default: int) -> int:
