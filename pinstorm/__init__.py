@@ -9,14 +9,8 @@ Each layer is imported when first used, so `import pinstorm` stays light.
 from __future__ import annotations
 
 import importlib
-from importlib.metadata import PackageNotFoundError, version as _version
 
 from .errors import MissingExtra, PinstormError
-
-try:
-    __version__ = _version("pinstorm")
-except PackageNotFoundError:  # running from a source tree that was never installed
-    __version__ = "0+unknown"
 
 _LAYERS = ("boards", "pipeline", "training")
 __all__ = ["MissingExtra", "PinstormError", "__version__", *_LAYERS]
@@ -25,4 +19,13 @@ __all__ = ["MissingExtra", "PinstormError", "__version__", *_LAYERS]
 def __getattr__(name: str):
     if name in _LAYERS:
         return importlib.import_module(f".{name}", __name__)
+    if name == "__version__":  # read when asked: importlib.metadata is most of `import pinstorm` (~25 ms)
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            found = version("pinstorm")
+        except PackageNotFoundError:  # running from a source tree that was never installed
+            found = "0+unknown"
+        globals()["__version__"] = found
+        return found
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
