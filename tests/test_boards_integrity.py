@@ -152,6 +152,24 @@ def test_flipped_byte_on_a_local_board_is_detected_and_repinning_repairs_it(tmp_
     assert Path(boards.pin_get("one", cache=False)[0]).read_bytes() == f.read_bytes()
 
 
+def test_a_version_stored_in_a_batch_is_verified_in_full_by_its_first_read(tmp_path):
+    """Outside a batch a local board stamps what it writes (reading it back hashes nothing); inside one
+    it does not, so the first read hashes: a byte changed behind the board's back, mtime kept, is caught."""
+    board = boards.board_folder(tmp_path / "b", cache=tmp_path / "cache")
+    alone = board.store(_folder(tmp_path), "alone")
+    with board.batch():
+        bulk = board.store(_folder(tmp_path), "bulk")
+    assert board.cache.board_stamp(board.name, "alone", alone).exists()
+    stamp = board.cache.board_stamp(board.name, "bulk", bulk)
+    assert not stamp.exists()
+    _flip(tmp_path / "b" / "bulk" / bulk / "part1.bin", keep_mtime=True)
+    with pytest.raises(IntegrityError, match="'part1.bin'"):
+        board.pin_get("bulk")
+    assert not stamp.exists()  # nothing is recorded as verified that was not
+    board.store(_folder(tmp_path), "bulk")  # same bytes: the stored ones are repaired
+    assert len(board.pin_get("bulk")) == 3 and stamp.exists()   # verified in full, then stamped
+
+
 def test_new_metadata_for_the_same_bytes_makes_a_new_version(tmp_path):
     f = tmp_path / "x.txt"
     f.write_text("same bytes")

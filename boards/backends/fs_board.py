@@ -24,7 +24,10 @@ Batches: `with board.batch(): ...` stores every version at once and reconciles t
 the batch closes, so the cost of a pin does not grow with the pins already on the board (`repartition`
 pins its categories in one; `convert` into `board://` and experiment runs write one pin each). A crash
 inside a batch leaves stored versions the index does not list yet: the next write, `rebuild_index()`
-or `pinstorm board repair` lists them.
+or `pinstorm board repair` lists them. A local board also records each version it writes as verified
+(a stamp in the cache, so reading it back hashes nothing) except inside a batch, where most versions
+are never read on the writing machine: there the first read verifies in full and stamps (one file
+less a pin: 1.89 -> 1.46 s for 300 categories of 40 JPEGs).
 
 Cost of one reconciliation: one listing of the board (a paged recursive listing on object stores,
 1000 keys per request; a two-level glob on local disks), one read and parse of the index (JSON fast
@@ -516,7 +519,8 @@ class FolderStorage(FsStorage):
                 if not (Path(final) / "data.txt").exists():
                     raise  # else: an identical version (same second, same hash) is already there
             else:
-                self._stamp(name, version, meta)
+                if not self._batch_depth:  # a batch publishes in bulk: the first read stamps (see the top)
+                    self._stamp(name, version, meta)
                 created = True
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
