@@ -21,6 +21,7 @@ from .contracts import DatasetInfo
 from .errors import InvalidPipelineInput, PipelineError
 from .metadata import check_petastorm_metadata, petastorm_guard, read_info
 from .options import ReaderOptionError, ReaderOptions
+from .part_pieces import OpenParts
 from .storage import Location, locate, locate_stream, petastorm_filesystem
 from .verify import CHECKSUMMED, CorruptPartError, check_parts, open_part, read_row_group, rows_digest, verified
 from pinstorm.boards.safety import secrets
@@ -275,41 +276,48 @@ class EpochSource:
             for name, rg in (where[g] for g in order):
                 if name not in files:
                     files[name] = open_part(self.location, self.info, name, CHECKSUMMED)
-                table = read_row_group(files[name], self.location, self.info, name, rg)
-                images = table.column("image").to_numpy(zero_copy_only=False)
-                check_jpegs(images, self.location, self.info, name, rg, files[name],
-                            deep="row_group_xxh3" not in self.info.files[name])
-                self.where = f"{self.location.url}/{name} row group {rg}"
-                yield images, table.column("label").to_numpy().astype(np.int32)
+                yield from self._read_groups(files[name], name, [rg])
         finally:
             for handle in files.values():
                 handle.close()
 
     def _streamed_batches(self, planned):
-        """`_arrow_batches` over the part cache: the plan's runs of row groups of one part, each part held
-        from its fetch (ahead of this reader) until its run is read, then let go (evictable)."""
-        runs = []
-        for name, rg in planned:
-            if runs and runs[-1][0] == name:
-                runs[-1][1].append(rg)
-            else:
-                runs.append((name, [rg]))
-        with self.parts.stream(name for name, _ in runs) as parts:
-            for name, groups in runs:
-                local = CachedLocation(self.parts.path(name).parent, self.location.url)
-                local_path = parts.next()
-                assert local_path == self.parts.path(name)
-                handle = open_part(local, self.info, name, CHECKSUMMED)
-                try:
-                    for rg in groups:
-                        table = read_row_group(handle, self.location, self.info, name, rg)
-                        images = table.column("image").to_numpy(zero_copy_only=False)
-                        check_jpegs(images, self.location, self.info, name, rg, handle,
-                                    deep="row_group_xxh3" not in self.info.files[name])
-                        self.where = f"{self.location.url}/{name} row group {rg}"
-                        yield images, table.column("label").to_numpy().astype(np.int32)
-                finally:
-                    handle.close()
+        """`_arrow_batches` over the part cache: the plan's steps (`PartCache.pieces`: a run of row groups of a
+        part cached whole, or one row group of a part cached by row group), each held from its fetch (ahead
+        of this reader) until it is read, then let go (evictable)."""
+        steps = self.parts.pieces(planned)
+        opened = OpenParts(self.parts.open_pieces)   # parts cached by row group, kept open across their steps
+        try:
+            with self.parts.stream(step.name for step in steps) as stream:
+                for step in steps:
+                    local_path = stream.next()
+                    assert local_path == self.parts.path(step.name)
+                    if step.whole:
+                        local = CachedLocation(local_path.parent, self.location.url)
+                        handle = open_part(local, self.info, step.part, CHECKSUMMED)
+                        try:
+                            yield from self._read_groups(handle, step.part, step.row_groups)
+                        finally:
+                            handle.close()
+                        continue
+                    handle, source = opened.get(step.part)
+                    source.add_file(*self.parts.span(step.name), local_path)
+                    try:
+                        yield from self._read_groups(handle, step.part, step.row_groups)
+                    finally:
+                        source.let_go()   # an evicted piece's bytes leave the disk when its file closes
+        finally:
+            opened.close()
+
+    def _read_groups(self, handle, name, groups):
+        """(JPEGs, labels) of row groups `groups` of the open part `name`, each checked before it is handed over."""
+        for rg in groups:
+            table = read_row_group(handle, self.location, self.info, name, rg)
+            images = table.column("image").to_numpy(zero_copy_only=False)
+            check_jpegs(images, self.location, self.info, name, rg, handle,
+                        deep="row_group_xxh3" not in self.info.files[name])
+            self.where = f"{self.location.url}/{name} row group {rg}"
+            yield images, table.column("label").to_numpy().astype(np.int32)
 
 
 class CachedLocation(Location):

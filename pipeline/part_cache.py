@@ -25,6 +25,11 @@ The rules, each kept under one machine-wide file lock (``<root>/.lock``, `filelo
   reached; a disk without room for the part fails before a byte is written (`CacheFullError` naming cache
   and limit).
 
+* The unit is a part, or a row group of a big part (`PartCache.whole`, `part_pieces`): a part of many row
+  groups larger than `WHOLE_PART_BYTES` or a sixth of the limit is cached as its footer and one piece per
+  row group, so each row group is fetched once an epoch in any order and a part larger than the cache
+  streams. A piece is verified as a part is (footer checksum; row group content checksum and page CRCs).
+
 The root is ``$PINSTORM_CACHE/parts`` (the boards' cache rule); each dataset has a folder named by a hash of
 its URL (credentials left out) and of its parts' identity, so another dataset or a changed one never reuses
 a file.
@@ -51,12 +56,16 @@ from pinstorm.boards.tempnames import is_abandoned, sweep, tmp_name
 
 from .contracts import DatasetInfo
 from .errors import PipelineError
-from .verify import CorruptPartError, footer_digest
+from .part_pieces import TAIL, OpenParts, Piece, PieceSource, footer_span, piece_name, row_group_spans, split_piece
+from .verify import CHECKSUMMED, CorruptPartError, footer_digest, open_part, read_row_group
 
 BLOCK = 8 << 20            # bytes per ranged read of a download
 WAIT_SECONDS = float(os.environ.get("PINSTORM_PART_CACHE_WAIT", "600"))   # for room held by other readers
 AHEAD = 4                  # parts fetched ahead of the reader, at most
+# a part of more bytes than this (or than limit / (AHEAD + 2)) is cached by row group, unless it has only one
+WHOLE_PART_BYTES = int(os.environ.get("PINSTORM_PART_CACHE_WHOLE_PART", str(64 << 20)))
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,199}")
+_CACHED = re.compile(_NAME.pattern + r"(\+(footer|[0-9]{1,9}))?")   # a whole part or a piece (`part_pieces`)
 _HOLDS, _RESERVED = ".holds", ".reserved"
 
 log = secrets.logger("pinstorm.pipeline.part_cache")
@@ -89,7 +98,7 @@ def _folder_bytes(root: Path) -> int:
     total = 0
     for entry in root.iterdir():
         if entry.is_dir() and not entry.name.startswith("."):
-            total += sum(f.stat().st_size for f in entry.iterdir() if f.is_file() and _NAME.fullmatch(f.name)
+            total += sum(f.stat().st_size for f in entry.iterdir() if f.is_file() and _CACHED.fullmatch(f.name)
                          and not f.name.endswith(".lock") and ".tmp-" not in f.name)
     return total
 
@@ -125,9 +134,10 @@ class PartCache:
 
     def __init__(self, location, info: DatasetInfo, *, limit: int | None = None, root: str | os.PathLike | None = None,
                  retries: int = 2):
-        self.location, self.retries = location, retries
+        self.location, self.retries, self.info = location, retries, info
         self.sizes = {name: entry.get("bytes") for name, entry in info.files.items()}
         self.entries = info.files
+        self._forget()
         self.root = Path(root).expanduser().resolve() if root else default_root().expanduser().resolve()
         self.root.mkdir(parents=True, exist_ok=True)
         self.limit = default_limit(self.root) if limit is None else int(limit)
@@ -139,17 +149,118 @@ class PartCache:
                                           for n, e in sorted(info.files.items()))
         tail = re.sub(r"[^A-Za-z0-9_-]", "_", url.rstrip("/").rsplit("/", 1)[-1])[-40:] or "dataset"
         self.folder = self.root / f"{tail}-{xxhash.xxh3_64(identity.encode()).hexdigest()}"
-        largest = max(self.sizes, key=lambda n: self.sizes[n] or 0, default=None)
+        whole = [name for name in self.sizes if self.whole(name)]
+        largest = max(whole, key=lambda n: self.sizes[n] or 0, default=None)
         if largest is not None and (self.sizes[largest] or 0) > self.limit:
             raise CacheFullError(f"part cache {self.root} (limit {self.limit:,} bytes): part {url}/{largest} of "
-                                 f"{self.sizes[largest]:,} bytes does not fit; raise cache_limit")
+                                 f"{self.sizes[largest]:,} bytes (one row group) does not fit; raise cache_limit")
 
     @property
     def where(self) -> str:
         return secrets.strip_url(self.location.url)
 
     def __getstate__(self):
-        return dict(self.__dict__)
+        state = dict(self.__dict__)
+        for memo in ("_footers", "_spans", "_footer_spans", "_checkers", "_checking"):
+            state.pop(memo)
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._forget()
+
+    def _forget(self) -> None:
+        """What this process learnt of parts cached by row group: footers, their spans, an open checker."""
+        self._footers: dict[str, bytes] = {}
+        self._spans: dict[str, list[tuple[int, int]]] = {}
+        self._footer_spans: dict[str, tuple[int, int]] = {}
+        self._checkers: OpenParts | None = None
+        self._checking = threading.Lock()
+
+    # -- pieces: whole parts, or a part's footer and row groups (`part_pieces`) ----------------------
+    def whole(self, name: str) -> bool:
+        """Whether part `name` is cached whole: one row group, or small beside `WHOLE_PART_BYTES` and the
+        limit (so a reader holds it and the parts ahead); else by row group, each fetched once an epoch."""
+        size, entry = self.sizes[name], self.entries[name]
+        return entry.get("row_groups", 1) <= 1 or size is None or \
+            size <= min(WHOLE_PART_BYTES, self.limit // (AHEAD + 2))
+
+    def pieces(self, planned) -> list[Piece]:
+        """The cache files a pass over `planned` ((part, row group) in order) reads: one step for each run of
+        row groups of a part cached whole, one step for each row group of a part cached by row group."""
+        steps: list[Piece] = []
+        for name, rg in planned:
+            if not self.whole(name):
+                steps.append(Piece(piece_name(name, rg), name, [rg]))
+            elif steps and steps[-1].whole and steps[-1].part == name:
+                steps[-1].row_groups.append(rg)
+            else:
+                steps.append(Piece(name, name, [rg]))
+        return steps
+
+    def describe(self, piece: str) -> str:
+        """Piece `piece` as errors name it: the part's URL, and which row group or its footer."""
+        part, what = split_piece(piece)
+        return f"{self.where}/{part}" + ("" if what == "whole" else " footer" if what is None else f" row group {what}")
+
+    def known_size(self, piece: str) -> int:
+        """Bytes of `piece` (0 for a whole part of unrecorded size): a row group's come from its part's footer."""
+        part, what = split_piece(piece)
+        if what == "whole":
+            return self.sizes[part] or 0
+        start, end = self.span(piece)
+        return end - start
+
+    def span(self, piece: str) -> tuple[int, int]:
+        """The byte range of a footer or row group piece in its part."""
+        part, what = split_piece(piece)
+        if what is None:
+            if part not in self._footer_spans:
+                size = self.sizes[part]
+                cached = self.path(piece)
+                if cached.is_file():   # verified when it came: its size is the footer's
+                    self._footer_spans[part] = (size - cached.stat().st_size, size)
+                else:
+                    tail = self.location.fs.cat_file(self.location.join(part), start=size - TAIL, end=size)
+                    COUNTERS.fetched_bytes += len(tail)
+                    self._footer_spans[part] = footer_span(tail, size, f"{self.where}/{part}")
+            return self._footer_spans[part]
+        return self.spans(part)[what]
+
+    def footer(self, part: str) -> bytes:
+        """Part `part`'s footer and tail, verified (through the cache, so the machine fetches it once)."""
+        if part not in self._footers:
+            path, hold = self.acquire(piece_name(part))
+            try:
+                self._footers[part] = path.read_bytes()
+            finally:
+                self.release(hold)
+        return self._footers[part]
+
+    def spans(self, part: str) -> list[tuple[int, int]]:
+        """(start, end) of each row group of `part` (a part cached by row group); one too big for the cache is
+        refused before a byte of it is fetched."""
+        if part not in self._spans:
+            where = f"{self.where}/{part}"
+            spans = row_group_spans(self.footer(part), self.sizes[part], where)
+            for rg, (start, end) in enumerate(spans):
+                if end - start > self.limit:
+                    raise CacheFullError(f"part cache {self.root} (limit {self.limit:,} bytes): {where} row group "
+                                         f"{rg} of {end - start:,} bytes does not fit; raise cache_limit")
+            self._spans[part] = spans
+        return self._spans[part]
+
+    def open_pieces(self, part: str, columns=CHECKSUMMED):
+        """(open part, its `PieceSource`) of a part cached by row group, for reading `columns`: give the source
+        each row group's cached file (`PieceSource.add_file` at its `span`) before reading it."""
+        source = self._source(part)
+        return open_part(self.location, self.info, part, columns, source=source), source
+
+    def _source(self, part: str) -> PieceSource:
+        source = PieceSource(self.sizes[part], f"{self.where}/{part}")
+        footer = self.footer(part)
+        source.add_bytes(self.sizes[part] - len(footer), footer)
+        return source
 
     # -- paths and the machine-wide lock ----------------------------------------------------------
     def path(self, name: str) -> Path:
@@ -192,7 +303,7 @@ class PartCache:
             if not dataset.is_dir() or dataset.name.startswith("."):
                 continue
             for entry in dataset.iterdir():
-                if _NAME.fullmatch(entry.name) and not entry.name.endswith(".lock") and ".tmp-" not in entry.name:
+                if _CACHED.fullmatch(entry.name) and not entry.name.endswith(".lock") and ".tmp-" not in entry.name:
                     stat = entry.stat()
                     parts.append((stat.st_mtime, entry, stat.st_size))
                     used += stat.st_size
@@ -256,7 +367,7 @@ class PartCache:
                 return None
             if time.monotonic() > deadline:
                 raise CacheFullError(f"part cache {self.root} (limit {self.limit:,} bytes): no room for "
-                                     f"{self.where}/{name} ({size:,} bytes) after {WAIT_SECONDS:.0f} s: {used:,} "
+                                     f"{self.describe(name)} ({size:,} bytes) after {WAIT_SECONDS:.0f} s: {used:,} "
                                      "bytes are held by readers; raise cache_limit or run fewer readers")
             time.sleep(0.05)
 
@@ -279,9 +390,7 @@ class PartCache:
                 if target.is_file():   # another reader fetched it while we waited
                     COUNTERS.hits += 1
                     return target, self._hold(name, kind)
-            size = self.sizes[name]
-            if size is None:
-                size = int(self.location.fs.size(self.location.join(name)))
+            size = self.known_size(name) or int(self.location.fs.size(self.location.join(name)))
             reservation = self._reserve(name, size, wait=wait, stop=stop)
             if reservation is None:
                 return None
@@ -289,7 +398,7 @@ class PartCache:
                 sweep(self.folder)   # downloads that killed readers left
                 try:
                     require_room(self.folder, size, what=f"part cache {self.root} (limit {self.limit:,} bytes): "
-                                                         f"{self.where}/{name}")
+                                                         f"{self.describe(name)}")
                 except DiskFull as error:
                     raise CacheFullError(str(error)) from None
                 tmp = Path(tmp_name(target))
@@ -316,15 +425,17 @@ class PartCache:
                 COUNTERS.fetches += 1
                 return True
             if attempt:
-                raise CorruptPartError(f"{self.where}/{name}: {problem} after fetching it twice (the part changed "
+                raise CorruptPartError(f"{self.describe(name)}: {problem} after fetching it twice (the part changed "
                                        "after conversion, or the source serves damaged bytes)")
-            log.warning("%s/%s: %s; fetching it again", self.where, name, problem)
+            log.warning("%s: %s; fetching it again", self.describe(name), problem)
             COUNTERS.refetched += 1
 
     def _fetch(self, name: str, tmp: Path, size: int, stop=lambda: False) -> bool:
-        """Ranged reads of `BLOCK` bytes into `tmp`; a read that fails or comes back short resumes from the byte
-        reached (`retries` times in a row without progress). False when `stop()` turned true first."""
-        fs, path = self.location.fs, self.location.join(name)
+        """Ranged reads of `BLOCK` bytes of piece `name` into `tmp`; a read that fails or comes back short resumes
+        from the byte reached (`retries` times in a row without progress). False when `stop()` turned true first."""
+        part, what = split_piece(name)
+        first = 0 if what == "whole" else self.span(name)[0]   # where the piece starts in its part
+        fs, path = self.location.fs, self.location.join(part)
         failures = 0
         with open(tmp, "wb") as out:
             at = 0
@@ -333,16 +444,16 @@ class PartCache:
                     return False
                 end = min(size, at + BLOCK)
                 try:
-                    data = fs.cat_file(path, start=at, end=end)
+                    data = fs.cat_file(path, start=first + at, end=first + end)
                 except FileNotFoundError:
                     from .verify import MissingPartError
-                    raise MissingPartError(f"{self.where}/{name}: part file missing") from None
+                    raise MissingPartError(f"{self.where}/{part}: part file missing") from None
                 except Exception as error:   # fsspec backends raise many types for a dropped connection
                     data, problem = b"", error
                 else:
                     problem = None
                 if len(data) > end - at:
-                    raise CorruptPartError(f"{self.where}/{name}: the source sent {len(data):,} bytes for a range of "
+                    raise CorruptPartError(f"{self.describe(name)}: the source sent {len(data):,} bytes for a range of "
                                            f"{end - at:,} (it ignores Range requests?)")
                 out.write(data)
                 at += len(data)
@@ -350,19 +461,28 @@ class PartCache:
                 if at < end:
                     failures += 1
                     if failures > self.retries:
-                        raise PartFetchError(f"{self.where}/{name}: download stopped at byte {at:,} of {size:,} "
+                        raise PartFetchError(f"{self.describe(name)}: download stopped at byte {at:,} of {size:,} "
                                              f"after {self.retries} resumed reads: {problem or 'short read'}")
                     COUNTERS.resumed += 1
-                    log.warning("%s/%s: download cut at byte %d (%s); resuming with a ranged read", self.where,
-                                name, at, problem or "short read")
+                    log.warning("%s: download cut at byte %d (%s); resuming with a ranged read", self.describe(name),
+                                at, problem or "short read")
                     continue
                 failures = 0
         return True
 
     def _check(self, name: str, tmp: Path, size: int) -> str | None:
-        entry = self.entries[name]
+        """Why the downloaded piece `name` in `tmp` is not what `convert` wrote, or None."""
+        part, what = split_piece(name)
+        entry = self.entries[part]
         if tmp.stat().st_size != size:
             return f"{tmp.stat().st_size:,} bytes, expected {size:,}"
+        if what is None:   # a footer
+            data = tmp.read_bytes()
+            if "footer_xxh3" in entry:
+                return None if xxhash.xxh3_128(data).hexdigest() == entry["footer_xxh3"] else "footer checksum mismatch"
+            return None if data[-4:] == b"PAR1" else "no Parquet magic at the end of the file"
+        if what != "whole":
+            return self._check_row_group(part, what, tmp) if "row_group_xxh3" in entry else None
         if "xxh3" in entry:
             digest = xxhash.xxh3_128()
             with open(tmp, "rb") as handle:
@@ -378,21 +498,42 @@ class PartCache:
             return None if found == entry["footer_xxh3"] else "footer checksum mismatch"
         return None
 
+    def _check_row_group(self, part: str, rg: int, tmp: Path) -> str | None:
+        """Row group `rg` read from `tmp` against its recorded content checksum, and every page against its CRC
+        where pyarrow checks them (>= 15; the whole part's checksum is not there to cover the columns outside
+        the content checksum: file name, wnid, sizes). One open footer per part is kept for the next row group:
+        a big footer is parsed once, not once a row group."""
+        with self._checking:
+            if self._checkers is None:   # every column read: page CRCs checked where pyarrow can
+                self._checkers = OpenParts(lambda name: self.open_pieces(name, columns=None))
+            handle, source = self._checkers.get(part)
+            start, end = self.spans(part)[rg]
+            try:
+                source.add_file(start, end, tmp)
+                read_row_group(handle, self.location, self.info, part, rg, columns=handle.schema_arrow.names)
+            except CorruptPartError as error:
+                return str(error).split(f"row group {rg}: ", 1)[-1]
+            finally:
+                source.let_go()   # no file kept open (the download is renamed or removed next)
+            return None
+
     def stream(self, names) -> "PartStream":
         return PartStream(self, list(names))
 
 
 class PartStream:
-    """The parts one pass reads, in its order (a part may come again): fetched up to `AHEAD` parts ahead of
-    the reader by a thread, each held from its fetch until the reader moves past it. Use as a context
-    manager; `next()` returns the local path of the next part of the plan."""
+    """The parts (or pieces of parts, `PartCache.pieces`) one pass reads, in its order (one may come again):
+    fetched up to `AHEAD` ahead of the reader by a thread, each held from its fetch until the reader moves
+    past it. Use as a context manager; `next()` returns the local path of the next one of the plan."""
 
     def __init__(self, cache: PartCache, names: list[str]):
         self.cache, self.names = cache, names
+        self.sizes = [cache.known_size(name) for name in names]   # a part cached by row group: its footer first
         ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
         # the bytes one reader may hold ahead of the part it reads: its share of the limit, less a part, so the
         # holds of N local ranks together never exceed the limit and no rank waits for another's to go
-        largest = max((s or 0 for s in cache.sizes.values()), default=0)
+        # (the largest one any rank may read: a whole part of the dataset, or a piece of this plan)
+        largest = max([s for n, s in cache.sizes.items() if s is not None and cache.whole(n)] + self.sizes, default=0)
         self.budget = max(0, cache.limit // ranks - largest)
         self.ready: OrderedDict[int, tuple[Path, Path] | BaseException] = OrderedDict()
         self.at = 0   # the plan index the reader asks for next
@@ -404,13 +545,13 @@ class PartStream:
         self.thread.start()
 
     def _ahead_bytes(self) -> int:
-        return sum(self.cache.sizes[self.names[i]] or 0 for i in self.ready)
+        return sum(self.sizes[i] for i in self.ready)
 
     def _fetch_ahead(self) -> None:
         for index, name in enumerate(self.names):
             with self.changed:
                 while not self.stopping and index > self.at and (
-                        index - self.at > AHEAD or self._ahead_bytes() + (self.cache.sizes[name] or 0) > self.budget):
+                        index - self.at > AHEAD or self._ahead_bytes() + self.sizes[index] > self.budget):
                     self.changed.wait(0.1)
                 if self.stopping:
                     return

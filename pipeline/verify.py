@@ -174,7 +174,7 @@ def check_parts(location, info: DatasetInfo, names=None) -> None:
                                    "the part changed after conversion")
 
 
-def open_part(location, info: DatasetInfo | Mapping, name: str, columns=None):
+def open_part(location, info: DatasetInfo | Mapping, name: str, columns=None, *, source=None):
     """A bounded Parquet file (`BoundedParquetFile`) for one part, after its footer checksum matched
     (when recorded) and its row groups agree with the dataset's metadata.
 
@@ -183,6 +183,8 @@ def open_part(location, info: DatasetInfo | Mapping, name: str, columns=None):
         info: The dataset's info (`read_info`).
         name: The part's file name (a key of ``info.files``).
         columns: All that will be read from it (None: any), which decides whether page CRCs are verified.
+        source: The part's bytes as a file object whose footer was checked already (a
+            `part_pieces.PieceSource` of the part cache); it is closed with the handle.
 
     Returns:
         An open `BoundedParquetFile`; close it when done.
@@ -197,11 +199,14 @@ def open_part(location, info: DatasetInfo | Mapping, name: str, columns=None):
     path = location.join(name)
     where = f"{location.url}/{name}"
     try:
-        if "footer_xxh3" in entry:
+        if "footer_xxh3" in entry and source is None:
             found = footer_digest(location.fs, path, entry.get("bytes"))
             if found != entry["footer_xxh3"]:
                 raise CorruptPartError(f"{where}: footer checksum mismatch (the part changed after conversion)")
-        if location.is_local:
+        if source is not None:
+            handle = BoundedParquetFile(source, where, size=entry.get("bytes"), close_source=True,
+                                        **reader_options(entry, columns))
+        elif location.is_local:
             handle = BoundedParquetFile(path, where, **local_read_options(), **reader_options(entry, columns))
         else:
             handle = BoundedParquetFile(location.fs.open(path, "rb"), where, size=entry.get("bytes"),

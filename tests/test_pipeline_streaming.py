@@ -57,16 +57,50 @@ def s3():
         yield server
 
 
-@pytest.fixture
-def remote(s3, dataset, request):
+@pytest.fixture(scope="module")
+def one_part(tmp_path_factory):
+    """(local folder, info, row group spans, footer bytes) of the same images in one part of 8 row groups, as
+    `convert`'s defaults lay a dataset out: a cache smaller than the part streams it by row group."""
+    import pyarrow.parquet as pq
+
+    from pinstorm.pipeline import convert, make_digits_tree, scan
+    from pinstorm.pipeline.metadata import read_info
+    from pinstorm.pipeline.storage import resolve
+
+    base = tmp_path_factory.mktemp("one-part")
+    tree = make_digits_tree(base / "tree", image_size=32, per_class=6, seed=0)
+    convert(scan(tree), base / "ds", partitions=1, min_row_groups=8, seed=0, progress=False)
+    info = read_info(resolve(base / "ds"))
+    (name, entry), = info["files"].items()
+    assert entry["row_groups"] == 8
+    meta = pq.ParquetFile(base / "ds" / name).metadata
+    spans = []
+    for rg in range(meta.num_row_groups):
+        chunks = [meta.row_group(rg).column(c) for c in range(meta.num_columns)]
+        starts = [c.dictionary_page_offset if c.has_dictionary_page else c.data_page_offset for c in chunks]
+        spans.append((min(starts), max(s + c.total_compressed_size for s, c in zip(starts, chunks))))
+    tail = (base / "ds" / name).read_bytes()[-8:]
+    return str(base / "ds"), info, spans, int.from_bytes(tail[:4], "little") + 8
+
+
+def _uploaded(s3, local, info, request):
     """(s3 URL through a fault proxy, its storage options, the proxy, the dataset's part bytes)."""
-    local, info = dataset
     prefix = re.sub(r"[^a-z0-9]", "-", request.node.name.lower())[:50]
     s3.fs.put(local + "/", f"bkt/{prefix}/", recursive=True)
     part_cache.reset_counters()
     with FaultProxy(s3.endpoint) as proxy:
         yield f"s3://bkt/{prefix}", s3.storage_options(proxy.endpoint), proxy, sum(
             e["bytes"] for e in info["files"].values())
+
+
+@pytest.fixture
+def remote(s3, dataset, request):
+    yield from _uploaded(s3, *dataset, request)
+
+
+@pytest.fixture
+def remote_one(s3, one_part, request):
+    yield from _uploaded(s3, *one_part[:2], request)
 
 
 def _part_bytes(proxy) -> int:
@@ -315,8 +349,133 @@ def test_a_full_disk_is_named_before_a_byte_is_written(dataset, remote, isolated
 def test_a_part_larger_than_the_limit_is_refused_at_once(dataset, remote):
     url, options, proxy, total = remote
     with pytest.raises(CacheFullError, match=r"limit 1,000 bytes\): part s3://.*/part-\d+\.parquet of [\d,]+ "
-                       r"bytes does not fit; raise cache_limit"):
+                       r"bytes \(one row group\) does not fit; raise cache_limit"):
         _rows(url, epochs=1, storage_options=options, stream=True, cache_limit=1000)
+
+
+def test_a_one_part_dataset_larger_than_the_cache_streams_by_row_group(one_part, remote_one, isolated_pinstorm):
+    local, _, spans, footer = one_part
+    url, options, proxy, total = remote_one
+    limit = total // 3   # a third of the one part: each row group is its own piece
+    assert _rows(url, storage_options=options, stream=True, cache_limit=limit) == _rows(local)
+    counters = part_cache.COUNTERS
+    assert counters.peak_bytes <= limit and counters.evicted > 0
+    assert _cache_bytes(isolated_pinstorm / "cache" / "parts") <= limit
+    # each row group at most once an epoch, whatever the shuffled order (epoch 2 may find the last few of epoch 1
+    # in place); the footer once, after the 8 bytes that size it
+    groups = sum(end - start for start, end in spans)
+    assert _part_bytes(proxy) == counters.fetched_bytes
+    assert 2 * groups - limit <= counters.fetched_bytes - footer - 8 <= 2 * groups
+
+
+def test_a_resumed_loader_over_row_group_pieces_continues_exactly(one_part, remote_one, isolated_pinstorm):
+    import shutil
+
+    local = one_part[0]
+    url, options, proxy, total = remote_one
+    whole = _ids(local, epochs=2)
+    kw = dict(storage_options=options, stream=True, cache_limit=total // 3)
+    head, state = _ids(url, state_after=9, epochs=2, **kw)   # into the second epoch
+    assert state["epoch"] == 1 and head == whole[:len(head)]
+    # num_epochs counts from the state's epoch: the rest of the second
+    assert _ids(url, state=state, epochs=1, **kw) == whole[len(head):]   # warm
+    shutil.rmtree(isolated_pinstorm / "cache" / "parts")
+    assert _ids(url, state=state, epochs=1, **kw) == whole[len(head):]   # cold
+
+
+def test_local_ranks_fetch_each_row_group_once(one_part, remote_one, isolated_pinstorm):
+    import json
+
+    _, _, spans, footer = one_part
+    url, options, proxy, total = remote_one
+    proxy.delay(r"/part-\d+\.parquet$", 0.2, method="GET")   # downloads overlap: the ranks wait on one another's
+    env = {**os.environ, "PINSTORM_CACHE": str(isolated_pinstorm / "cache"), "LOCAL_WORLD_SIZE": "3",
+           "PINSTORM_PART_CACHE_WHOLE_PART": "0"}   # by row group though the part would fit
+    ranks = [_reader(url, options["endpoint_url"], 10 * total, env) for _ in range(3)]
+    results = []
+    for rank in ranks:
+        out, err = rank.communicate(timeout=300)
+        assert rank.returncode == 0, err[-3000:]
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    assert results[0]["ids"] == results[1]["ids"] == results[2]["ids"] and len(results[0]["ids"]) == 50
+    once = sum(end - start for start, end in spans) + footer
+    assert sum(r["fetched"] for r in results) == _part_bytes(proxy)
+    assert once + 8 <= _part_bytes(proxy) <= once + 3 * 8   # each rank may size the footer before one fetched it
+
+
+@pytest.mark.parametrize("column", ["image", "width"])
+def test_a_row_group_piece_that_fails_its_checksum_is_fetched_again_once_then_named(one_part, remote_one, s3, column):
+    """The content checksum covers the images and labels; other columns' pages have their CRCs (pyarrow >= 15)."""
+    import pyarrow.parquet as pq
+
+    from pinstorm.pipeline.verify import PAGE_CRC
+
+    if column != "image" and not PAGE_CRC:
+        pytest.skip("pyarrow < 15 does not check page CRCs")
+    local, info, spans, _ = one_part
+    url, options, proxy, total = remote_one
+    name, = info["files"]
+    group = pq.ParquetFile(Path(local) / name).metadata.row_group(2)
+    chunk = next(group.column(i) for i in range(group.num_columns) if group.column(i).path_in_schema == column)
+    key = url[len("s3://"):] + "/" + name
+    data = bytearray(s3.fs.cat_file(key))
+    start, end = spans[2]
+    data[chunk.data_page_offset + chunk.total_compressed_size - 2] ^= 0xFF   # in row group 2's column, same size
+    s3.fs.pipe_file(key, bytes(data))
+    with pytest.raises(CorruptPartError, match=re.escape(name) + r" row group 2: .*after fetching it twice"):
+        _rows(url, epochs=1, storage_options=options, stream=True, cache_limit=total // 3, shuffle=False)
+    assert part_cache.COUNTERS.refetched == 1
+    asked = [header for path, header in proxy.ranges if path.endswith(name) and header]
+    assert asked.count(f"bytes={start}-{end - 1}") == 2   # the piece's own range, twice; never the whole part
+
+
+def test_a_shuffled_epoch_over_parts_cached_by_row_group_reads_each_row_group_once(s3, request, monkeypatch,
+                                                                                    tmp_path):
+    """Two parts of 4 row groups, the epoch's order switching parts at almost every row group."""
+    from pinstorm.pipeline import convert, make_digits_tree, scan
+    from pinstorm.pipeline.metadata import read_info
+    from pinstorm.pipeline.storage import resolve
+
+    tree = make_digits_tree(tmp_path / "tree", image_size=32, per_class=6, seed=0)
+    convert(scan(tree), tmp_path / "ds", partitions=2, min_row_groups=8, seed=0, progress=False)
+    info = read_info(resolve(tmp_path / "ds"))
+    monkeypatch.setattr(part_cache, "WHOLE_PART_BYTES", 0)   # by row group though each part would fit
+    for url, options, proxy, total in _uploaded(s3, str(tmp_path / "ds"), info, request):
+        assert _rows(url, storage_options=options, stream=True, cache_limit=10 * total) == _rows(tmp_path / "ds")
+        counters = part_cache.COUNTERS
+        assert counters.fetches == 8 + 2 and counters.hits >= 8   # 8 row groups and 2 footers; epoch 2 in place
+        assert _part_bytes(proxy) == counters.fetched_bytes < total + 2 * 8
+
+
+def test_a_row_group_larger_than_the_limit_is_refused_before_it_is_fetched(one_part, remote_one):
+    _, _, spans, footer = one_part
+    url, options, proxy, total = remote_one
+    largest = max(end - start for start, end in spans)
+    assert footer < largest
+    with pytest.raises(CacheFullError, match=r"part-\d+\.parquet row group \d+ of [\d,]+ bytes does not fit; "
+                                             r"raise cache_limit"):
+        _rows(url, epochs=1, storage_options=options, stream=True, cache_limit=largest - 1)
+    assert _part_bytes(proxy) == footer + 8   # the footer only
+
+
+def test_a_piece_source_serves_only_the_pieces_in_hand(tmp_path):
+    from pinstorm.pipeline.part_pieces import PieceSource
+
+    (tmp_path / "group").write_bytes(b"0123456789")
+    source = PieceSource(100, "s3://bkt/ds/part-0.parquet")
+    source.add_bytes(90, b"F" * 10)
+    source.add_file(20, 30, tmp_path / "group")
+    source.seek(25)
+    assert source.read(100) == b"56789"   # a read stops at the piece's end
+    source.seek(-4, 2)
+    assert source.read(4) == b"FFFF"
+    source.seek(85)
+    assert source.read(100) == bytes(5) + b"F" * 10  # pyarrow's tail read: what is not footer reads as zeros
+    source.seek(40)
+    with pytest.raises(OSError, match=r"part-0\.parquet: byte 40 is outside"):
+        source.read(1)
+    with pytest.raises(CorruptPartError, match="wrong size"):
+        source.add_file(20, 31, tmp_path / "group")
 
 
 def test_streams_over_http_from_the_board_server(dataset, tmp_path):

@@ -1,0 +1,203 @@
+"""A part too big to cache whole, cached and read by row group: its pieces and a file that serves them.
+
+Why: `convert`'s defaults write one part file (ImageNet: ~150 GB in ~4,700 row groups of 32 MB), and a
+cache smaller than one part could not stream it at all; a shuffled epoch over big parts of many row
+groups fetched each part once per run of its row groups. Cut into pieces, a part is its footer (a few
+KB to MB, fetched first) and one piece per row group (the byte range of its column chunks, which the
+footer gives): each row group's bytes are fetched once an epoch, whatever the order, and a part larger
+than the cache streams as long as its largest row group fits.
+
+Trust: the footer is checked against the part's recorded footer checksum before its offsets are used;
+every span lies inside the part, before the footer, in file order and without overlap; a row group piece
+is checked against the row group's recorded content checksum before it is renamed into the cache.
+`PieceSource` serves only the pieces it was given: a read anywhere else is an error, never a fetch.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from pinstorm.boards.safety.parquet_limits import DEFAULT_FOOTER_BYTES, BoundedParquetFile
+
+from .verify import CorruptPartError
+
+FOOTER = "footer"
+TAIL = 8            # a Parquet file ends with <footer length: uint32 LE> "PAR1"
+_PIECE = re.compile(r"(?P<part>.+)\+(?P<what>footer|[0-9]{1,9})")
+
+
+def piece_name(part: str, row_group: int | None = None) -> str:
+    """The cache file name of a part's footer (`row_group` None) or of one of its row groups. A part
+    name never holds ``+`` (`part_cache` checks), so these never collide with a whole part's name."""
+    return f"{part}+{FOOTER if row_group is None else int(row_group)}"
+
+
+def split_piece(piece: str) -> tuple[str, int | None | str]:
+    """(part, row group) of a row group piece, (part, None) of a footer, (piece, "whole") of a whole part."""
+    match = _PIECE.fullmatch(piece)
+    if match is None:
+        return piece, "whole"
+    return match["part"], None if match["what"] == FOOTER else int(match["what"])
+
+
+@dataclass
+class Piece:
+    """One step of a streamed pass: a cache file (`name`) and the row groups of `part` read from it."""
+
+    name: str
+    part: str
+    row_groups: list[int] = field(default_factory=list)
+
+    @property
+    def whole(self) -> bool:
+        return self.name == self.part
+
+
+def footer_span(tail: bytes, size: int, where: str) -> tuple[int, int]:
+    """The byte range of a part's footer and tail, from its last `TAIL` bytes."""
+    if size < 12 or len(tail) != TAIL or tail[4:] != b"PAR1":
+        raise CorruptPartError(f"{where}: no Parquet magic at the end of the file")
+    length = int.from_bytes(tail[:4], "little")
+    if length > size - 12:
+        raise CorruptPartError(f"{where}: footer of {length:,} bytes declared in a {size:,}-byte file")
+    if length > DEFAULT_FOOTER_BYTES:
+        raise CorruptPartError(f"{where}: Parquet footer of {length:,} bytes, over the limit of "
+                               f"{DEFAULT_FOOTER_BYTES:,}")
+    return size - TAIL - length, size
+
+
+def row_group_spans(footer: bytes, size: int, where: str) -> list[tuple[int, int]]:
+    """(start, end) of each row group's column chunks in a part of `size` bytes whose footer and tail are
+    `footer`; refused unless they lie in the part, before the footer, in order and without overlap."""
+    source = PieceSource(size, where)
+    source.add_bytes(size - len(footer), footer)
+    handle = BoundedParquetFile(source, where, size=size)
+    try:
+        spans, after = [], 4   # past the leading "PAR1"
+        for rg in range(handle.metadata.num_row_groups):
+            group = handle.metadata.row_group(rg)
+            starts, ends = [], []
+            for column in range(group.num_columns):
+                chunk = group.column(column)
+                start = chunk.dictionary_page_offset if chunk.has_dictionary_page else chunk.data_page_offset
+                starts.append(start)
+                ends.append(start + chunk.total_compressed_size)
+            if not starts:
+                raise CorruptPartError(f"{where} row group {rg}: no column chunks")
+            start, end = min(starts), max(ends)
+            if start < after or end <= start or end > size - len(footer):
+                raise CorruptPartError(f"{where} row group {rg}: column chunks at bytes {start:,}..{end:,} are not "
+                                       "inside the part, after the row group before and before the footer")
+            spans.append((start, end))
+            after = end
+        return spans
+    finally:
+        handle.close()
+
+
+class PieceSource(io.RawIOBase):
+    """A part's bytes as a seekable file for pyarrow, served from the pieces in hand: its footer (bytes)
+    and the row group being read (an open cached file, so an eviction after it was opened cannot take
+    its bytes away). Reads stop at a piece's end; a read outside every piece is an error, but for one
+    that runs into the footer (pyarrow's first read of a file is its last 64 KB, of which it parses only
+    the footer): the bytes before the footer read as zeros."""
+
+    def __init__(self, size: int, where: str):
+        super().__init__()
+        self.size, self.where, self.at = size, where, 0
+        self._footer: tuple[int, bytes] | None = None
+        self._group: tuple[int, int, int] | None = None   # (start, end, file descriptor)
+
+    def add_bytes(self, start: int, data: bytes) -> None:
+        self._footer = (start, bytes(data))
+
+    def add_file(self, start: int, end: int, path) -> None:
+        """Serve bytes `start`..`end` from the file at `path` (the previous row group is let go)."""
+        descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+        if os.fstat(descriptor).st_size != end - start:
+            os.close(descriptor)
+            raise CorruptPartError(f"{self.where}: a cached row group of the wrong size at bytes {start:,}..{end:,}")
+        self.let_go()
+        self._group = (start, end, descriptor)
+
+    def let_go(self) -> None:
+        """Close the row group's file (the footer stays)."""
+        if self._group is not None:
+            os.close(self._group[2])
+            self._group = None
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self.at, 2: self.size}[whence]
+        self.at = max(0, base + offset)
+        return self.at
+
+    def tell(self) -> int:
+        return self.at
+
+    def readinto(self, buffer) -> int:
+        view = memoryview(buffer).cast("B")
+        if not len(view) or self.at >= self.size:
+            return 0
+        if self._group is not None and self._group[0] <= self.at < self._group[1]:
+            start, end, descriptor = self._group
+            count = os.preadv(descriptor, [view[:min(len(view), end - self.at)]], self.at - start) \
+                if hasattr(os, "preadv") else self._pread(descriptor, view[:min(len(view), end - self.at)],
+                                                          self.at - start)
+        elif self._footer is not None and self.at < self._footer[0] + len(self._footer[1]) and \
+                self.at + len(view) > self._footer[0]:
+            start, data = self._footer
+            gap = max(0, start - self.at)   # pyarrow reads the last 64 KB to find the footer: never parsed
+            view[:gap] = bytes(gap)
+            chunk = data[self.at + gap - start:self.at - start + len(view)]
+            view[gap:gap + len(chunk)] = chunk
+            count = gap + len(chunk)
+        else:
+            raise OSError(f"{self.where}: byte {self.at:,} is outside the row group in hand (a Parquet footer whose "
+                          "offsets disagree with its row groups)")
+        self.at += count
+        return count
+
+    @staticmethod
+    def _pread(descriptor: int, view, offset: int) -> int:
+        data = os.pread(descriptor, len(view), offset)
+        view[:len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        self.let_go()
+        self._footer = None
+        super().close()
+
+
+class OpenParts:
+    """The last few parts opened from their pieces, each (open part, its `PieceSource`), by part name: a
+    shuffled epoch over a few big parts switches parts at almost every row group, and parsing a footer of
+    thousands of row groups each time would make a row group's cost grow with its part's."""
+
+    KEEP = 8
+
+    def __init__(self, opener):
+        self.opener, self.open = opener, OrderedDict()
+
+    def get(self, part: str):
+        if part in self.open:
+            self.open.move_to_end(part)
+        else:
+            self.open[part] = self.opener(part)
+            while len(self.open) > self.KEEP:
+                self.open.popitem(last=False)[1][0].close()
+        return self.open[part]
+
+    def close(self) -> None:
+        while self.open:
+            self.open.popitem()[1][0].close()
