@@ -8,7 +8,8 @@ in `classes`), ``wnid``, ``filename`` (the original file name), ``height``, ``wi
 * Row groups hold about `row_group_size_mb` each and have the same number of rows (+-1); there are
   at least `min_row_groups` (row groups are the unit readers shard and shuffle by), a multiple of
   `partitions`. Part file *p* holds the p-th slice of row groups, so N partitions are N balanced
-  shards.
+  shards. A part holds at most `MAX_PART_ROW_GROUPS` (16,384, ~512 GB of 32 MB row groups): more
+  partitions than asked are written rather than a footer the readers would refuse.
 * Labels are the index of the wnid in `classes`, an explicit list recorded in the metadata; classes
   without a single row keep their label and are reported (`ConvertResult.empty_classes`, a warning).
 * Files that do not decode to an image are skipped and listed in ``_pinstorm_report.json`` and in
@@ -65,11 +66,15 @@ from pinstorm.progress import progress_bar
 from .storage import is_board_url, parse_board_url, resolve
 from .verify import CHECKSUM, footer_digest, table_digest, writer_options
 from pinstorm.boards.safety import secrets
+from pinstorm.boards.safety.parquet_limits import DEFAULT_FOOTER_BYTES
 from pinstorm import boards
 
 log = secrets.logger(__name__)
 
 PLAN_VERSION = 2
+# row groups a part holds at most: its footer (~0.5 KB a row group) stays well inside what readers accept
+# (`parquet_limits.DEFAULT_FOOTER_BYTES`, 16 MiB); ImageNet-21k as one part would hold ~45,000
+MAX_PART_ROW_GROUPS = DEFAULT_FOOTER_BYTES // 1024
 DEFAULT_MEMORY_BUDGET_MB = 1024   # decoded pixels held by all threads at once
 
 
@@ -306,6 +311,7 @@ def _plan(items, classes, partitions, row_group_size_mb, min_row_groups, seed, l
     mean_bytes = max(1.0, sum(sample) / len(sample)) if sample else 110e3
     rows_per_group = max(1, int(row_group_size_mb * 2**20 / mean_bytes))
     groups = max(math.ceil(n / rows_per_group), min(min_row_groups, n), partitions)
+    partitions = max(partitions, math.ceil(groups / MAX_PART_ROW_GROUPS))   # a footer every reader accepts
     groups = math.ceil(groups / partitions) * partitions
     if groups > n:
         groups = n // partitions * partitions
@@ -666,7 +672,8 @@ def convert(source, output_url, *, partitions: int = 1, row_group_size_mb: float
         source: A `Layout` (from `scan`), a data map ``{image: [paths], category: [wnids], ...}`` (from
             `imagenet_partition`), a folder to scan, or a Spark ``binaryFile`` DataFrame.
         output_url: A local folder, an fsspec URL, or ``board://<board>/<pin>`` to pin the finished folder.
-        partitions: Part files to write, of balanced row groups (the unit of work with `spark`).
+        partitions: Part files to write, of balanced row groups (the unit of work with `spark`); more when
+            one would hold over `MAX_PART_ROW_GROUPS` row groups.
         row_group_size_mb: Target size of a row group in MB of images.
         min_row_groups: At least this many row groups (fewer only when there are fewer images), so that
             shards and shuffling have room.

@@ -298,3 +298,21 @@ def test_reencode_flags_are_counted_and_older_reports_still_count():
     assert count_flag(entries, "resized") == 2 and count_flag(entries, "reoriented") == 0
     result = ConvertResult("file:///x", 3, 1, 1, 0, [], reencoded=entries)
     assert result.resized == 2 and result.reoriented == 0
+
+
+def test_a_part_never_holds_more_row_groups_than_a_reader_accepts_in_a_footer():
+    """ImageNet-21k at 32 MB row groups is ~45,000 of them: as one part, its footer (~0.5 KB a row group)
+    would be over the 16 MiB readers accept. The plan writes more parts than asked instead."""
+    from pinstorm.boards.safety.parquet_limits import DEFAULT_FOOTER_BYTES
+    from pinstorm.pipeline.convert import MAX_PART_ROW_GROUPS, _plan
+
+    assert MAX_PART_ROW_GROUPS * 600 < DEFAULT_FOOTER_BYTES
+    n = 2 * MAX_PART_ROW_GROUPS + 10
+    items = [(f"/tree/n{i % 7}/{i}.JPEG", f"n{i % 7}") for i in range(n)]
+    sizes = {path: 110_000 for path, _ in items}
+    plan = _plan(items, sorted({w for _, w in items}), 1, 0.1, 16, 0, sizes=sizes)   # one image a row group
+    assert plan.partitions == 3 and len(plan.bounds) % 3 == 0
+    assert max(len(plan.part_groups(p)) for p in range(3)) <= MAX_PART_ROW_GROUPS
+    assert sum(b - a for a, b in plan.bounds) == n
+    few = _plan(items[:100], sorted({w for _, w in items}), 1, 32, 16, 0, sizes=sizes)
+    assert few.partitions == 1   # as asked, when it fits

@@ -383,6 +383,15 @@ def test_a_resumed_loader_over_row_group_pieces_continues_exactly(one_part, remo
     assert _ids(url, state=state, epochs=1, **kw) == whole[len(head):]   # cold
 
 
+def test_spawned_loader_workers_stream_row_group_pieces(one_part, remote_one):
+    """Each worker gets the cache pickled without what its parent learnt (footers, open parts) and reads its
+    own row groups of the one part."""
+    local = one_part[0]
+    url, options, proxy, total = remote_one
+    kw = dict(epochs=1, num_workers=2, multiprocessing_context="spawn")
+    assert _ids(url, storage_options=options, stream=True, cache_limit=total // 3, **kw) == _ids(local, **kw)
+
+
 def test_local_ranks_fetch_each_row_group_once(one_part, remote_one, isolated_pinstorm):
     import json
 
