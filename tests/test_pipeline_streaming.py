@@ -644,6 +644,23 @@ def test_an_http_board_pin_streams_the_same_rows_within_the_limit(dataset, http_
     assert all(h.get("x-api-key") == API_KEY for _, h in seen)   # the board's headers, on its origin
 
 
+def test_an_http_board_pin_of_one_part_streams_by_row_group(one_part, tmp_path, isolated_pinstorm):
+    from pinstorm import boards
+
+    local, info, spans, footer = one_part
+    folder = tmp_path / "served"
+    boards.board_register("local", name="src", path=folder).pin(
+        sorted(str(p) for p in Path(local).iterdir()), name="ds", type="files")
+    total = sum(e["bytes"] for e in info["files"].values())
+    with boards.serve_board(folder) as base, FaultProxy(base) as proxy:
+        boards.board_register("datatxt", name="web", url=proxy.endpoint)
+        part_cache.reset_counters()
+        assert _rows("board://web/ds", stream=True, cache_limit=total // 3) == _rows(local)
+    groups = sum(end - start for start, end in spans)
+    assert _part_bytes(proxy) == part_cache.COUNTERS.fetched_bytes <= 2 * groups + footer + 8
+    assert part_cache.COUNTERS.peak_bytes <= total // 3
+
+
 def test_an_http_board_pin_part_that_fails_its_checksum_is_fetched_again_once_then_named(dataset, http_pin):
     url, proxy, version, total, _ = http_pin
     _, info = dataset
