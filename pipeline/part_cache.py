@@ -62,6 +62,9 @@ from .verify import CHECKSUMMED, CorruptPartError, footer_digest, open_part, rea
 BLOCK = 8 << 20            # bytes per ranged read of a download
 WAIT_SECONDS = float(os.environ.get("PINSTORM_PART_CACHE_WAIT", "600"))   # for room held by other readers
 AHEAD = 4                  # parts fetched ahead of the reader, at most
+# downloads a reader keeps in flight: an object store's first byte takes tens of ms, and one stream of
+# ranged GETs after another leaves most of a link idle (a TF reader is one stream)
+FETCHERS = int(os.environ.get("PINSTORM_PART_CACHE_FETCHERS", "4"))
 # a part of more bytes than this (or than limit / (AHEAD + 2)) is cached by row group, unless it has only one
 WHOLE_PART_BYTES = int(os.environ.get("PINSTORM_PART_CACHE_WHOLE_PART", str(64 << 20)))
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,199}")
@@ -523,8 +526,8 @@ class PartCache:
 
 class PartStream:
     """The parts (or pieces of parts, `PartCache.pieces`) one pass reads, in its order (one may come again):
-    fetched up to `AHEAD` ahead of the reader by a thread, each held from its fetch until the reader moves
-    past it. Use as a context manager; `next()` returns the local path of the next one of the plan."""
+    fetched up to `AHEAD` ahead of the reader by `FETCHERS` threads, each held from its fetch until the reader
+    moves past it. Use as a context manager; `next()` returns the local path of the next one of the plan."""
 
     def __init__(self, cache: PartCache, names: list[str]):
         self.cache, self.names = cache, names
@@ -540,21 +543,34 @@ class PartStream:
         self.waiting = -1   # the plan index the reader is blocked on now (-1: none)
         self.current: Path | None = None
         self.stopping = False
+        self.claimed = 0           # the next plan index a fetcher takes
+        self.failed = len(names)   # the first plan index whose fetch failed
+        self.in_flight: set[int] = set()
         self.changed = threading.Condition()
-        self.thread = threading.Thread(target=self._fetch_ahead, name="pinstorm-part-prefetch", daemon=True)
-        self.thread.start()
+        self.threads = [threading.Thread(target=self._fetch_ahead, name=f"pinstorm-part-prefetch-{i}", daemon=True)
+                        for i in range(max(1, min(FETCHERS, len(names))))]
+        for thread in self.threads:
+            thread.start()
 
     def _ahead_bytes(self) -> int:
-        return sum(self.sizes[i] for i in self.ready)
+        return sum(self.sizes[i] for i in self.ready) + sum(self.sizes[i] for i in self.in_flight)
 
     def _fetch_ahead(self) -> None:
-        for index, name in enumerate(self.names):
+        """One fetcher: takes the next index of the plan, waits until it is within the window (`AHEAD` of the
+        reader, the bytes of the budget), fetches it; until the plan ends, a fetch fails or the stream closes."""
+        while True:
             with self.changed:
-                while not self.stopping and index > self.at and (
+                index = self.claimed
+                if self.stopping or index >= len(self.names) or index > self.failed:
+                    return
+                self.claimed += 1
+                name = self.names[index]
+                while not self.stopping and index > self.at and index < self.failed and (
                         index - self.at > AHEAD or self._ahead_bytes() + self.sizes[index] > self.budget):
                     self.changed.wait(0.1)
-                if self.stopping:
+                if self.stopping or index > self.failed:
                     return
+                self.in_flight.add(index)
             try:
                 got = None
                 while got is None and not self.stopping:
@@ -564,18 +580,18 @@ class PartStream:
                     if got is None:
                         with self.changed:
                             self.changed.wait(0.05)
-                if got is None:
-                    return
             except BaseException as error:   # handed to the reader, raised there
                 got = error
             with self.changed:
-                if self.stopping and isinstance(got, tuple):
-                    self.cache.release(got[1])
+                self.in_flight.discard(index)
+                if got is None or (self.stopping and isinstance(got, tuple)):
+                    if got is not None:
+                        self.cache.release(got[1])
                     return
                 self.ready[index] = got
+                if isinstance(got, BaseException):   # nothing after it is fetched: the reader raises it there
+                    self.failed = min(self.failed, index)
                 self.changed.notify_all()
-                if isinstance(got, BaseException):
-                    return
 
     def next(self) -> Path:
         """The local path of the next part of the plan, verified and held (the previous one is let go)."""
@@ -586,7 +602,7 @@ class PartStream:
             self.changed.notify_all()
             while index not in self.ready:
                 self.changed.wait(0.5)
-                if not self.thread.is_alive() and index not in self.ready:
+                if not any(thread.is_alive() for thread in self.threads) and index not in self.ready:
                     raise PartFetchError(f"{self.cache.where}: the part prefetch stopped")
             self.waiting = -1
             got = self.ready.pop(index)
@@ -611,7 +627,8 @@ class PartStream:
         with self.changed:
             self.stopping = True
             self.changed.notify_all()
-        self.thread.join()
+        for thread in self.threads:
+            thread.join()
         with self.changed:
             self._let_go()
             for got in self.ready.values():
