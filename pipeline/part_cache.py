@@ -8,7 +8,8 @@ epoch plan needs it, and tells it the plan so the next parts are fetched ahead (
 The rules, each kept under one machine-wide file lock (``<root>/.lock``, `filelock`, no shared memory):
 
 * The cache never holds more than ``limit`` bytes: verified parts plus the reservations of downloads in
-  flight (a download reserves the part's recorded size before its first byte). When a part does not fit,
+  flight (a download reserves the part's recorded size before its first byte). What it holds is kept by
+  `part_ledger` (a journal each process reads incrementally), not found by a scan of every file. When a part does not fit,
   verified parts that no reader holds are evicted, least recently used first (`CacheFullError` when
   everything is held for longer than the wait, or when one part is larger than the limit).
 * A reader *holds* each part it reads (a hold file naming its process); eviction never removes a part being
@@ -56,6 +57,7 @@ from pinstorm.boards.tempnames import is_abandoned, sweep, tmp_name
 
 from .contracts import DatasetInfo
 from .errors import PipelineError
+from .part_ledger import Ledger
 from .part_pieces import TAIL, OpenParts, Piece, PieceSource, footer_span, piece_name, row_group_spans, split_piece
 from .verify import CHECKSUMMED, CorruptPartError, footer_digest, open_part, read_row_group
 
@@ -69,6 +71,8 @@ FETCHERS = int(os.environ.get("PINSTORM_PART_CACHE_FETCHERS", "4"))
 WHOLE_PART_BYTES = int(os.environ.get("PINSTORM_PART_CACHE_WHOLE_PART", str(64 << 20)))
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,199}")
 _CACHED = re.compile(_NAME.pattern + r"(\+(footer|[0-9]{1,9}))?")   # a whole part or a piece (`part_pieces`)
+# a cached file as the ledger names it: <dataset folder>/<part or piece>, never a lock or a download in flight
+_KEY = re.compile(r"[A-Za-z0-9_-]{1,100}/(?!.*\.lock$)(?!.*\.tmp-)" + _CACHED.pattern)
 _HOLDS, _RESERVED = ".holds", ".reserved"
 
 log = secrets.logger("pinstorm.pipeline.part_cache")
@@ -164,7 +168,7 @@ class PartCache:
 
     def __getstate__(self):
         state = dict(self.__dict__)
-        for memo in ("_footers", "_spans", "_footer_spans", "_checkers", "_checking"):
+        for memo in ("_footers", "_spans", "_footer_spans", "_checkers", "_checking", "_ledger"):
             state.pop(memo)
         return state
 
@@ -179,6 +183,7 @@ class PartCache:
         self._footer_spans: dict[str, tuple[int, int]] = {}
         self._checkers: OpenParts | None = None
         self._checking = threading.Lock()
+        self._ledger: Ledger | None = None
 
     # -- pieces: whole parts, or a part's footer and row groups (`part_pieces`) ----------------------
     def whole(self, name: str) -> bool:
@@ -298,18 +303,21 @@ class PartCache:
             alive.append(entry)
         return alive
 
+    def _synced(self) -> Ledger:
+        """The cache's files and bytes (`part_ledger`), caught up with every process's changes."""
+        if self._ledger is None:
+            self._ledger = Ledger(self.root, _KEY)
+        self._ledger.sync()
+        return self._ledger
+
+    def _key(self, name: str) -> str:
+        return f"{self.folder.name}/{name}"
+
     def _state(self):
-        """(bytes in the cache, {(dataset folder, part) read now}, {(dataset folder, part) fetched ahead},
-        [(mtime, path, size)] of verified parts)."""
-        parts, used = [], 0
-        for dataset in self.root.iterdir():
-            if not dataset.is_dir() or dataset.name.startswith("."):
-                continue
-            for entry in dataset.iterdir():
-                if _CACHED.fullmatch(entry.name) and not entry.name.endswith(".lock") and ".tmp-" not in entry.name:
-                    stat = entry.stat()
-                    parts.append((stat.st_mtime, entry, stat.st_size))
-                    used += stat.st_size
+        """(the ledger, bytes in the cache with the reservations of downloads in flight, {(dataset folder, part)
+        read now}, {(dataset folder, part) fetched ahead})."""
+        ledger = self._synced()
+        used = ledger.used
         for entry in self._live(self._reserved()):
             with contextlib.suppress(ValueError, IndexError):
                 used += int(entry.name.split("@")[2].split(".tmp-")[0])
@@ -317,7 +325,7 @@ class PartCache:
         for entry in self._live(self._holds()):
             folder, part, kind = entry.name.split("@")
             (ahead if kind.startswith("ahead") else reading).add((folder, part))
-        return used, reading, ahead, parts
+        return ledger, used, reading, ahead
 
     def _hold(self, name: str, kind: str = "read") -> Path:
         """Mark part `name` held by this reader (the caller holds the lock and saw the part in place): "read"
@@ -326,8 +334,9 @@ class PartCache:
         self._holds().mkdir(exist_ok=True)
         hold = Path(tmp_name(self._holds() / f"{self._entry(name)}{kind}"))   # names its owner: a dead one's is dropped
         hold.touch()
+        self._synced().use(self._key(name))   # recently used: evicted last
         with contextlib.suppress(OSError):
-            os.utime(self.path(name))   # recently used: evicted last
+            os.utime(self.path(name))   # the same for a ledger written again from the folders
         return hold
 
     def release(self, hold: Path) -> None:
@@ -347,19 +356,22 @@ class PartCache:
         deadline = time.monotonic() + WAIT_SECONDS
         while True:
             with self._lock():
-                used, reading, ahead, parts = self._state()
-                parts.sort(key=lambda p: p[0])
+                ledger, used, reading, ahead = self._state()
                 # unheld parts first; then, for a reader waiting for its next part, parts only fetched ahead
                 for spare in ((reading | ahead), reading) if wait else ((reading | ahead),):
-                    for _, victim, victim_size in parts:
+                    victims = []
+                    for key, victim_size in ledger.oldest():   # stops at the first bytes enough: no scan
                         if used + size <= self.limit:
                             break
-                        if (victim.parent.name, victim.name) in spare or victim == self.path(name):
+                        if tuple(key.split("/", 1)) in spare or key == self._key(name):
                             continue
+                        victims.append(key)
+                        used -= victim_size
+                    for key in victims:
                         with contextlib.suppress(FileNotFoundError):
-                            victim.unlink()
-                            used -= victim_size
+                            (self.root / key).unlink()
                             COUNTERS.evicted += 1
+                        ledger.remove(key)
                 if used + size <= self.limit:
                     self._reserved().mkdir(exist_ok=True)
                     reservation = Path(tmp_name(self._reserved() / f"{self._entry(name)}{size}"))
@@ -409,7 +421,13 @@ class PartCache:
                     if not self._download(name, tmp, size, stop):
                         return None
                     with self._lock():
-                        os.replace(tmp, target)
+                        ledger = self._synced()
+                        ledger.add(self._key(name), size)   # counted before it is there: a crash overcounts
+                        try:
+                            os.replace(tmp, target)
+                        except BaseException:
+                            ledger.remove(self._key(name))
+                            raise
                         return target, self._hold(name, kind)
                 finally:
                     with contextlib.suppress(FileNotFoundError):

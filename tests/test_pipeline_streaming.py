@@ -141,8 +141,16 @@ def _ids(url, *, epochs=2, state_after=None, state=None, **kw):
 
 
 def _cache_bytes(root: Path) -> int:
-    return sum(f.stat().st_size for d in root.iterdir() if d.is_dir() and not d.name.startswith(".")
-               for f in d.iterdir() if f.name.startswith("part-") and not f.name.endswith(".lock"))
+    """The bytes of the cached files under `root`, after checking the cache's ledger counts exactly them."""
+    from pinstorm.pipeline.part_cache import _KEY
+    from pinstorm.pipeline.part_ledger import Ledger
+
+    files = {f"{d.name}/{f.name}": f.stat().st_size for d in root.iterdir() if d.is_dir() and not d.name.startswith(".")
+             for f in d.iterdir() if f.name.startswith("part-") and not f.name.endswith(".lock")}
+    ledger = Ledger(root, _KEY)
+    ledger.sync()
+    assert dict(ledger.entries) == files and ledger.used == sum(files.values())
+    return sum(files.values())
 
 
 def test_a_dataset_four_times_the_cache_streams_the_same_rows_within_the_limit(dataset, remote, isolated_pinstorm):
