@@ -21,7 +21,8 @@ import re
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from pinstorm.boards.safety.parquet_limits import DEFAULT_FOOTER_BYTES, BoundedParquetFile
+from pinstorm.boards.errors import MalformedParquet, ParquetLimitExceeded
+from pinstorm.boards.safety.parquet_limits import BoundedParquetFile, footer_length
 
 from .verify import CorruptPartError
 
@@ -59,14 +60,10 @@ class Piece:
 
 def footer_span(tail: bytes, size: int, where: str) -> tuple[int, int]:
     """The byte range of a part's footer and tail, from its last `TAIL` bytes."""
-    if size < 12 or len(tail) != TAIL or tail[4:] != b"PAR1":
-        raise CorruptPartError(f"{where}: no Parquet magic at the end of the file")
-    length = int.from_bytes(tail[:4], "little")
-    if length > size - 12:
-        raise CorruptPartError(f"{where}: footer of {length:,} bytes declared in a {size:,}-byte file")
-    if length > DEFAULT_FOOTER_BYTES:
-        raise CorruptPartError(f"{where}: Parquet footer of {length:,} bytes, over the limit of "
-                               f"{DEFAULT_FOOTER_BYTES:,}")
+    try:
+        length = footer_length(tail, size, where)
+    except (MalformedParquet, ParquetLimitExceeded) as error:
+        raise CorruptPartError(str(error)) from None
     return size - TAIL - length, size
 
 

@@ -35,7 +35,8 @@ import numpy as np
 import pyarrow as pa
 import xxhash
 
-from pinstorm.boards.safety.parquet_limits import BoundedParquetFile, UnreadableRowGroup
+from pinstorm.boards.errors import MalformedParquet, ParquetLimitExceeded
+from pinstorm.boards.safety.parquet_limits import BoundedParquetFile, UnreadableRowGroup, footer_length
 from pinstorm.errors import PinstormError
 
 from .column_digest import TABLE_CHECKSUM, columns_digest
@@ -128,15 +129,14 @@ def footer_digest(fs, path: str, size: int | None = None) -> str:
     """xxh3-128 of a Parquet file's footer and tail, read with two small ranged reads."""
     size = fs.size(path) if size is None else size
     with fs.open(path, "rb") as handle:
-        if size < 12:
-            raise MalformedPart(f"{size} bytes is too small for a Parquet file")
-        handle.seek(size - _TAIL)
-        tail = handle.read(_TAIL)
-        if tail[4:] != b"PAR1":
-            raise MalformedPart("no Parquet magic at the end of the file")
-        length = int.from_bytes(tail[:4], "little")
-        if length > size - 12:
-            raise MalformedPart(f"footer length {length} larger than the file")
+        tail = b""
+        if size >= 12:
+            handle.seek(size - _TAIL)
+            tail = handle.read(_TAIL)
+        try:   # bounded before it is read: a footer declared over 16 MiB is refused
+            length = footer_length(tail, size, "the file")
+        except (MalformedParquet, ParquetLimitExceeded) as error:
+            raise MalformedPart(str(error).removeprefix("the file: ")) from None
         handle.seek(size - _TAIL - length)
         footer = handle.read(length)
     return xxhash.xxh3_128(footer + tail).hexdigest()

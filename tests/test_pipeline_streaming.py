@@ -231,19 +231,26 @@ def _reader(url, endpoint, limit, env):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def test_local_ranks_fetch_each_part_once(dataset, remote, isolated_pinstorm):
+def _three_ranks(url, options, proxy, cache: Path, limit: int, **env) -> list[dict]:
+    """What 3 local ranks sharing `cache` read of one epoch ({"ids", "fetched"} each), their downloads slowed so
+    that they overlap and the ranks wait on one another's."""
     import json
 
-    url, options, proxy, total = remote
-    proxy.delay(r"/part-\d+\.parquet$", 0.2, method="GET")   # downloads overlap: the ranks wait on one another's
-    env = {**os.environ, "PINSTORM_CACHE": str(isolated_pinstorm / "cache"), "LOCAL_WORLD_SIZE": "3"}
-    ranks = [_reader(url, options["endpoint_url"], 10 * total, env) for _ in range(3)]
+    proxy.delay(r"/part-\d+\.parquet$", 0.2, method="GET")
+    env = {**os.environ, "PINSTORM_CACHE": str(cache), "LOCAL_WORLD_SIZE": "3", **env}
+    ranks = [_reader(url, options["endpoint_url"], limit, env) for _ in range(3)]
     results = []
     for rank in ranks:
         out, err = rank.communicate(timeout=300)
         assert rank.returncode == 0, err[-3000:]
         results.append(json.loads(out.strip().splitlines()[-1]))
     assert results[0]["ids"] == results[1]["ids"] == results[2]["ids"] and len(results[0]["ids"]) == 50
+    return results
+
+
+def test_local_ranks_fetch_each_part_once(dataset, remote, isolated_pinstorm):
+    url, options, proxy, total = remote
+    results = _three_ranks(url, options, proxy, isolated_pinstorm / "cache", 10 * total)
     assert _part_bytes(proxy) == total == sum(r["fetched"] for r in results)
 
 
@@ -401,20 +408,10 @@ def test_spawned_loader_workers_stream_row_group_pieces(one_part, remote_one):
 
 
 def test_local_ranks_fetch_each_row_group_once(one_part, remote_one, isolated_pinstorm):
-    import json
-
     _, _, spans, footer = one_part
     url, options, proxy, total = remote_one
-    proxy.delay(r"/part-\d+\.parquet$", 0.2, method="GET")   # downloads overlap: the ranks wait on one another's
-    env = {**os.environ, "PINSTORM_CACHE": str(isolated_pinstorm / "cache"), "LOCAL_WORLD_SIZE": "3",
-           "PINSTORM_PART_CACHE_WHOLE_PART": "0"}   # by row group though the part would fit
-    ranks = [_reader(url, options["endpoint_url"], 10 * total, env) for _ in range(3)]
-    results = []
-    for rank in ranks:
-        out, err = rank.communicate(timeout=300)
-        assert rank.returncode == 0, err[-3000:]
-        results.append(json.loads(out.strip().splitlines()[-1]))
-    assert results[0]["ids"] == results[1]["ids"] == results[2]["ids"] and len(results[0]["ids"]) == 50
+    results = _three_ranks(url, options, proxy, isolated_pinstorm / "cache", 10 * total,
+                           PINSTORM_PART_CACHE_WHOLE_PART="0")   # by row group though the part would fit
     once = sum(end - start for start, end in spans) + footer
     assert sum(r["fetched"] for r in results) == _part_bytes(proxy)
     assert once + 8 <= _part_bytes(proxy) <= once + 3 * 8   # each rank may size the footer before one fetched it

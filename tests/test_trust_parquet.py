@@ -527,3 +527,22 @@ def test_a_truncated_or_overlong_footer_is_named(tmp_path):
         check_file(path, str(path))
     with pytest.raises(MalformedParquet, match="not an Arrow IPC file"):
         check_arrow_file(path, str(path))
+
+
+def test_a_parts_footer_is_bounded_before_it_is_read_for_its_checksum(tmp_path):
+    """`verify.footer_digest` (a part's footer checksum, read from a bucket) refuses a footer declared over
+    16 MiB before reading it, as every other footer reader does."""
+    import fsspec
+
+    from pinstorm.pipeline.verify import MalformedPart, footer_digest
+
+    path = tmp_path / "part-00000.parquet"
+    size = 40 << 20
+    with open(path, "wb") as handle:   # sparse: 40 MB claimed, a few bytes written
+        handle.seek(size - 8)
+        handle.write((32 << 20).to_bytes(4, "little") + b"PAR1")
+    with pytest.raises(MalformedPart, match=r"Parquet footer of 33554432 bytes, over the limit"):
+        footer_digest(fsspec.filesystem("file"), str(path))
+    path.write_bytes(b"PAR1")
+    with pytest.raises(MalformedPart, match="4 bytes is too small for a Parquet file"):
+        footer_digest(fsspec.filesystem("file"), str(path))

@@ -173,6 +173,22 @@ class _Chunk:
     refine: tuple | None = None   # (bytes besides the values, values, column meta, dictionary page)
 
 
+def footer_length(tail: bytes, size: int, where: str, max_footer_bytes: int = DEFAULT_FOOTER_BYTES) -> int:
+    """The length of the footer of a Parquet file of `size` bytes whose last 8 bytes are `tail`, refused
+    when it is not a Parquet file or the footer is over `max_footer_bytes` (memory to parse it)."""
+    if size < 12:
+        raise MalformedParquet(f"{where}: {size} bytes is too small for a Parquet file")
+    if len(tail) != 8 or tail[4:] != b"PAR1":
+        raise MalformedParquet(f"{where}: no Parquet magic at the end of the file")
+    length = int.from_bytes(tail[:4], "little")
+    if length > size - 12:
+        raise MalformedParquet(f"{where}: footer of {length} bytes declared in a {size}-byte file")
+    if length > max_footer_bytes:
+        raise ParquetLimitExceeded(f"{where}: Parquet footer of {length} bytes, over the limit of "
+                                   f"{max_footer_bytes} bytes")
+    return length
+
+
 class BoundedParquetFile:
     """A `pq.ParquetFile` whose reads are refused, before decoding, past a memory budget.
 
@@ -216,18 +232,9 @@ class BoundedParquetFile:
         handle = self._handle
         if size is None:
             size = handle.seek(0, os.SEEK_END)
-        if size < 12:
-            raise MalformedParquet(f"{self.where}: {size} bytes is too small for a Parquet file")
-        handle.seek(size - 8)
-        tail = handle.read(8)
-        if tail[4:] != b"PAR1":
-            raise MalformedParquet(f"{self.where}: no Parquet magic at the end of the file")
-        length = int.from_bytes(tail[:4], "little")
-        if length > size - 12:
-            raise MalformedParquet(f"{self.where}: footer of {length} bytes declared in a {size}-byte file")
-        if length > max_footer_bytes:
-            raise ParquetLimitExceeded(f"{self.where}: Parquet footer of {length} bytes, over the limit of "
-                                       f"{max_footer_bytes} bytes")
+        if size >= 12:
+            handle.seek(size - 8)
+        footer_length(handle.read(8) if size >= 12 else b"", size, self.where, max_footer_bytes)
         self.size = size
 
     def _check_footer(self):
