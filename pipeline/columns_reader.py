@@ -40,7 +40,7 @@ from .errors import InvalidPipelineInput, PipelineError
 from .metadata import read_info
 from .positions import Position, ResumeStateError, check_state, info_digest, resume_position, state_dict
 from .storage import locate
-from .verify import check_parts, checksummed, open_part, read_row_group
+from .verify import OpenParts, check_parts, checksummed, open_part, read_row_group
 
 OBJECT = "object"   # a column of Python objects (strings, bytes, structs, maps), not a numeric array
 
@@ -292,12 +292,13 @@ class ColumnBatches:
         """Batches in one epoch."""
         return -(-self.rows_per_epoch // self.batch_size)
 
-    def _read(self, group: int, parts: dict):
-        """Row group `group`, checked, its parts opened once into `parts` (name -> open part)."""
+    def _opened(self) -> OpenParts:
+        return OpenParts(lambda name: open_part(self.location, self.info, name, self.columns))
+
+    def _read(self, group: int, parts: OpenParts):
+        """Row group `group`, checked, read through `parts` (which keeps the last few parts open)."""
         name, rg = self._where[group]
-        if name not in parts:
-            parts[name] = open_part(self.location, self.info, name, self.columns)
-        return read_row_group(parts[name], self.location, self.info, name, rg, columns=self.columns) \
+        return read_row_group(parts.get(name), self.location, self.info, name, rg, columns=self.columns) \
             .select(self.columns)
 
     def tables(self, epoch: int, order=None):
@@ -315,7 +316,7 @@ class ColumnBatches:
 
         def read(group):   # each thread opens the parts it reads
             if not hasattr(handles, "parts"):
-                handles.parts = {}
+                handles.parts = self._opened()
                 opened.append(handles.parts)
             return self._read(group, handles.parts)
 
@@ -333,8 +334,7 @@ class ColumnBatches:
                     future.cancel()
                 pool.shutdown(wait=True)
                 for parts in opened:
-                    for handle in parts.values():
-                        handle.close()
+                    parts.close()
 
     def chunks(self, epoch: int, skip: int = 0):
         """One epoch as one dict of column values per row group, rows shuffled within it, but its first
@@ -414,12 +414,11 @@ class ColumnBatches:
 
     def first_batch(self) -> dict:
         """Up to `batch_size` rows of the shard's first row group: what the batches look like."""
-        parts = {}
+        parts = self._opened()
         try:
             table = self._read(self.groups[0], parts)
         finally:
-            for handle in parts.values():
-                handle.close()
+            parts.close()
         return self._batch(table.slice(0, self.batch_size))
 
 

@@ -21,9 +21,9 @@ from .contracts import DatasetInfo
 from .errors import InvalidPipelineInput, PipelineError
 from .metadata import check_petastorm_metadata, petastorm_guard, read_info
 from .options import ReaderOptionError, ReaderOptions
-from .part_pieces import OpenParts
 from .storage import Location, locate, locate_stream, petastorm_filesystem
-from .verify import CHECKSUMMED, CorruptPartError, check_parts, open_part, read_row_group, rows_digest, verified
+from .verify import (CHECKSUMMED, CorruptPartError, OpenParts, check_parts, open_part, read_row_group, rows_digest,
+                     verified)
 from pinstorm.boards.safety import secrets
 
 # The reader's logger: its messages predate this module, and users filter on that name.
@@ -271,15 +271,12 @@ class EpochSource:
         if self.parts is not None:
             yield from self._streamed_batches([where[g] for g in order])
             return
-        files = {}
+        opened = OpenParts(lambda name: open_part(self.location, self.info, name, CHECKSUMMED))
         try:
             for name, rg in (where[g] for g in order):
-                if name not in files:
-                    files[name] = open_part(self.location, self.info, name, CHECKSUMMED)
-                yield from self._read_groups(files[name], name, [rg])
+                yield from self._read_groups(opened.get(name), name, [rg])
         finally:
-            for handle in files.values():
-                handle.close()
+            opened.close()
 
     def _streamed_batches(self, planned):
         """`_arrow_batches` over the part cache: the plan's steps (`PartCache.pieces`: a run of row groups of a
@@ -300,12 +297,12 @@ class EpochSource:
                         finally:
                             handle.close()
                         continue
-                    handle, source = opened.get(step.part)
-                    source.add_file(*self.parts.span(step.name), local_path)
+                    handle = opened.get(step.part)
+                    handle.source.add_file(*self.parts.span(step.name), local_path)
                     try:
                         yield from self._read_groups(handle, step.part, step.row_groups)
                     finally:
-                        source.let_go()   # an evicted piece's bytes leave the disk when its file closes
+                        handle.source.let_go()   # an evicted piece's bytes leave the disk when its file closes
         finally:
             opened.close()
 

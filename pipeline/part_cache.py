@@ -58,8 +58,8 @@ from pinstorm.boards.tempnames import is_abandoned, sweep, tmp_name
 from .contracts import DatasetInfo
 from .errors import PipelineError
 from .part_ledger import Ledger
-from .part_pieces import TAIL, OpenParts, Piece, PieceSource, footer_span, piece_name, row_group_spans, split_piece
-from .verify import CHECKSUMMED, CorruptPartError, footer_digest, open_part, read_row_group
+from .part_pieces import TAIL, Piece, PieceSource, footer_span, piece_name, row_group_spans, split_piece
+from .verify import CHECKSUMMED, CorruptPartError, OpenParts, footer_digest, open_part, read_row_group
 
 BLOCK = 8 << 20            # bytes per ranged read of a download
 WAIT_SECONDS = float(os.environ.get("PINSTORM_PART_CACHE_WAIT", "600"))   # for room held by other readers
@@ -259,10 +259,9 @@ class PartCache:
         return self._spans[part]
 
     def open_pieces(self, part: str, columns=CHECKSUMMED):
-        """(open part, its `PieceSource`) of a part cached by row group, for reading `columns`: give the source
-        each row group's cached file (`PieceSource.add_file` at its `span`) before reading it."""
-        source = self._source(part)
-        return open_part(self.location, self.info, part, columns, source=source), source
+        """A part cached by row group, open for reading `columns`: give its source (``handle.source``, a
+        `PieceSource`) each row group's cached file (`PieceSource.add_file` at its `span`) before reading it."""
+        return open_part(self.location, self.info, part, columns, source=self._source(part))
 
     def _source(self, part: str) -> PieceSource:
         source = PieceSource(self.sizes[part], f"{self.where}/{part}")
@@ -527,8 +526,8 @@ class PartCache:
         with self._checking:
             if self._checkers is None:   # every column read: page CRCs checked where pyarrow can
                 self._checkers = OpenParts(lambda name: self.open_pieces(name, columns=None))
-            handle, source = self._checkers.get(part)
-            start, end = self.spans(part)[rg]
+            handle = self._checkers.get(part)
+            source, (start, end) = handle.source, self.spans(part)[rg]
             try:
                 source.add_file(start, end, tmp)
                 read_row_group(handle, self.location, self.info, part, rg, columns=handle.schema_arrow.names)

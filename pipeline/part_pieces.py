@@ -18,7 +18,6 @@ from __future__ import annotations
 import io
 import os
 import re
-from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from pinstorm.boards.errors import MalformedParquet, ParquetLimitExceeded
@@ -112,10 +111,6 @@ class PieceSource(io.RawIOBase):
     def add_bytes(self, start: int, data: bytes) -> None:
         self._footer = (start, bytes(data))
 
-    @property
-    def footer_bytes(self) -> int:
-        return len(self._footer[1]) if self._footer is not None else 0
-
     def add_file(self, start: int, end: int, path) -> None:
         """Serve bytes `start`..`end` from the file at `path` (the previous row group is let go)."""
         descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
@@ -179,30 +174,3 @@ class PieceSource(io.RawIOBase):
         self._footer = None
         super().close()
 
-
-class OpenParts:
-    """The last few parts opened from their pieces, each (open part, its `PieceSource`), by part name: a
-    shuffled epoch over a few big parts switches parts at almost every row group, and parsing a footer of
-    thousands of row groups each time would make a row group's cost grow with its part's. Bounded in
-    memory too: a parsed footer takes ~9x its bytes (71 MB for 16,384 row groups), so at most `KEEP`
-    parts and `KEEP_FOOTER_BYTES` of their footers stay open (always the one in use)."""
-
-    KEEP = 8
-    KEEP_FOOTER_BYTES = 16 << 20
-
-    def __init__(self, opener):
-        self.opener, self.open = opener, OrderedDict()
-
-    def get(self, part: str):
-        if part in self.open:
-            self.open.move_to_end(part)
-        else:
-            self.open[part] = self.opener(part)
-            while len(self.open) > 1 and (len(self.open) > self.KEEP or sum(
-                    source.footer_bytes for _, source in self.open.values()) > self.KEEP_FOOTER_BYTES):
-                self.open.popitem(last=False)[1][0].close()
-        return self.open[part]
-
-    def close(self) -> None:
-        while self.open:
-            self.open.popitem()[1][0].close()

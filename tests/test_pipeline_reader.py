@@ -217,3 +217,38 @@ def test_shuffled_reader_builds_under_a_global_tf_seed(digits_dataset):
         assert sum(int(b[1].shape[0]) for b in ds) == dataset_info(digits_dataset)["rows"]
     finally:
         tf.random.set_seed(None)
+
+
+def test_a_dataset_of_many_parts_is_read_with_few_file_descriptors(tmp_path):
+    """Readers keep only the last few parts open (`verify.OpenParts`): a dataset of 200 one-row-group parts
+    (the layout advised for streaming) is read under a limit of 128 open files. Keeping every part open
+    failed at the 133rd part under the usual limit of 1,024."""
+    from pinstorm.pipeline import convert, make_digits_tree, scan
+
+    tree = make_digits_tree(tmp_path / "tree", image_size=8, per_class=30, seed=0)
+    result = convert(scan(tree), tmp_path / "ds", partitions=200, min_row_groups=200, seed=0, progress=False)
+    assert result.partitions == 200
+    code = textwrap.dedent("""
+        import resource, sys
+        resource.setrlimit(resource.RLIMIT_NOFILE, (128, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+        from pinstorm.pipeline.epochs import open_epochs
+        source = open_epochs(sys.argv[1], None, shuffle=True, seed=0)
+        print(sum(len(labels) for epoch in range(2) for _, labels in source(epoch)))
+    """)
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "ds")], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert int(done.stdout.split()[-1]) == 2 * result.rows
+    # out of file descriptors is this machine's limit, never reported as a corrupt part
+    code = textwrap.dedent("""
+        import resource, sys
+        from pinstorm.pipeline import locate, open_part, read_info
+        location = locate(sys.argv[1])
+        info = read_info(location)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+        handles = [open_part(location, info, name) for name in sorted(info.files)]
+    """)
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "ds")], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 1 and "OSError: [Errno 24]" in done.stderr and "Too many open files" in done.stderr
+    assert "CorruptPartError" not in done.stderr and "MalformedParquet" not in done.stderr

@@ -492,26 +492,20 @@ def test_a_piece_source_serves_only_the_pieces_in_hand(tmp_path):
         source.add_file(20, 31, tmp_path / "group")
 
 
-def test_parts_kept_open_are_bounded_by_count_and_by_their_footers(tmp_path):
-    from pinstorm.pipeline.part_pieces import OpenParts, PieceSource
+def test_parts_kept_open_are_bounded_by_count_and_by_their_footers():
+    from types import SimpleNamespace
+
+    from pinstorm.pipeline.verify import OpenParts
 
     closed = []
 
-    class Handle:
-        def __init__(self, part):
-            self.part = part
-
-        def close(self):
-            closed.append(self.part)
-
     def opener(part):   # footers of 6 MiB: two fit the 16 MiB kept open, a third does not
-        source = PieceSource(100 << 20, part)
-        source.add_bytes(94 << 20, b"x" * (6 << 20))
-        return Handle(part), source
+        return SimpleNamespace(part=part, metadata=SimpleNamespace(serialized_size=6 << 20),
+                               close=lambda: closed.append(part))
 
     opened = OpenParts(opener)
     for part in ("a", "b", "a", "c"):
-        assert opened.get(part)[0].part == part
+        assert opened.get(part).part == part
     assert closed == ["b"] and list(opened.open) == ["a", "c"]   # the least recently used went
     opened.close()
     assert sorted(closed) == ["a", "b", "c"]

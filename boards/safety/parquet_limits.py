@@ -27,6 +27,7 @@ dictionary column can already be gigabytes, and pyarrow cannot be stopped inside
 
 from __future__ import annotations
 
+import errno
 import os
 import struct
 from dataclasses import dataclass
@@ -173,6 +174,12 @@ class _Chunk:
     refine: tuple | None = None   # (bytes besides the values, values, column meta, dictionary page)
 
 
+def out_of_resources(error: BaseException) -> bool:
+    """Whether `error` is this machine running out of open files or memory (never a file's fault: it must
+    not be reported as a malformed file)."""
+    return isinstance(error, OSError) and error.errno in (errno.EMFILE, errno.ENFILE, errno.ENOMEM)
+
+
 def footer_length(tail: bytes, size: int, where: str, max_footer_bytes: int = DEFAULT_FOOTER_BYTES) -> int:
     """The length of the footer of a Parquet file of `size` bytes whose last 8 bytes are `tail`, refused
     when it is not a Parquet file or the footer is over `max_footer_bytes` (memory to parse it)."""
@@ -213,6 +220,8 @@ class BoundedParquetFile:
                 self.file = pq.ParquetFile(source, thrift_string_size_limit=max_footer_bytes,
                                            thrift_container_size_limit=max(1000, max_footer_bytes // 8), **options)
             except (OSError, ValueError, IndexError, KeyError, pa.ArrowException) as error:
+                if out_of_resources(error):   # this machine's limit, not the file's fault
+                    raise
                 raise MalformedParquet(f"{where}: cannot be read as Parquet: {error}") from None
             try:
                 self.metadata = self.file.metadata
