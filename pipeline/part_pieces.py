@@ -1,7 +1,7 @@
 """A part too big to cache whole, cached and read by row group: its pieces and a file that serves them.
 
-Why: `convert`'s defaults write one part file (ImageNet: ~150 GB in ~4,700 row groups of 32 MB), and a
-cache smaller than one part could not stream it at all; a shuffled epoch over big parts of many row
+Why: `convert`'s defaults write one part file of up to 4,096 row groups of 32 MB (ImageNet: two of ~75 GB),
+and a cache smaller than one part could not stream it at all; a shuffled epoch over big parts of many row
 groups fetched each part once per run of its row groups. Cut into pieces, a part is its footer (a few
 KB to MB, fetched first) and one piece per row group (the byte range of its column chunks, which the
 footer gives): each row group's bytes are fetched once an epoch, whatever the order, and a part larger
