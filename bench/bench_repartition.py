@@ -142,7 +142,8 @@ def run_rounds(trees: dict[int, Path], work: Path, rounds: int, against: str | N
                 from baseline import run_against
 
                 old = run_against(against, Path(__file__).resolve(),
-                                  ["--only-repartition", "--sizes", str(n), "--trees", str(work / "trees")])
+                                  ["--only-repartition", "--sizes", str(n), "--trees", str(work / "trees"),
+                                   "--work", str(work)])
                 row = old["sizes"][str(n)]
                 times[n]["before"].append(row["repartition_s"])
                 times[n]["before_cpu"].append(row["repartition_cpu_s"])
@@ -163,12 +164,15 @@ def main(argv=None) -> dict:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--parallel", default="1,2", help="also time repartition with these `parallel` counts")
     ap.add_argument("--against", metavar="REV", help="also time repartition at commit REV, interleaved")
+    ap.add_argument("--work", help="folder for the trees, boards and tars (default: the system's temp folder); "
+                                   "/dev/shm takes the disk's cost of creating files out")
+    ap.add_argument("--name", default="repartition", help="results file name (bench/results/NAME.json)")
     ap.add_argument("--trees", help=argparse.SUPPRESS)  # reuse the trees of a parent run (--against)
     ap.add_argument("--only-repartition", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--json-out", help=argparse.SUPPRESS)  # bench/baseline.py: results there, no plot
     args = ap.parse_args(argv)
     os.environ.setdefault("PINSTORM_PROGRESS", "0")
-    with tempfile.TemporaryDirectory(prefix="pinstorm-bench-repartition-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="pinstorm-bench-repartition-", dir=args.work) as tmp:
         work = Path(tmp)
         os.environ["PINSTORM_CONFIG"] = str(work / "config.yaml")
         os.environ["PINSTORM_CACHE"] = str(work / "cache")
@@ -211,7 +215,8 @@ def main(argv=None) -> dict:
                            before_cpu_vs_after_cpu=paired(times[n], "before_cpu", "repartition_cpu"))
             rows.append(row)
     result = {"per_class": args.per_class, "rounds": args.rounds, "cpus": os.cpu_count(),
-              "against": args.against, "sizes": rows,
+              "against": args.against, "work": args.work or tempfile.gettempdir(),
+              "create_us": create_cost(Path(args.work or tempfile.gettempdir())), "sizes": rows,
               "ms_per_image_vs_smallest": {r["categories"]: round(r["repartition_ms_per_image"]
                                                                   / rows[0]["repartition_ms_per_image"], 2)
                                            for r in rows}}
@@ -219,10 +224,26 @@ def main(argv=None) -> dict:
         Path(args.json_out).write_text(json.dumps(result, indent=2))
         return result
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "repartition.json").write_text(json.dumps(result, indent=2))
-    plot(result, RESULTS / "repartition.png")
+    (RESULTS / f"{args.name}.json").write_text(json.dumps(result, indent=2))
+    plot(result, RESULTS / f"{args.name}.png")
     print(json.dumps([{k: r[k] for k in r if k != "rounds"} for r in rows], indent=2))
     return result
+
+
+def create_cost(where: Path, count: int = 500) -> dict[str, float]:
+    """Microseconds to create an empty file and a folder in `where`: a pin is 6 such creates (pin and
+    version folders, the zip, data.txt, R 0.4.5's r-legacy folder and its data.txt) where a tar is 1,
+    so on a disk slow to create files (this VM's ext4: 100-300 us) they set the floor of the ratio."""
+    with tempfile.TemporaryDirectory(dir=where) as tmp:
+        start = time.perf_counter()
+        for i in range(count):
+            os.close(os.open(os.path.join(tmp, f"f{i}"), os.O_WRONLY | os.O_CREAT))
+        files = time.perf_counter() - start
+        start = time.perf_counter()
+        for i in range(count):
+            os.mkdir(os.path.join(tmp, f"d{i}"))
+        folders = time.perf_counter() - start
+    return {"file": round(1e6 * files / count, 1), "folder": round(1e6 * folders / count, 1)}
 
 
 def default_parallel(images: int) -> int:
@@ -254,7 +275,7 @@ def plot(result: dict, path: Path) -> None:
                   label="repartition, parallel=1")
     left.plot(n, [r["tar_copy_ms_per_image"] for r in rows], "s--", label="tar cf + copy")
     left.set(xscale="log", yscale="log", xlabel="categories", ylabel="ms per image",
-             title=f"Publishing a tree ({result['per_class']} JPEGs a category)")
+             title=f"Publishing a tree ({result['per_class']} JPEGs a category), in {result['work']}")
     left.legend(fontsize=8)
     right.plot(n, [r["repartition_vs_tar_copy"] for r in rows], "o-", label="repartition / (tar + copy)")
     if all("before_vs_tar_copy" in r for r in rows):

@@ -16,7 +16,7 @@ import copy
 import os
 import shutil
 from pathlib import Path
-from typing import Any, ContextManager, Iterator, Protocol, runtime_checkable
+from typing import Any, Callable, ContextManager, Iterator, Protocol, runtime_checkable
 
 from .cache import Cache
 from .errors import PinNotFound, ReadOnlyBoard, VersionNotFound
@@ -145,8 +145,9 @@ class Storage(Protocol):
             name: The pin's name.
             versions: The full version names to delete (None: the whole pin).
         """
-    def batch(self) -> ContextManager[Any]:
-        """Defer the upkeep of derived indexes until the outermost batch closes."""
+    def batch(self, hand_over: Callable[[dict[str, Any]], None] | None = None) -> ContextManager[Any]:
+        """Defer the upkeep of derived indexes until the outermost batch closes (or hand what it wrote,
+        {pin: metadata}, to `hand_over` then, for another batch to `publish`)."""
     def with_cache(self, cache: str | os.PathLike[str] | Cache) -> "Storage":
         """The same storage, keeping fetched versions in `cache`.
 
@@ -283,8 +284,8 @@ class StorageBase:
         raise self.refusal("remove", name)
 
     @contextlib.contextmanager
-    def batch(self) -> Iterator[Any]:
-        yield self
+    def batch(self, hand_over: Callable[[dict[str, Any]], None] | None = None) -> Iterator[Any]:
+        yield self  # no derived index to defer: nothing is ever handed over
 
     def with_cache(self, cache: str | os.PathLike[str] | Cache) -> "StorageBase":
         clone = copy.copy(self)

@@ -31,15 +31,16 @@ CATEGORIES_PIN = "categories"
 # How many categories are pinned at once by default, measured (bench/bench_repartition.py, docs/pipeline.md,
 # "One pin per category"). Into a local folder the work is zipping, hashing and small file writes under
 # the GIL: threads only add contention (4 threads were 1.9x slower than 1 on 2 cores), so the categories
-# are shared among worker processes, one per core (at most `MAX_PROCESSES`: each worker's batch ends in
-# an index write under the board's lock; only 2 cores were measured), each pinning in a batch of its
-# own. A worker is forked (milliseconds), yet at 400 images two took 2.8x the time of one and at 4,000
-# no less, at 12,000 0.68-1.0x and at 40,000 0.77-0.90x (two runs): so one process below
+# are shared among worker processes, one per core (at most `MAX_PROCESSES`: only 2 cores were measured),
+# each pinning in a batch it hands to the parent's, which indexes them all once. A worker is forked
+# (milliseconds); on 2 cores (tmpfs, 5 rounds, bench/results/repartition_process_threshold.json and
+# repartition_tmpfs.json) two took 1.5x the time of one at 400 images, 1.1x at 1,000, 0.82x at 2,000,
+# 0.74x at 4,000 and 0.62x at 40,000: so one process below
 # `PROCESS_MIN_IMAGES` images, or where only a spawned worker is safe (~1 s to import pinstorm).
 # Into a bucket each pin waits on requests, and eight threads were the fastest of 1, 2, 4 and 8
 # (moto S3, 100 categories of 40 JPEGs).
 LOCAL_KINDS = frozenset({"folder", "local"})
-PROCESS_MIN_IMAGES = 10_000
+PROCESS_MIN_IMAGES = 2_000
 MAX_PROCESSES = 8
 REMOTE_PARALLEL = 8
 
@@ -149,19 +150,22 @@ def _process_context():
 
 def _pin_in_processes(board, jobs: list, zip: bool, workers: int, progress: bool | None) -> None:
     """Pin `jobs` with `workers` processes, each taking the next category as it is free (so a core
-    slowed by other work takes fewer) and pinning in a batch of its own: one index write per worker.
+    slowed by other work takes fewer) and pinning in a batch it hands to this one: one index write in all.
     The first error stops the others after their current category and is raised here, with its type."""
     context = _process_context()
     claimed = context.Value("q", 0)   # index of the next job to take
     done = context.Queue()
     procs = [context.Process(target=_pin_worker, args=(board, zip, jobs, claimed, done),
                              name=f"repartition-{i}", daemon=True) for i in range(workers)]
-    for p in procs:  # before the progress bar, which may start a thread
+    for p in procs:  # before the progress bar, which may start a thread, and before this batch opens
         p.start()
     ended: set[int] = set()
     error: BaseException | None = None
     try:
-        with progress_bar("repartition", len(jobs), unit="categories", enabled=progress) as advance:
+        # Workers hand what they pinned to this batch: one index update for all, where each worker's own
+        # update re-read the data.txt of every pin the others had stored (0.6 s of 2.2 at 1,000 categories)
+        with board.batch(), \
+                progress_bar("repartition", len(jobs), unit="categories", enabled=progress) as advance:
             while len(ended) < len(procs):
                 try:
                     pid, what, value = done.get(timeout=0.5)
@@ -178,6 +182,9 @@ def _pin_in_processes(board, jobs: list, zip: bool, workers: int, progress: bool
                     continue
                 if what == "pinned":
                     advance(1)
+                    continue
+                if what == "written":
+                    board.adopt(value)
                     continue
                 ended.add(pid)
                 if what == "failed" and error is None:
@@ -202,11 +209,12 @@ def _stop(claimed, total: int) -> None:
 
 def _pin_worker(board, zip: bool, jobs: list, claimed, done) -> None:
     """A worker process: take the next job index from `claimed` until none is left, pin it, report
-    ``(pid, "pinned", i)``; then, once its batch is indexed, ``(pid, "finished", None)`` or
-    ``(pid, "failed", pickled error)``."""
+    ``(pid, "pinned", i)``; then hand over what its batch wrote, ``(pid, "written", {pin: metadata})``
+    (for the parent's batch to index), and end with ``(pid, "finished", None)`` or ``(pid, "failed",
+    pickled error)``."""
     pid = os.getpid()
     try:
-        with board.batch():
+        with board.batch(hand_over=lambda written: done.put((pid, "written", written))):
             while True:
                 with claimed.get_lock():
                     i = claimed.value

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import time
 import zipfile
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -176,3 +177,6 @@ def test_pin_a_url_downloads_through_the_cache(http_board, tmp_path):
     with pytest.raises(DownloadError, match=r"HTTP 404 .*nothing.csv"):
         boards.pin(f"{url}/nothing.csv", "nothing")
     assert boards.pin_find("nothing").empty
+    zipped = boards.pin(f"{url}/notes.csv", "zipped", zip=True)   # the download is zipped, not kept beside it
+    assert [Path(p).read_text() for p in zipped] == ["a,b\n1,2\n"]
+    assert boards.pin_info("zipped")["file"] == "zipped.zip"   # only the zip: the download went into it

@@ -8,6 +8,7 @@ import zipfile
 from pathlib import Path
 
 from pinstorm import boards
+from pinstorm.boards import zip_writer
 from pinstorm.boards.safety import archive
 from pinstorm.pipeline import imagenet_partition, repartition
 
@@ -21,7 +22,7 @@ def test_a_zip_stores_compressed_files_as_they_are_and_deflates_the_rest(tmp_pat
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_bytes(data)
         files.append((tmp_path / rel, rel))
-    archive.make_zip(files, tmp_path / "mixed.zip")
+    zip_writer.make_zip(files, tmp_path / "mixed.zip")
     with zipfile.ZipFile(tmp_path / "mixed.zip") as zf:
         assert zf.testzip() is None
         assert zf.getinfo("n.txt").compress_type == zipfile.ZIP_DEFLATED

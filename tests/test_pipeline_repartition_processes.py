@@ -11,13 +11,12 @@ import shutil
 import signal
 import threading
 import time
-import zipfile
 from pathlib import Path
 
 import pytest
+import yaml
 
 from pinstorm import boards
-from pinstorm.boards.safety import archive
 from pinstorm.boards.tempnames import is_temporary
 from pinstorm.pipeline import repartition, scan
 from pinstorm.pipeline.repartition import (CATEGORIES_PIN, PROCESS_MIN_IMAGES, RepartitionWorkerDied,
@@ -28,6 +27,11 @@ pytest_plugins = ["conftest_pipeline"]
 
 def _temporaries(folder: Path) -> list[Path]:
     return [p for p in folder.rglob("*") if is_temporary(p.name)]
+
+
+def _indexed(folder: Path) -> set[str]:
+    """The pins the board's own data.txt index lists (what R and pins-python read), as written."""
+    return {e["name"] for e in yaml.safe_load((folder / "data.txt").read_text())}
 
 
 def _stored(board, names) -> dict[str, tuple[str, list[str]]]:
@@ -46,6 +50,8 @@ def test_processes_store_the_same_pins_as_one_process(tmp_path, digits_root, dig
     # every worker's batch is indexed: the data.txt lists every category, read as a new reader would
     fresh = boards.board_folder(tmp_path / "many", cache=tmp_path / "cache-fresh", name="fresh")
     assert set(fresh.pin_find("")["name"]) == {CATEGORIES_PIN, *digits_layout.classes}
+    # the workers handed their pins to the parent's batch, which indexed them all in one update
+    assert _indexed(tmp_path / "many") == {CATEGORIES_PIN, *digits_layout.classes}
     assert not _temporaries(tmp_path / "many")
     wnid = digits_layout.classes[1]
     source = {Path(p).name: Path(p).read_bytes() for p, w in digits_layout.train if w == wnid}
@@ -63,6 +69,7 @@ def test_a_worker_error_comes_back_with_its_type_and_what_was_stored_is_listed(t
     listed = set(boards.board_folder(tmp_path / "board", cache=tmp_path / "c2", name="r").pin_find("")["name"])
     on_disk = {p.parent.parent.name for p in (tmp_path / "board").glob("*/*/data.txt")}
     assert listed == on_disk and layout.classes[4] not in listed and CATEGORIES_PIN not in listed
+    assert _indexed(tmp_path / "board") == on_disk   # indexed as the batch closed on the error
     assert not _temporaries(tmp_path / "board")
 
 
@@ -113,20 +120,3 @@ def test_one_process_below_the_measured_size(tmp_path):
     board = boards.board_folder(tmp_path / "b", name="small")
     assert default_parallel(board, images=PROCESS_MIN_IMAGES - 1) == 1
     assert default_parallel(board, images=PROCESS_MIN_IMAGES) >= 1
-
-
-def test_a_zip_made_in_memory_has_the_bytes_of_one_written_to_disk(tmp_path, monkeypatch):
-    files = []
-    for rel, data in [("a.JPEG", os.urandom(3000)), ("sub/b.png", b"png" * 50), ("e.jpg", b""),
-                      ("n.txt", b"some text " * 5000), ("r.bin", os.urandom(70_000))]:
-        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / rel).write_bytes(data)
-        files.append((tmp_path / rel, rel))
-    archive.make_zip(files, tmp_path / "memory.zip")
-    monkeypatch.setattr(archive, "ZIP_IN_MEMORY", 0)   # the path for sources too large to hold
-    archive.make_zip(files, tmp_path / "disk.zip")
-    assert (tmp_path / "memory.zip").read_bytes() == (tmp_path / "disk.zip").read_bytes()
-    with zipfile.ZipFile(tmp_path / "memory.zip") as zf:
-        assert zf.testzip() is None and zf.namelist() == [rel for _, rel in files]
-        assert zf.getinfo("n.txt").compress_type == zipfile.ZIP_DEFLATED
-        assert zf.getinfo("a.JPEG").compress_type == zipfile.ZIP_STORED

@@ -48,7 +48,7 @@ import threading
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import fsspec
 from filelock import FileLock
@@ -162,9 +162,11 @@ class FsStorage(StorageBase):
 
     # ---- batches --------------------------------------------------------------------------
     @contextlib.contextmanager
-    def batch(self) -> Iterator[Any]:
+    def batch(self, hand_over: Callable[[dict[str, PinMeta | None]], None] | None = None) -> Iterator[Any]:
         """Defer the index upkeep of every write on this board object until the outermost batch closes
-        (also when it closes with an error: what was stored gets listed). Threads may pin inside it."""
+        (also when it closes with an error: what was stored gets listed). Threads may pin inside it.
+        `hand_over`: the outermost batch gives what it wrote ({pin: meta}) to this function instead of
+        indexing it (a worker process hands its pins to the parent's batch: one index update in all)."""
         with self._batch_lock:
             self._batch_depth += 1
         failed = False
@@ -179,7 +181,9 @@ class FsStorage(StorageBase):
                 written = self._batch_written if self._batch_depth == 0 else None
                 if written is not None:
                     self._batch_written = {}
-            if written:
+            if written and hand_over is not None:
+                hand_over(written)
+            elif written:
                 self._publish_batch(written, failed)
 
     def _publish_batch(self, written: dict[str, PinMeta | None], failed: bool) -> None:

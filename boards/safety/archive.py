@@ -16,7 +16,6 @@ sets compress 1.5-20:1). Raise them per call (`extract(..., limits=)`,
 from __future__ import annotations
 
 import gzip
-import io
 import os
 import shutil
 import tarfile
@@ -220,33 +219,3 @@ def extract(archive: str | Path, dest: str | Path, *, limits: ExtractLimits | di
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return sorted(p for p in dest.rglob("*") if p.is_file())
-
-
-def make_zip(files: list[tuple[Path, str]], out: Path) -> Path:
-    """Zip (source, name in archive) pairs into `out`; already-compressed files are stored as is.
-
-    zipfile writes each member's header, then seeks back to rewrite it with the CRC and sizes: on a
-    disk file each seek is a flush (~48 us a file). Sources of up to `ZIP_IN_MEMORY` bytes in all are
-    therefore zipped in memory and written with one call: the same bytes, ~30% less time for a
-    category of 40 small JPEGs (bench/bench_repartition.py); larger ones are zipped straight to disk."""
-    infos = [zipfile.ZipInfo.from_file(src, rel) for src, rel in files]
-    small = sum(info.file_size for info in infos) <= ZIP_IN_MEMORY
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer if small else out, "w", compression=zipfile.ZIP_DEFLATED) as zf:
-        for (src, rel), info in zip(files, infos):
-            kind = zipfile.ZIP_STORED if src.suffix.lower() in _STORED else zipfile.ZIP_DEFLATED
-            if small and not info.is_dir():
-                info.compress_type = kind
-                with open(src, "rb", buffering=0) as f:  # read whole: no buffer layer to go through
-                    zf.writestr(info, f.read())
-            else:
-                zf.write(src, rel, compress_type=kind)
-    if small:
-        Path(out).write_bytes(buffer.getbuffer())
-    return out
-
-
-ZIP_IN_MEMORY = 64 * 2**20  # sources zipped in memory by `make_zip` (at most this much held at once)
-
-
-_STORED = {".jpeg", ".jpg", ".png", ".gz", ".zip", ".parquet"}  # already compressed: zipped as they are

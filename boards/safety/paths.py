@@ -25,6 +25,7 @@ _MAX_SEGMENT = 200
 # Files pinstorm itself keeps in a version folder: a pin file of that name would be overwritten by
 # (or would overwrite) the version's metadata, on the board and in the cache.
 RESERVED_FILES = frozenset({"data.txt"})
+_RESERVED_STEMS = tuple({f.split(".", 1)[0] for f in RESERVED_FILES})  # in any name `reserved` is true of
 
 
 def _where(pin: str | None, board: str | None) -> str:
@@ -78,6 +79,8 @@ def reserved(name: str) -> bool:
     once normalised (`normalise`) and as the disks that hold boards and caches compare names:
     case-insensitively (macOS, Windows), without trailing dots and spaces and NTFS stream suffixes
     (Windows). One rule for every platform, so a board means the same everywhere."""
+    if name.isascii() and not any(stem in name.lower() for stem in _RESERVED_STEMS):
+        return False  # the common case, quick: normalising only drops parts, and ASCII casefolds as it lowers
     normal = normalise(name)
     if not normal or "/" in normal:
         return False
