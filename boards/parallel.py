@@ -131,9 +131,10 @@ def pin_get_many(names: Iterable[str], board: str | Board | None = None, paralle
     if not names:
         return results
     kind, workers = _plan(parallel, len(names))
-    # a board that can keep its index for the call (data.txt over HTTP) reads it once for all the pins
+    # a board that can keep its index (data.txt over HTTP) or one listing (a bucket) for the call reads it
+    # once for all the pins
     hold = getattr(target.storage, "hold_index", None)
-    with (hold() if hold is not None else contextlib.nullcontext()), \
+    with (hold(names) if hold is not None else contextlib.nullcontext()), \
             progress_bar(f"pins from {target.name}", len(names), unit="pins") as advance:
         def settle(name: str, outcome: Callable[[], Any]) -> None:
             try:

@@ -115,3 +115,24 @@ def test_importing_boards_cloud_turns_off_the_gcsfs_grpc_probe_unless_set():
     out = subprocess.run([sys.executable, "-c", code.replace(", gcsfs", "")], env=env, capture_output=True,
                          text=True, timeout=120)
     assert out.stdout.strip() == "true", out.stderr  # the user's own choice stays
+
+
+def test_cached_pins_cost_one_listing_of_the_board(gcs_server, bucket, tmp_path):
+    """As on S3 (tests/test_boards_parallel.py): `pin_get_many` of cached pins lists the board once."""
+    from pinstorm.boards.parallel import pin_get_many
+
+    with faults.FaultProxy(gcs_server.endpoint) as proxy:
+        board = boards.board_register("gcs", name="many", bucket=bucket, path="cats", create_bucket=True,
+                                      cache=tmp_path / "cache", **gcs_server.storage_options(proxy.endpoint))
+        names = [f"n{i:08d}" for i in range(8)]
+        with board.batch():
+            for i, name in enumerate(names):
+                (tmp_path / f"{name}.JPEG").write_bytes(b"\xff\xd8" + bytes([i]) * 99)
+                board.store([tmp_path / f"{name}.JPEG"], name, zip=True)
+        first = pin_get_many(names, board="many")
+        proxy.clear()
+        assert pin_get_many(names, board="many") == first
+        recursive = [p for m, p, _ in proxy.log if m == "GET" and "/o?delimiter=&" in p]
+        # the index (gcsfs: its metadata, a folder probe, its bytes) and one listing, where 8 were before
+        assert recursive == [f"/storage/v1/b/{bucket}/o?delimiter=&prefix=cats/&maxResults=1000"], proxy.log
+        assert len(proxy.log) <= 4, proxy.log

@@ -230,3 +230,17 @@ def test_an_oversized_bucket_index_is_refused_then_rebuilt(cloud, monkeypatch):
         board.storage.read_index()
     board.pin({"b": 2}, "other")  # the next write rebuilds the derived index from the listing
     assert set(_index(board)) == {"small", "other"}
+
+
+def test_a_large_bucket_index_is_read_whole(cloud, recwarn):
+    """S3's body arrives in pieces: reading only the first (~200 entries' worth) made every larger index
+    look damaged, so each write rebuilt it from every pin's data.txt, and readers saw it fail."""
+    from pinstorm.boards import index
+
+    _, board = cloud
+    board.pin({"a": 1}, "small")
+    entries = [{"path": f"p{i:05d}/v/", "name": f"p{i:05d}", "description": "d" * 200, "type": "file"}
+               for i in range(5000)]   # ~1.4 MB
+    board.storage.fs.pipe_file(f"{board.storage.root}/data.txt", index.dump_index(entries).encode())
+    assert [e["name"] for e in board.storage.read_index()] == [e["name"] for e in entries]
+    assert not [w for w in recwarn if "unreadable" in str(w.message)]

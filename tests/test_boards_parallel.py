@@ -149,3 +149,39 @@ def test_pin_get_of_a_list_keeps_its_options_and_finds_each_pin_on_its_board(tmp
     assert boards.pin_get(["on-local", "on-other"], download=False) == {"on-local": {"a": 1}, "on-other": {"b": 2}}
     with pytest.raises(ValueError, match="one pin"):
         boards.pin_get(["on-local", "on-other"], version="2020")
+
+
+def _listings(proxy) -> int:
+    return sum(1 for method, path, _ in proxy.log if method == "GET" and ("list-type" in path or "prefix=" in path))
+
+
+@pytest.mark.timeout(180)
+def test_cached_pins_on_a_bucket_cost_one_listing_not_one_a_pin(tmp_path):
+    """1,000 cached categories on S3 were 1,000 listings; where the index says one listing of the whole
+    board is cheaper, `pin_get_many` lists it once and takes every pin's versions from it."""
+    with s3.S3Server() as server, faults.FaultProxy(server.endpoint) as proxy:
+        board = boards.board_register("s3", name="bucket", bucket="many-pins", create_bucket=True,
+                                      cache=tmp_path / "cache", **server.storage_options(proxy.endpoint))
+        expected = _pin_partition(board, tmp_path, 12, files=1)
+        names = list(expected)
+        _check(pin_get_many(names, board="bucket"), expected)     # fetched into the cache
+        proxy.clear()
+        _check(pin_get_many(names, board="bucket"), expected)     # cached: the index and one listing
+        assert _listings(proxy) == 1 and len(proxy.log) == 2, proxy.log
+        # a version stored by another writer since: listed, so the next call fetches it
+        other = boards.board_register("s3", name="other", bucket="many-pins", cache=tmp_path / "c2",
+                                      **server.storage_options())
+        (tmp_path / "new.JPEG").write_bytes(b"\xff\xd8 newer")
+        other.pin([tmp_path / "new.JPEG"], names[3], zip=True)
+        expected[names[3]] = {"new.JPEG": b"\xff\xd8 newer"}
+        _check(pin_get_many(names, board="bucket"), expected)
+        # one pin of twelve: its own listing is as cheap as the board's, so it is listed alone
+        proxy.clear()
+        pin_get_many(names[:1], board="bucket")
+        assert [p for m, p, _ in proxy.log if "list-type" in p] == [
+            f"/many-pins?list-type=2&prefix={names[0]}%2F&delimiter=&encoding-type=url"]
+        # the board's listing fails: each pin is listed on its own, as before
+        proxy.clear()
+        proxy.fail(r"list-type=2&prefix=&", 403, method="GET")
+        _check(pin_get_many(names[:4], board="bucket"), {n: expected[n] for n in names[:4]})
+        assert _listings(proxy) == 1 + 4

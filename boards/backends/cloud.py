@@ -17,10 +17,12 @@ from __future__ import annotations
 import contextlib
 import os
 import posixpath
+import math
 import re
+import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 # gcsfs probes a gRPC endpoint (~60 s per bucket without network) unless this is off; the user's
 # own setting wins. It must be set before gcsfs is first imported.
@@ -36,6 +38,7 @@ from ..errors import BoardError, CredentialsError, DownloadError  # noqa: E402
 from .fs_board import FsStorage, IndexConflict, _modified  # noqa: E402
 from .. import index as board_index  # noqa: E402
 from ..meta import parse_version  # noqa: E402
+from ..metadata import as_list  # noqa: E402
 
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$")
 _CREDENTIAL_ERRORS = {"NoCredentialsError", "PartialCredentialsError", "NoAuthTokenError",
@@ -47,6 +50,9 @@ _CONNECTION_ERRORS = {"EndpointConnectionError", "ConnectTimeoutError", "ReadTim
                       "ClientConnectorError", "ClientOSError", "ClientPayloadError", "ConnectionError",
                       "TimeoutError", "ProxyError", "ChunkedEncodingError", "IncompleteRead",
                       "ServiceRequestError", "ServiceResponseError", "IncompleteReadError"}
+
+
+LISTING_PAGE = 1000  # keys one listing request returns (S3's and GCS's default page; Azure's is 5,000)
 
 
 class BucketStorage(FsStorage):
@@ -62,6 +68,28 @@ class BucketStorage(FsStorage):
         self.bucket = bucket
         self.endpoint = secret_rules.strip_url(endpoint) if endpoint else endpoint  # shown in messages
         self._secrets = tuple(s for s in secrets if isinstance(s, str) and len(s) >= 4)
+        self._reset_hold()
+
+    def _reset_hold(self) -> None:
+        """`hold_index`'s state: how many are open, and their listing ({pin: data.txt paths}) or None."""
+        self._hold_lock = threading.Lock()
+        self._holds = 0
+        self._listed: dict[str, list[str]] | None = None
+
+    def __getstate__(self) -> dict:
+        state = super().__getstate__()
+        state.update(_hold_lock=None, _holds=0, _listed=None)  # a hold belongs to the process that opened it
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        self._hold_lock = threading.Lock()
+
+    def with_cache(self, cache: str | os.PathLike | Cache) -> "BucketStorage":
+        clone = super().with_cache(cache)
+        assert isinstance(clone, BucketStorage)
+        clone._reset_hold()
+        return clone
 
     def describe(self) -> str:
         where = f"{self.kind}://{self.root}"
@@ -185,8 +213,61 @@ class BucketStorage(FsStorage):
             return entries
 
     def list_versions(self, name: str) -> list[str]:
+        listed = self._listed
+        if listed is not None and name in listed:  # within `hold_index`: from its one listing
+            return self.versions_from(name, listed[name])
         with self._errors(f"list versions of {name!r}"):
             return super().list_versions(name)
+
+    # ---- many pins at once: one listing -------------------------------------------------------
+    @contextlib.contextmanager
+    def hold_index(self, names: Sequence[str] = ()) -> Iterator[None]:
+        """Within: the versions of pins come from one listing of the whole board, taken on entry, where
+        the board's index says that costs fewer requests than a listing per pin (`pin_get_many` of 1,000
+        cached categories: a few requests, not 1,000); else, with no index, or where the listing fails,
+        a listing per pin as before. Versions stored meanwhile show from the next call on."""
+        with self._hold_lock:
+            self._holds += 1
+            outermost = self._holds == 1
+        try:
+            if outermost and names and self._one_listing_pays(names):
+                listed = self._list_every_version()
+                with self._hold_lock:
+                    self._listed = listed
+            yield
+        finally:
+            with self._hold_lock:
+                self._holds -= 1
+                if not self._holds:
+                    self._listed = None
+
+    def _one_listing_pays(self, names: Sequence[str]) -> bool:
+        """Whether listing the whole board takes at most half the requests of listing each of `names`,
+        counting the keys the index says each pin holds (versions x (files + data.txt + R's view))."""
+        try:
+            entries = self.read_index() or []
+        except Exception:  # noqa: BLE001 - unreadable or unreachable: per pin, whose errors say what failed
+            return False
+        keys = {str(e.get("name")): len(e.get("versions") or [None]) * (len(as_list(e.get("file"))) + 2)
+                for e in entries}
+        whole = math.ceil(sum(keys.values()) / LISTING_PAGE)
+        per_pin = sum(math.ceil(keys.get(n, 1) / LISTING_PAGE) for n in set(names))
+        return bool(keys) and 2 * whole <= per_pin
+
+    def _list_every_version(self) -> dict[str, list[str]] | None:
+        """{pin: paths of its `<version>/data.txt`} from one recursive listing (None where it fails)."""
+        depth = self.root.count("/") + 3  # <root>/<pin>/<version>/data.txt
+        self.fresh(self.root)
+        try:
+            with self._errors("list pins"):
+                found = self.fs.find(self.root)
+        except Exception:  # noqa: BLE001 - offline, say: each pin's own listing serves the cache or names the error
+            return None
+        listed: dict[str, list[str]] = {}
+        for p in found:
+            if p.endswith("/data.txt") and p.count("/") == depth:
+                listed.setdefault(p.split("/")[-3], []).append(p)
+        return listed
 
     def read_meta(self, name: str, version: str):
         with self._errors(f"read data.txt of {name!r} version {version}"):
@@ -236,11 +317,17 @@ class S3Storage(BucketStorage):
         async def get():
             response = await self.fs._call_s3("get_object", Bucket=bucket, Key=key)
             body = response["Body"]
-            try:
-                data = await body.read(board_index.MAX_INDEX_BYTES + 1)
+            chunks, held = [], 0
+            try:  # read(n) returns what has arrived, up to n: a 200 KB index comes in several reads
+                while held <= board_index.MAX_INDEX_BYTES:
+                    chunk = await body.read(board_index.MAX_INDEX_BYTES + 1 - held)
+                    if not chunk:
+                        break
+                    chunks.append(chunk)
+                    held += len(chunk)
             finally:
                 body.close()
-            return data, response.get("ETag")
+            return b"".join(chunks), response.get("ETag")
 
         return sync(self.fs.loop, get)
 

@@ -35,7 +35,7 @@ import posixpath
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 from urllib.parse import parse_qsl
 
 import requests
@@ -173,9 +173,9 @@ class DatatxtStorage(StorageBase):
         self._hold_lock = threading.Lock()
 
     @contextlib.contextmanager
-    def hold_index(self) -> Iterator[None]:
+    def hold_index(self, names: Sequence[str] = ()) -> Iterator[None]:
         """Within: the index is revalidated once, then reused (`pin_get_many` reads it once for all its
-        pins, not once a pin: one request instead of 1,000 for 1,000 cached categories)."""
+        `names`, not once a pin: one request instead of 1,000 for 1,000 cached categories)."""
         with self._hold_lock:
             self._holds += 1
             if self._holds == 1:

@@ -349,6 +349,10 @@ class FsStorage(StorageBase):
             found = self.version_data_txts(folder)
         except (FileNotFoundError, NotADirectoryError):
             found = []
+        return self.versions_from(name, found)
+
+    def versions_from(self, name: str, found: list[str]) -> list[str]:
+        """Pin `name`'s versions, sorted, from the paths of its `<version>/data.txt` files (`found`)."""
         versions = [posixpath.basename(posixpath.dirname(p)) for p in found]
         versions = [v for v in versions if TMP_MARK not in v and not v.startswith(".")]
         if not versions:
