@@ -185,3 +185,18 @@ def test_cached_pins_on_a_bucket_cost_one_listing_not_one_a_pin(tmp_path):
         proxy.fail(r"list-type=2&prefix=&", 403, method="GET")
         _check(pin_get_many(names[:4], board="bucket"), {n: expected[n] for n in names[:4]})
         assert _listings(proxy) == 1 + 4
+
+
+@pytest.mark.timeout(180)
+def test_a_cold_pin_on_s3_costs_two_requests(tmp_path):
+    """Its data.txt and its zip: s3fs asked each small file's size first (a HEAD) before reading it."""
+    with s3.S3Server() as server, faults.FaultProxy(server.endpoint) as proxy:
+        board = boards.board_register("s3", name="cold", bucket="cold-pins", create_bucket=True,
+                                      cache=tmp_path / "cache", **server.storage_options(proxy.endpoint))
+        expected = _pin_partition(board, tmp_path, 6, files=1)
+        reader = boards.board_register("s3", name="reader", bucket="cold-pins", cache=tmp_path / "reader",
+                                       **server.storage_options(proxy.endpoint))
+        proxy.clear()
+        _check(pin_get_many(list(expected), board=reader), expected)
+        assert not [entry for entry in proxy.log if entry[0] == "HEAD"], proxy.log
+        assert len(proxy.log) == 2 + 2 * len(expected), proxy.log   # the index, one listing, 2 a pin

@@ -308,6 +308,13 @@ class S3Storage(BucketStorage):
     """S3 writes the index with If-Match / If-None-Match, so a concurrent overwrite is refused
     instead of discovered (the re-read rounds stay, for S3 clones that ignore conditions)."""
 
+    def read_small_file(self, path: str) -> bytes:
+        """One GET: s3fs asks a file's size first (a HEAD) where it may split the download."""
+        try:
+            return bytes(self.fs.cat_file(path, max_concurrency=1))
+        except TypeError:  # an s3fs without concurrent downloads: it has no HEAD to save either
+            return bytes(self.fs.cat_file(path))
+
     def read_index_bytes(self, path: str) -> tuple[bytes, str | None]:
         """The body and ETag of the index, from one GET (so the token matches the bytes)."""
         from fsspec.asyn import sync

@@ -135,7 +135,7 @@ class FsStorage(StorageBase):
         unless it already does; True when it was written."""
         path = self.path(rel)
         try:
-            current = self.fs.cat_file(path).decode("utf-8", "replace")
+            current = self.read_small_file(path).decode("utf-8", "replace")
         except FileNotFoundError:
             current = None
         if current == text:
@@ -361,10 +361,14 @@ class FsStorage(StorageBase):
         # pins 1.x names sort by time; others (hand-made folders) after them, by name
         return sorted(versions, key=lambda v: (parse_version(v) is None, v))
 
+    def read_small_file(self, path: str) -> bytes:
+        """The bytes of a small file (a version's data.txt), in as few requests as the storage allows."""
+        return bytes(self.fs.cat_file(path))
+
     def read_meta(self, name: str, version: str) -> PinMeta:
         path = self.path(name, version, "data.txt")
         try:
-            text = self.fs.cat_file(path)
+            text = self.read_small_file(path)
         except FileNotFoundError as e:
             raise PinNotFound(f"pin {name!r} version {version!r} has no data.txt on board {self.name!r}") from e
         meta = PinMeta.from_yaml(text, source=f"{self.describe()}/{name}/{version}/data.txt")
