@@ -8,7 +8,10 @@ thread: tf.data's and the loader's) per image, the median of the rounds:
 
 * `make_dataset` (training crops and flips, 112 px) over the converted Parquet, and its eval path (a
   centre crop): plain tf.data below makes no crop and no flip;
-* plain tf.data over the JPEG files: ``list_files`` -> ``read_file`` -> ``decode_jpeg`` -> resize;
+* plain tf.data over the JPEG files: ``list_files`` -> ``read_file`` -> ``decode_jpeg`` -> resize (no crop,
+  no flip: issue 36's baseline), and ``augmented``: the same with the training crop and flip as tf.data users
+  write them (``sample_distorted_bounding_box`` -> ``decode_and_crop_jpeg`` -> resize -> flip; `augmented`),
+  the like-for-like baseline of `make_dataset(training=True)`;
 * `make_torch_loader` over the same Parquet, in this process (``num_workers=0``, so its CPU is counted);
 * ``source``: `make_dataset`'s row source alone (its rows batched, undecoded), where a change to it shows
   through the decoding's noise;
@@ -88,6 +91,18 @@ def row_source(tf, module, url: str, epochs: int):
     return module._rows_of(tf, chunks.prefetch(2)).batch(64).with_options(options)
 
 
+def augmented(tf, jpeg):
+    """The training crop and flip as tf.data users write them (TF Model Garden's ResNet `preprocess_for_train`):
+    a random window of 8-100% of the area, 3/4-4/3 aspect, decoded alone, resized, flipped half the time."""
+    begin, size, _ = tf.image.sample_distorted_bounding_box(
+        tf.image.extract_jpeg_shape(jpeg), bounding_boxes=tf.constant([0.0, 0.0, 1.0, 1.0], shape=[1, 1, 4]),
+        min_object_covered=0.1, aspect_ratio_range=(3 / 4, 4 / 3), area_range=(0.08, 1.0), max_attempts=10,
+        use_image_if_no_bounding_boxes=True)
+    window = tf.stack([begin[0], begin[1], size[0], size[1]])
+    image = tf.image.resize(tf.image.decode_and_crop_jpeg(jpeg, window, channels=3), (112, 112))
+    return tf.image.random_flip_left_right(image) / 255.0
+
+
 def per_image_floor(tf, module, url: str, epochs: int, stored=(120, 160)):
     """`make_dataset`'s row source and batching (`module`'s, a reader.py) with each chunk's crop windows and
     flips drawn at once, vectorized, from the stored size (`stored`, the bench's: every image is 120x160),
@@ -155,6 +170,8 @@ def main(argv=None) -> int:
             "plain tf.data": lambda n: tf.data.Dataset.list_files(pattern, seed=1).repeat(n).map(
                 lambda f: tf.image.resize(tf.io.decode_jpeg(tf.io.read_file(f), channels=3), (112, 112)) / 255.0,
                 num_parallel_calls=tf.data.AUTOTUNE).batch(64).prefetch(2),
+            "plain tf.data augmented": lambda n: tf.data.Dataset.list_files(pattern, seed=1).repeat(n).map(
+                lambda f: augmented(tf, tf.io.read_file(f)), num_parallel_calls=tf.data.AUTOTUNE).batch(64).prefetch(2),
             "make_torch_loader": lambda n: make_torch_loader(converted.url, batch_size=64, image_size=112, num_epochs=n,
                                                              seed=1, num_workers=0),
         }
@@ -179,6 +196,8 @@ def main(argv=None) -> int:
             cost = {name: row[f"{name}{kind} cpu ms/img"] for name in readers}
             row[f"make_dataset / plain tf.data{kind}"] = cost["make_dataset"] / cost["plain tf.data"]
             row[f"make_dataset eval / plain tf.data{kind}"] = cost["make_dataset eval"] / cost["plain tf.data"]
+            row[f"make_dataset / plain tf.data augmented{kind}"] = (cost["make_dataset"]
+                                                                   / cost["plain tf.data augmented"])
             row[f"make_dataset / make_torch_loader{kind}"] = cost["make_dataset"] / cost["make_torch_loader"]
             row[f"per-image floor / plain tf.data{kind}"] = cost["per-image floor"] / cost["plain tf.data"]
             row[f"make_dataset / per-image floor{kind}"] = cost["make_dataset"] / cost["per-image floor"]
@@ -204,9 +223,10 @@ def main(argv=None) -> int:
         import matplotlib.pyplot as plt
     except ImportError:
         return 0
-    names = ["make_dataset", *olds, "make_dataset eval", "plain tf.data", "make_torch_loader", "per-image floor"]
+    names = ["make_dataset", *olds, "make_dataset eval", "plain tf.data", "plain tf.data augmented",
+             "make_torch_loader", "per-image floor"]
     colours = dict(zip(names, ["#4c72b0", *["#c44e52", "#937860", "#da8bc3"][:len(olds)],
-                               "#8172b2", "#dd8452", "#55a868", "#8c8c8c"]))
+                               "#8172b2", "#dd8452", "#e5ae38", "#55a868", "#8c8c8c"]))
     figure, axes = plt.subplots(1, 2, figsize=(13, 4), sharey=True)
     step = len(names) + 1
     for axis, kind, title in zip(axes, ("", " steady"), ("one epoch", "steady (epochs 2-3)")):
