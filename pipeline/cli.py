@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from ..boards.display import escape, escape_lines
+from .repartition import PROCESS_MIN_IMAGES, REMOTE_PARALLEL
 from .storage import is_board_url, parse_board_url
 
 # Class names, image paths and skip reasons come from image folders and boards anyone may write: they
@@ -77,7 +78,7 @@ def _secrets_masked(storage_options: dict | None):
 @click.option("--zip/--no-zip", "zip_", default=True, show_default=True, help="One zip per category.")
 @click.option("--parallel", type=POSITIVE, default=None,
               help="Categories pinned at once: processes into a local folder (default: one per core from "
-                   "10,000 images, else 1), threads into a bucket (default 8).")
+                   f"{PROCESS_MIN_IMAGES:,} images, else 1), threads into a bucket (default {REMOTE_PARALLEL}).")
 def repartition(root, board, zip_, parallel):
     """Pin each train category of the image tree ROOT as its own pin, plus a `categories` table."""
     from .repartition import repartition as run
