@@ -312,9 +312,9 @@ class Board:
     def adopt(self, written: dict[str, Any]) -> None:
         """Index the pins a `batch(hand_over=)` of another process wrote to this board: now, or when this
         object's batch closes (one index update for every worker's pins, none re-read from disk)."""
-        publish = getattr(self.storage, "publish", None)
-        for name, meta in written.items():
-            if publish is not None:
+        publish = getattr(self.storage, "publish", None)  # a storage without indexes has nothing to update
+        if publish is not None:
+            for name, meta in written.items():
                 publish(name, meta)
 
     # ---- writing --------------------------------------------------------------------------

@@ -15,9 +15,9 @@ so reads fall back to a cached copy with a warning).
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import posixpath
-import math
 import re
 import threading
 import time
