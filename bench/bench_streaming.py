@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import shutil
 import subprocess
 import sys
@@ -56,19 +57,36 @@ def rank_main(spec: dict) -> None:
     for epoch in range(EPOCHS):
         part_cache.reset_counters()
         loader.dataset.set_epoch(epoch)
-        start, images = time.time(), 0
+        start, images, cpu = time.time(), 0, _cpu_seconds()
         for batch, _ in loader:
             images += len(batch)
         counters = part_cache.COUNTERS
-        epochs.append({"start": start, "end": time.time(), "images": images, "fetched_bytes": counters.fetched_bytes,
+        epochs.append({"start": start, "end": time.time(), "images": images, "cpu": _cpu_seconds() - cpu,
+                       "fetched_bytes": counters.fetched_bytes,
                        "fetches": counters.fetches, "hits": counters.hits, "evicted": counters.evicted,
                        "peak_bytes": counters.peak_bytes})
     print(json.dumps(epochs))
 
 
+def _cpu_seconds() -> float:
+    """CPU seconds of this process (every thread) and of its children that ended (DataLoader workers)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def _server_cpu(pid: int | None) -> float:
+    if pid is None:
+        return 0.0
+    import psutil
+
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
+
+
 def run_ranks(url: str, ranks: int, *, stream: bool, limit: int | None, options: dict, cache: Path, work: Path,
-              image_size: int) -> dict:
-    """Start `ranks` rank processes, release them together, poll the cache folder; per-epoch totals."""
+              image_size: int, server_pid: int | None = None) -> dict:
+    """Start `ranks` rank processes, release them together, poll the cache folder; per-epoch totals, and the
+    CPU seconds the ranks and the server (`server_pid`, over both epochs) spent."""
     go = work / f"go-{time.monotonic_ns()}"
     specs = [{"rank": r, "ranks": ranks, "url": url, "stream": stream, "limit": limit, "options": options,
               "ready": str(work / f"ready-{go.name}-{r}"), "go": str(go), "image_size": image_size}
@@ -99,6 +117,7 @@ def run_ranks(url: str, ranks: int, *, stream: bool, limit: int | None, options:
 
     watcher = threading.Thread(target=poll, daemon=True)
     watcher.start()
+    server_cpu = _server_cpu(server_pid)
     go.touch()
     outs = []
     for p in procs:
@@ -106,6 +125,7 @@ def run_ranks(url: str, ranks: int, *, stream: bool, limit: int | None, options:
         if p.returncode:
             raise RuntimeError(f"a rank failed ({p.returncode})")
         outs.append(json.loads(out.strip().splitlines()[-1]))
+    server_cpu = _server_cpu(server_pid) - server_cpu
     stop.set()
     watcher.join()
     epochs = []
@@ -117,8 +137,10 @@ def run_ranks(url: str, ranks: int, *, stream: bool, limit: int | None, options:
                        "fetched_bytes": sum(r["fetched_bytes"] for r in rows),
                        "fetches": sum(r["fetches"] for r in rows), "hits": sum(r["hits"] for r in rows),
                        "evicted": sum(r["evicted"] for r in rows),
+                       "cpu_ms_per_img": round(1000 * sum(r["cpu"] for r in rows) / sum(r["images"] for r in rows), 3),
                        "accounted_peak_bytes": max(r["peak_bytes"] for r in rows)})
-    return {"epochs": epochs, "polled_peak_bytes": peak[0]}
+    images = sum(e["images"] for e in epochs)
+    return {"epochs": epochs, "polled_peak_bytes": peak[0], "server_cpu_ms_per_img": round(1000 * server_cpu / images, 3)}
 
 
 # ---- the benchmark ---------------------------------------------------------------------------------
@@ -204,7 +226,8 @@ def main(argv: list[str] | None = None) -> dict:
         limit = dataset_bytes // 4
         print(f"dataset: {info['rows']} images, {dataset_bytes / 1e6:.1f} MB in {len(info['files'])} parts; "
               f"cache_limit {limit / 1e6:.2f} MB (built in {time.perf_counter() - t0:.1f} s)", flush=True)
-        with ChildServer("s3") as endpoint:
+        server = ChildServer("s3")
+        with server as endpoint:
             options = {"endpoint_url": endpoint, "key": KEY, "secret": SECRET}
             fs = s3fs.S3FileSystem(skip_instance_cache=True, **options)
             fs.mkdir(BUCKET)
@@ -216,7 +239,7 @@ def main(argv: list[str] | None = None) -> dict:
                 base = run_ranks(str(local), ranks, stream=False, limit=None, options=None, cache=cache, work=work,
                                  image_size=args.image_size)
                 streamed = run_ranks(url, ranks, stream=True, limit=limit, options=options, cache=cache, work=work,
-                                     image_size=args.image_size)
+                                     image_size=args.image_size, server_pid=server.process.pid)
                 shutil.rmtree(cache, ignore_errors=True)
                 local_rate = max(e["img_per_s"] for e in base["epochs"])
                 row = {"ranks": ranks, "cache_limit": limit, "dataset_bytes": dataset_bytes,
@@ -227,11 +250,17 @@ def main(argv: list[str] | None = None) -> dict:
                        "local_img_per_s": local_rate, "stream_img_per_s": streamed["epochs"][-1]["img_per_s"],
                        "stream_epochs": streamed["epochs"], "local_epochs": base["epochs"]}
                 row["stream_vs_local"] = round(row["stream_img_per_s"] / local_rate, 3)
+                # where the time goes on a machine with few cores: the readers' own CPU an image, local and
+                # streamed (epoch 2), and the S3 server's, which shares the cores here and not in production
+                row["reader_cpu_ms_per_img"] = {"local": base["epochs"][-1]["cpu_ms_per_img"],
+                                                "streamed": streamed["epochs"][-1]["cpu_ms_per_img"]}
+                row["server_cpu_ms_per_img"] = streamed["server_cpu_ms_per_img"]
                 rows.append(row)
                 print(f"  {ranks} rank(s): peak cache {row['polled_peak_bytes'] / 1e6:.2f} MB of "
                       f"{limit / 1e6:.2f}; fetched/dataset per epoch {row['fetched_per_epoch_vs_dataset']}; "
                       f"{row['stream_img_per_s']:.0f} img/s streamed vs {local_rate:.0f} local "
-                      f"({row['stream_vs_local']:.2f}x)", flush=True)
+                      f"({row['stream_vs_local']:.2f}x); reader CPU ms/img {row['reader_cpu_ms_per_img']}, "
+                      f"server {row['server_cpu_ms_per_img']}", flush=True)
             # the rows alone (read and verified, nothing decoded): what the cache and the server can deliver
             read_only = {}
             for label, where, kw in (("local", str(local), {}), ("streamed", url, dict(
