@@ -305,13 +305,21 @@ class Board:
 
     def batch(self, hand_over: Callable[[dict[str, Any]], None] | None = None) -> ContextManager[Any]:
         """`with board.batch(): ...`: write many pins and publish the board's indexes (data.txt,
-        `_pins.yaml`) once, when the outermost batch closes. `hand_over` (for worker processes): give
-        what the batch wrote ({pin: metadata}) to it instead; `publish` each in the parent's batch."""
+        `_pins.yaml`) once, when the outermost batch closes.
+
+        Args:
+            hand_over: For worker processes: given what the outermost batch wrote ({pin: metadata}) in
+                place of indexing it, for the parent to `adopt` into its own batch.
+        """
         return self.storage.batch(hand_over)
 
     def adopt(self, written: dict[str, Any]) -> None:
         """Index the pins a `batch(hand_over=)` of another process wrote to this board: now, or when this
-        object's batch closes (one index update for every worker's pins, none re-read from disk)."""
+        object's batch closes (one index update for every worker's pins, none re-read from disk).
+
+        Args:
+            written: What the other batch handed over: {pin name: its new version's metadata}.
+        """
         publish = getattr(self.storage, "publish", None)  # a storage without indexes has nothing to update
         if publish is not None:
             for name, meta in written.items():

@@ -146,8 +146,12 @@ class Storage(Protocol):
             versions: The full version names to delete (None: the whole pin).
         """
     def batch(self, hand_over: Callable[[dict[str, Any]], None] | None = None) -> ContextManager[Any]:
-        """Defer the upkeep of derived indexes until the outermost batch closes (or hand what it wrote,
-        {pin: metadata}, to `hand_over` then, for another batch to `publish`)."""
+        """Defer the upkeep of derived indexes until the outermost batch closes.
+
+        Args:
+            hand_over: Given what the outermost batch wrote ({pin: metadata}) in place of indexing it,
+                for another batch to `publish`.
+        """
     def with_cache(self, cache: str | os.PathLike[str] | Cache) -> "Storage":
         """The same storage, keeping fetched versions in `cache`.
 
