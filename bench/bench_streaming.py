@@ -8,7 +8,9 @@ epochs; the same ranks then read the same dataset from local disk (no cache). Me
 * peak cache bytes: the cache folder polled every few ms by this process (parts and downloads in flight),
   and the largest total the cache's own accounting saw (parts + reservations); both must stay <= the limit;
 * part bytes fetched per epoch (the cache's counters, summed over ranks), against the dataset's bytes;
-* images/s of all ranks together (images / wall time of the epoch), streamed against local disk;
+* images/s of all ranks together (images / wall time of the epoch), streamed against local disk, and
+  streamed under the cache's lock as it was before `part_cache.machine_lock` (`bench_streaming_fetchers.
+  filelock_alone`): `--rounds` interleaved rounds, each streamed run from a cold cache, the median kept;
 * rows alone (read and verified, nothing decoded), in this process: what the server and the cache deliver;
 * a dataset that fits (cache_limit = 2 x the dataset), one rank: part fetches in epoch 2 (must be 0).
 
@@ -47,6 +49,9 @@ def rank_main(spec: dict) -> None:
     from pinstorm.pipeline import make_torch_loader, part_cache
 
     rank, ranks = spec["rank"], spec["ranks"]
+    if spec.get("lock") == "filelock":   # the baseline: the cache's lock as it was (bench_streaming_fetchers)
+        from bench_streaming_fetchers import lock_rule
+        lock_rule("filelock").__enter__()
     loader = make_torch_loader(spec["url"], batch_size=32, image_size=spec["image_size"], seed=0, num_epochs=1,
                                shard=(rank, ranks) if ranks > 1 else None, storage_options=spec["options"],
                                stream=spec["stream"], cache_limit=spec["limit"])
@@ -84,12 +89,13 @@ def _server_cpu(pid: int | None) -> float:
 
 
 def run_ranks(url: str, ranks: int, *, stream: bool, limit: int | None, options: dict, cache: Path, work: Path,
-              image_size: int, server_pid: int | None = None) -> dict:
+              image_size: int, server_pid: int | None = None, lock: str = "queued") -> dict:
     """Start `ranks` rank processes, release them together, poll the cache folder; per-epoch totals, and the
     CPU seconds the ranks and the server (`server_pid`, over both epochs) spent."""
     go = work / f"go-{time.monotonic_ns()}"
     specs = [{"rank": r, "ranks": ranks, "url": url, "stream": stream, "limit": limit, "options": options,
-              "ready": str(work / f"ready-{go.name}-{r}"), "go": str(go), "image_size": image_size}
+              "ready": str(work / f"ready-{go.name}-{r}"), "go": str(go), "image_size": image_size,
+              "lock": lock}
              for r in range(ranks)]
     env = {**os.environ, "PINSTORM_CACHE": str(cache), "LOCAL_WORLD_SIZE": str(ranks), "OMP_NUM_THREADS": "1"}
     procs = [subprocess.Popen([sys.executable, __file__, "--rank", json.dumps(s)], env=env, stdout=subprocess.PIPE,
@@ -155,9 +161,12 @@ def plot(report: dict, path: Path) -> None:
     labels = [f"{r['ranks']} rank{'s' if r['ranks'] > 1 else ''}" for r in rows]
     ax = axes[0]
     for i, r in enumerate(rows):
-        ax.bar(i - 0.2, r["local_img_per_s"], 0.4, color="#888888", label="local disk" if i == 0 else None)
-        ax.bar(i + 0.2, r["stream_img_per_s"], 0.4, color="#2a7ab9", label="streamed (epoch 2)" if i == 0 else None)
-        ax.text(i + 0.2, r["stream_img_per_s"], f"{r['stream_vs_local']:.2f}x", ha="center", va="bottom", fontsize=8)
+        ax.bar(i - 0.27, r["local_img_per_s"], 0.27, color="#888888", label="local disk" if i == 0 else None)
+        ax.bar(i, r["stream_img_per_s"], 0.27, color="#2a7ab9", label="streamed (epoch 2)" if i == 0 else None)
+        ax.text(i, r["stream_img_per_s"], f"{r['stream_vs_local']:.2f}x", ha="center", va="bottom", fontsize=8)
+        if "filelock_alone_img_per_s" in r:
+            ax.bar(i + 0.27, r["filelock_alone_img_per_s"], 0.27, color="#9ecae1",
+                   label="streamed, the lock before" if i == 0 else None)
     ax.set_xticks(range(len(rows)), labels)
     ax.set_ylabel("images/s, all ranks")
     ax.set_title("throughput (cache = dataset / 4)")
@@ -197,6 +206,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--per-class", type=int, default=None, help="images per class (10 classes)")
     ap.add_argument("--parts", type=int, default=None)
     ap.add_argument("--image-size", type=int, default=224, help="the loader's output size")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the run of median images/s is kept")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
     if args.rank is not None:
@@ -236,12 +246,26 @@ def main(argv: list[str] | None = None) -> dict:
             rows = []
             for ranks in (1, 4):
                 cache = work / f"cache-{ranks}"
-                base = run_ranks(str(local), ranks, stream=False, limit=None, options=None, cache=cache, work=work,
-                                 image_size=args.image_size)
-                streamed = run_ranks(url, ranks, stream=True, limit=limit, options=options, cache=cache, work=work,
-                                     image_size=args.image_size, server_pid=server.process.pid)
+                runs: dict[str, list] = {"local": [], "streamed": [], "filelock": []}
+                for _ in range(args.rounds):   # interleaved; each streamed run starts with the cache cold
+                    runs["local"].append(run_ranks(str(local), ranks, stream=False, limit=None, options=None,
+                                                   cache=cache, work=work, image_size=args.image_size))
+                    for lock in ("queued", "filelock"):
+                        shutil.rmtree(cache, ignore_errors=True)
+                        runs["streamed" if lock == "queued" else "filelock"].append(run_ranks(
+                            url, ranks, stream=True, limit=limit, options=options, cache=cache, work=work,
+                            image_size=args.image_size, server_pid=server.process.pid, lock=lock))
                 shutil.rmtree(cache, ignore_errors=True)
-                local_rate = max(e["img_per_s"] for e in base["epochs"])
+
+                def rate(run):
+                    return max(e["img_per_s"] for e in run["epochs"]) if not run["epochs"][0]["fetches"] \
+                        else run["epochs"][-1]["img_per_s"]
+
+                def median_run(kind):   # the run of median images/s (epoch 2 streamed, the best epoch local)
+                    return sorted(runs[kind], key=rate)[len(runs[kind]) // 2]
+
+                base, streamed, before = median_run("local"), median_run("streamed"), median_run("filelock")
+                local_rate = rate(base)
                 row = {"ranks": ranks, "cache_limit": limit, "dataset_bytes": dataset_bytes,
                        "polled_peak_bytes": streamed["polled_peak_bytes"],
                        "accounted_peak_bytes": max(e["accounted_peak_bytes"] for e in streamed["epochs"]),
@@ -250,6 +274,10 @@ def main(argv: list[str] | None = None) -> dict:
                        "local_img_per_s": local_rate, "stream_img_per_s": streamed["epochs"][-1]["img_per_s"],
                        "stream_epochs": streamed["epochs"], "local_epochs": base["epochs"]}
                 row["stream_vs_local"] = round(row["stream_img_per_s"] / local_rate, 3)
+                row["rounds_img_per_s"] = {kind: [rate(run) for run in runs[kind]] for kind in runs}
+                # the same streamed runs under the cache's lock as it was (`filelock_alone`): the before/after
+                row["filelock_alone_img_per_s"] = rate(before)
+                row["machine_lock_vs_filelock_alone"] = round(row["stream_img_per_s"] / rate(before), 3)
                 # where the time goes on a machine with few cores: the readers' own CPU an image, local and
                 # streamed (epoch 2), and the S3 server's, which shares the cores here and not in production
                 row["reader_cpu_ms_per_img"] = {"local": base["epochs"][-1]["cpu_ms_per_img"],
@@ -259,7 +287,8 @@ def main(argv: list[str] | None = None) -> dict:
                 print(f"  {ranks} rank(s): peak cache {row['polled_peak_bytes'] / 1e6:.2f} MB of "
                       f"{limit / 1e6:.2f}; fetched/dataset per epoch {row['fetched_per_epoch_vs_dataset']}; "
                       f"{row['stream_img_per_s']:.0f} img/s streamed vs {local_rate:.0f} local "
-                      f"({row['stream_vs_local']:.2f}x); reader CPU ms/img {row['reader_cpu_ms_per_img']}, "
+                      f"({row['stream_vs_local']:.2f}x; under the lock before {rate(before):.0f} img/s, "
+                      f"{row['machine_lock_vs_filelock_alone']:.2f}x); reader CPU ms/img {row['reader_cpu_ms_per_img']}, "
                       f"server {row['server_cpu_ms_per_img']}", flush=True)
             # the rows alone (read and verified, nothing decoded): what the cache and the server can deliver
             read_only = {}
@@ -290,7 +319,8 @@ def main(argv: list[str] | None = None) -> dict:
         "what": "make_torch_loader(stream=True) from moto S3 with cache_limit = dataset / 4, 2 epochs, 1 and 4 "
                 "local ranks sharing one cache (sharded), against the same ranks reading local disk",
         "config": {"images": info["rows"], "parts": len(info["files"]), "dataset_bytes": dataset_bytes,
-                   "cache_limit": limit, "epochs": EPOCHS, "image_size": args.image_size, "quick": args.quick},
+                   "cache_limit": limit, "epochs": EPOCHS, "image_size": args.image_size, "quick": args.quick,
+                   "rounds": args.rounds},
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
         "results": rows,
         "read_only": read_only,

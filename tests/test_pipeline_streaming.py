@@ -492,6 +492,80 @@ def test_a_piece_source_serves_only_the_pieces_in_hand(tmp_path):
         source.add_file(20, 31, tmp_path / "group")
 
 
+_LOCKED_ADD = """
+import sys, time
+from pathlib import Path
+from pinstorm.pipeline.part_cache import machine_lock
+
+counter, lock = Path(sys.argv[1]), Path(sys.argv[2])
+for _ in range(int(sys.argv[3])):
+    with machine_lock(lock):
+        value = int(counter.read_text())
+        time.sleep(0.0005)   # a read-modify-write that interleaves unless the lock holds
+        counter.write_text(str(value + 1))
+"""
+
+
+def test_the_machine_lock_excludes_threads_and_processes_alike(tmp_path):
+    """The cache's lock: one thread of this process at a time (a thread lock in front of the file lock), and
+    one process at a time (the file lock): no update under it is lost."""
+    import threading
+
+    from pinstorm.pipeline.part_cache import machine_lock
+
+    counter, lock = tmp_path / "counter", tmp_path / ".lock"
+    counter.write_text("0")
+
+    def add(times):
+        for _ in range(times):
+            with machine_lock(lock):
+                value = int(counter.read_text())
+                time.sleep(0.0005)
+                counter.write_text(str(value + 1))
+
+    other = subprocess.Popen([sys.executable, "-c", _LOCKED_ADD, str(counter), str(lock), "60"])
+    threads = [threading.Thread(target=add, args=(40,)) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert other.wait(timeout=120) == 0
+    assert int(counter.read_text()) == 3 * 40 + 60
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
+def test_a_child_forked_while_a_thread_holds_the_machine_lock_can_take_it(tmp_path):
+    """A DataLoader worker is forked while a prefetch thread may hold the lock: the child's copy of the
+    thread lock would be held for ever; the child starts with its own."""
+    import threading
+
+    from pinstorm.pipeline.part_cache import machine_lock
+
+    lock, held, done = tmp_path / ".lock", threading.Event(), threading.Event()
+
+    def hold():
+        with machine_lock(lock):
+            held.set()
+            done.wait(30)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait(30)
+    pid = os.fork()
+    if pid == 0:   # the child: waits for the parent's file lock (the parent lets go below), then takes it
+        code = 1
+        signal.alarm(20)   # a lock held for ever ends the child with SIGALRM
+        try:
+            with machine_lock(lock):
+                code = 0
+        finally:
+            os._exit(code)
+    done.set()
+    holder.join()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
 def test_parts_kept_open_are_bounded_by_count_and_by_their_footers():
     from types import SimpleNamespace
 
