@@ -8,7 +8,9 @@ added latency a request, as a real bucket has), through a counting proxy: second
 warm `pin_get_many` of every pin, against the code of commit `--against` (default HEAD~1) on the same
 server and pins in the same run, rounds interleaved, medians reported.
 
-Writes bench/results/bucket_cached_fetch.json and .png.
+Writes bench/results/bucket_cached_fetch.json and .png (`--name`: another name). Kept runs:
+`bucket_cached_fetch` (one listing, against a listing a pin) and `bucket_cached_fetch_cached_here`
+(`--against` the commit before pins found in the cache were served in the calling thread, not 16).
 """
 
 from __future__ import annotations
@@ -73,6 +75,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--latency-ms", type=float, default=0.0, help="added to every request by the server")
     ap.add_argument("--against", default="HEAD~1", help="commit whose code is the baseline ('' for none)")
+    ap.add_argument("--name", default="bucket_cached_fetch",
+                    help="results as bench/results/NAME.json and .png (a run against another commit kept apart)")
     ap.add_argument("--endpoint", help=argparse.SUPPRESS)  # a baseline subprocess: measure on this server
     ap.add_argument("--json-out", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -127,8 +131,8 @@ def main(argv=None) -> dict:
               "what": "warm pin_get_many of every pin of an S3 board (moto, own process), seconds and requests",
               "results": rows}
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "bucket_cached_fetch.json").write_text(json.dumps(result, indent=2))
-    plot(result, RESULTS / "bucket_cached_fetch.png")
+    (RESULTS / f"{args.name}.json").write_text(json.dumps(result, indent=2))
+    plot(result, RESULTS / f"{args.name}.png")
     print(json.dumps(rows, indent=2))
     return result
 

@@ -12,7 +12,9 @@ Issue 36 (items 5 and 6). A board made by `repartition` (one zip per category) i
    it makes (all of them: index revalidations and files).
 
 `--against REV` runs the same measurements on commit REV in the same run (bench/baseline.py) and
-writes both. Results: bench/results/cache_layout.json and .png.
+writes both. Results: bench/results/cache_layout.json and .png (`--name`: another name). Kept runs:
+`cache_layout` (the default counts), `cache_layout_21k` (10, 1,000 and 21,841 categories against the
+commit before an index's entries were found by name rather than by a scan of the list).
 """
 
 from __future__ import annotations
@@ -125,7 +127,7 @@ def measure(work: Path, counts: list[int], disk_categories: int) -> dict:
     return out
 
 
-def _plot(result: dict) -> None:
+def _plot(result: dict, name: str = "cache_layout") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -156,7 +158,7 @@ def _plot(result: dict) -> None:
     b.set_title(f"Cache after fetching {result['after']['disk']['categories']} zipped categories")
     b.legend()
     fig.tight_layout()
-    fig.savefig(RESULTS / "cache_layout.png", dpi=110)
+    fig.savefig(RESULTS / f"{name}.png", dpi=110)
 
 
 def main(argv=None) -> dict:
@@ -164,6 +166,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--counts", default="10,100,1000")
     parser.add_argument("--disk-categories", type=int, default=100)
     parser.add_argument("--against", default=None, help="Also measure commit REV in the same run.")
+    parser.add_argument("--name", default="cache_layout",
+                        help="results as bench/results/NAME.json and .png (a run kept apart from the default's)")
     parser.add_argument("--json-out", default=None, help="(internal: the baseline run's output)")
     args = parser.parse_args(argv)
     counts = [int(c) for c in args.counts.split(",")]
@@ -181,8 +185,8 @@ def main(argv=None) -> dict:
         result["before"] = run_against(args.against, Path(__file__).resolve(),
                                        ["--counts", args.counts, "--disk-categories", str(args.disk_categories)])
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "cache_layout.json").write_text(json.dumps(result, indent=2) + "\n")
-    _plot(result)
+    (RESULTS / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    _plot(result, args.name)
     print(json.dumps(result, indent=2))
     return result
 

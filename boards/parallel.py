@@ -90,6 +90,27 @@ def _process_context() -> Any:
     return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
 
 
+def _served_from_cache(board: Board, names: list[str]) -> list[str]:
+    """The `names` whose `pin_get` on `board` needs no request now: the index the board holds for the call
+    (`hold_index`) gives the pin's newest version (`versions_held`) and the cache has that version. Stops
+    at the first failure to read the index (a board out of reach: the threads serve what the cache has)."""
+    held = getattr(board.storage, "versions_held", None)
+    here: list[str] = []
+    if held is None:
+        return here
+    for name in names:
+        try:
+            versions = held(name)
+        except Exception:  # noqa: BLE001 - pin_get in the threads says what is wrong
+            break
+        try:
+            if versions and (board.cache.version_dir(board.name, name, versions[-1]) / "data.txt").is_file():
+                here.append(name)
+        except Exception:  # noqa: BLE001 - an unusable name or version: pin_get in the threads names it
+            continue
+    return here
+
+
 def pin_get_many(names: Iterable[str], board: str | Board | None = None, parallel: Any = None,
                  extract: bool | None = None, errors: str = "raise", *, cache: bool = True, files: bool = False,
                  download: bool = True) -> dict[str, Any]:
@@ -144,11 +165,19 @@ def pin_get_many(names: Iterable[str], board: str | Board | None = None, paralle
             advance(1)
 
         rest = names
-        if kind == "threads":
+        if kind == "threads" and cache:
+            # pins whose newest version the held index names and the cache holds need no request: served
+            # here, one after another (16 threads taking turns on the GIL made each 2.7x dearer)
+            here = _served_from_cache(target, names)
+            for name in here:
+                settle(name, functools.partial(target.pin_get, name, **options))
+            served = set(here)
+            rest = [name for name in names if name not in served]
+        if kind == "threads" and rest:
             # The first pin goes alone: it does the board's one-time work (sign-in, session, the
             # data.txt index) that would otherwise have every thread queue for the same lock at once.
-            settle(names[0], lambda: target.pin_get(names[0], **options))
-            rest = names[1:]
+            settle(rest[0], functools.partial(target.pin_get, rest[0], **options))
+            rest = rest[1:]
         if kind == "threads" and workers == 1:
             for name in rest:
                 settle(name, functools.partial(target.pin_get, name, **options))

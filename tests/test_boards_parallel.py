@@ -200,3 +200,100 @@ def test_a_cold_pin_on_s3_costs_two_requests(tmp_path):
         _check(pin_get_many(list(expected), board=reader), expected)
         assert not [entry for entry in proxy.log if entry[0] == "HEAD"], proxy.log
         assert len(proxy.log) == 2 + 2 * len(expected), proxy.log   # the index, one listing, 2 a pin
+
+
+def _threads_serving(board, monkeypatch) -> dict[str, str]:
+    """{pin: name of the thread whose `pin_get` served it}, recorded as `pin_get_many` runs."""
+    import threading
+
+    served: dict[str, str] = {}
+    pin_get = type(board).pin_get
+
+    def recording(self, name, *args, **kwargs):
+        served[name] = threading.current_thread().name
+        return pin_get(self, name, *args, **kwargs)
+
+    monkeypatch.setattr(type(board), "pin_get", recording)
+    return served
+
+
+@pytest.mark.timeout(180)
+def test_pins_the_held_index_finds_cached_are_served_in_the_calling_thread(tmp_path, monkeypatch):
+    """Cached pins need no request once the board holds its listing: 16 threads taking turns on the GIL
+    made each dearer, so they are served one after another in the caller's thread; a pin not cached yet
+    still goes to the threads."""
+    import threading
+
+    with s3.S3Server() as server:
+        writer = boards.board_register("s3", name="writer", bucket="cached-here", create_bucket=True,
+                                       cache=tmp_path / "writer", **server.storage_options())
+        expected = _pin_partition(writer, tmp_path, 10, files=1)
+        names = list(expected)
+        board = boards.board_register("s3", name="bucket", bucket="cached-here", cache=tmp_path / "cache",
+                                      **server.storage_options())
+        _check(pin_get_many(names[:6], board="bucket"), {n: expected[n] for n in names[:6]})   # 6 cached
+        served = _threads_serving(board, monkeypatch)
+        _check(pin_get_many(names, board="bucket"), expected)
+        here = threading.current_thread().name
+        # the cached ones here, then the first cold one alone (the board's one-time work), the rest in the pool
+        assert [n for n in names if served[n] == here] == names[:7], served
+        assert all(served[n].startswith("pin-get") for n in names[7:]), served
+
+
+def test_an_http_board_serves_cached_pins_in_the_calling_thread_once_its_index_is_read(tmp_path, monkeypatch):
+    import threading
+
+    from pinstorm.boards.cache import StaleCacheWarning
+
+    folder = tmp_path / "served"
+    source = boards.board_register("local", name="src", path=folder)
+    expected = _pin_partition(source, tmp_path, 6, files=1)
+    names, here = list(expected), threading.current_thread().name
+    with boards.serve_board(folder) as url:
+        remote = boards.board_register("datatxt", name="remote", url=url, cache=tmp_path / "cache")
+        _check(pin_get_many(names, board="remote"), expected)
+        served = _threads_serving(remote, monkeypatch)
+        _check(pin_get_many(names, board="remote"), expected)
+        assert set(served.values()) == {here}
+    # the server is gone: its index is tried once for the call, then the cached copy serves every pin here
+    storage = type(remote.storage)
+    tried, fetch_url = [], storage._fetch_url
+    monkeypatch.setattr(storage, "_fetch_url", lambda self, u, *a, **k: tried.append(u) or fetch_url(self, u, *a, **k))
+    served.clear()
+    with pytest.warns(StaleCacheWarning):
+        _check(pin_get_many(names, board="remote"), expected)
+    assert tried == [f"{url}/data.txt"] and set(served.values()) == {here}
+
+
+def test_pins_go_to_the_threads_when_the_held_index_cannot_be_read(tmp_path, monkeypatch):
+    """A first failure to read the held index stops the search for cached pins in the calling thread:
+    pin_get in the threads then says for each what is wrong (or serves its cache), not one request after
+    another here."""
+    folder = tmp_path / "served"
+    source = boards.board_register("local", name="src", path=folder)
+    expected = _pin_partition(source, tmp_path, 5, files=1)
+    names = list(expected)
+    with boards.serve_board(folder) as url:
+        remote = boards.board_register("datatxt", name="remote", url=url, cache=tmp_path / "cache")
+        _check(pin_get_many(names, board="remote"), expected)
+        asked = []
+
+        def unreadable(self, name):
+            asked.append(name)
+            raise OSError("index unreadable")
+
+        monkeypatch.setattr(type(remote.storage), "versions_held", unreadable)
+        served = _threads_serving(remote, monkeypatch)
+        _check(pin_get_many(names, board="remote"), expected)
+    assert asked == names[:1]
+    assert sum(thread.startswith("pin-get") for thread in served.values()) == len(names) - 1   # all but the first
+
+
+def test_an_index_finds_an_entry_by_name_as_a_scan_would():
+    from pinstorm.boards.backends.datatxt_board import IndexEntries
+
+    entries = IndexEntries([{"name": "a", "path": "a/1/"}, {"name": 7, "path": "x/"}, {"name": "a", "path": "a/2/"},
+                            {"name": "b", "path": "b/"}])
+    assert entries.named("a")["path"] == "a/1/"   # the first of a name, as a scan of the list finds it
+    assert entries.named("b")["path"] == "b/" and entries.named("c") is None and entries.named("7") is None
+    assert entries == list(entries)   # still the list every other caller reads

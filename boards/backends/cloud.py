@@ -241,6 +241,15 @@ class BucketStorage(FsStorage):
                 if not self._holds:
                     self._listed = None
 
+    def versions_held(self, name: str) -> list[str] | None:
+        """The versions of `name` from the listing `hold_index` took (no request), or None: not held.
+
+        Args:
+            name: The pin's name.
+        """
+        listed = self._listed
+        return self.versions_from(name, listed[name]) if listed is not None and name in listed else None
+
     def _one_listing_pays(self, names: Sequence[str]) -> bool:
         """Whether listing the whole board takes at most half the requests of listing each of `names`,
         counting the keys the index says each pin holds (versions x (files + data.txt + R's view))."""

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from ..cache import Cache
-from .datatxt_board import LEGACY, DatatxtStorage
+from .datatxt_board import LEGACY, DatatxtStorage, IndexEntries
 from ..errors import DownloadError, MalformedMetadata, PinNotFound
 from ..index import load_yaml
 from ..manifest import MANIFEST_FILE, dump_manifest, parse_manifest
@@ -96,8 +96,8 @@ class UrlStorage(DatatxtStorage):
         key = [MANIFEST, stat.st_size, stat.st_mtime_ns]
         if self._parsed is None or self._parsed[0] != key:
             manifest = parse_manifest(local.read_bytes(), source=self.manifest_url, max_bytes=self.max_index_bytes)
-            self._parsed = (key, [_entry(name, paths, self.manifest_url) for name, paths in manifest.items()
-                                  if paths])
+            self._parsed = (key, IndexEntries(_entry(name, paths, self.manifest_url)
+                                              for name, paths in manifest.items() if paths))
         self._mode = MANIFEST
         self._checked_at = time.monotonic()
         return self._parsed[1]
@@ -135,6 +135,23 @@ class UrlStorage(DatatxtStorage):
             return False
         entry = self._entry(name, revalidate=False)
         return not self._is_versioned(entry)
+
+    def versions_held(self, name: str) -> list[str] | None:
+        """A versioned pin's versions from the data.txt `hold_index` holds (the first call may read it); None
+        for a manifest or an R legacy pin, whose versions may take requests to list, or when not held.
+
+        Args:
+            name: The pin's name.
+        """
+        if self._mode == MANIFEST or self._held_since == float("inf"):
+            return None
+        try:
+            entry = self._entry(name)   # decides the mode on a first read
+        except PinNotFound:
+            return None
+        if self._mode != DATATXT or not self._is_versioned(entry):
+            return None
+        return super().versions_held(name)
 
     def list_versions(self, name: str) -> list[str]:
         entry = self._entry(name, revalidate=getattr(self._within, "fetch", None) != name)
