@@ -167,7 +167,7 @@ def pin_get_many(names: Iterable[str], board: str | Board | None = None, paralle
         rest = names
         if kind == "threads" and cache:
             # pins whose newest version the held index names and the cache holds need no request: served
-            # here, one after another (16 threads taking turns on the GIL made each 2.7x dearer)
+            # here, one after another (16 threads taking turns on the GIL made each ~3x dearer)
             here = _served_from_cache(target, names)
             for name in here:
                 settle(name, functools.partial(target.pin_get, name, **options))

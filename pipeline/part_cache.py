@@ -19,8 +19,8 @@ The rules, each kept under one machine-wide file lock (``<root>/.lock``, `filelo
   it again. Only verified parts, which the source can give again, are evicted: the cache is a copy, never
   the only one.
 * Threads of one process queue for a file lock on an in-process lock first (`machine_lock`): filelock's
-  own waits poll, and a reader and its fetchers taking turns at 50 ms a poll cost a streamed epoch a third
-  of its time (measured: bench/bench_streaming_fetchers.py).
+  own waits poll, and a reader and its fetchers taking turns at 50 ms a poll cost a cold epoch over half
+  its time where the reader waits for downloads (bench/bench_streaming_fetchers.py).
 * One download per part on the machine: the part's own file lock; whoever waits for it finds the part in
   place. Downloads go to a temporary name carrying their owner (`boards.tempnames`) and are checked against
   the part's recorded whole-file xxh3-128 (else its size and footer checksum) before the atomic rename, so a
