@@ -10,8 +10,13 @@ Issue 36 found publishing ~30x slower than `tar` at 1,000 categories x 40 small 
    which is how the default was chosen.
 2. The baseline: `tar cf` of the same folder, then a plain copy of the tar into a folder (what
    "publishing" costs with no board at all).
+3. The layout floor: the board `repartition` wrote (its folders, and files of the same sizes) written
+   again with bare system calls, in one process. A pin is a folder with a version folder holding a zip
+   and `data.txt`, and R 0.4.5's `r-legacy/data.txt` (docs/boards.md): on a disk where creating a file
+   in a new folder is slow (this VM's ext4) that shape alone can cost more than `tar` of the tree, and
+   `repartition / floor` is what pinstorm's own work adds.
 
-Rounds are interleaved (size by size, repartition then tar, then the next round), each measurement
+Rounds are interleaved (size by size, each round starting one run further into the list), each measurement
 starts after an `os.sync()` (no writeback of the previous one's files while it runs), and the median is
 reported: seconds, ms per image, and ratios as the median of each round's ratio (repartition / (tar +
 copy), before / after); also CPU seconds (this process and its children, workers and `tar` included),
@@ -28,6 +33,7 @@ Writes bench/results/repartition.json and bench/results/repartition.png.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -41,6 +47,13 @@ import time
 from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results"
+
+# Nothing a measurement writes is deleted before the run ends. On ext4 without a journal (this VM's
+# disk), allocating an inode skips every inode deleted in the last minute or more (the kernel's
+# `recently_deleted` check), so creating files right after deleting thousands costs ~5x: deleting each
+# board before the next measurement made every run pay for the one before it (a pin's folders and
+# files took 1.6 s at 1,000 categories that way, 0.1-0.4 s without), and tar, which creates 2 files,
+# not at all. A user publishing a tree pays this only after deleting thousands of files.
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # baseline.py
 
 
@@ -85,8 +98,10 @@ def cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
-def time_repartition(tree: Path, work: Path, tag: str, parallel: int | None = None) -> tuple[float, float]:
-    """(wall seconds, CPU seconds) of `repartition` of `tree` into a fresh local folder board."""
+def time_repartition(tree: Path, work: Path, tag: str, parallel: int | None = None,
+                     layout: list | None = None) -> tuple[float, float]:
+    """(wall seconds, CPU seconds) of `repartition` of `tree` into a fresh local folder board; the board's
+    tree is appended to `layout` when it is given empty (see `board_tree`)."""
     from pinstorm.boards import board_folder
     from pinstorm.pipeline import repartition
 
@@ -96,9 +111,44 @@ def time_repartition(tree: Path, work: Path, tag: str, parallel: int | None = No
     cpu, start = cpu_seconds(), time.perf_counter()
     repartition(tree, board, parallel=parallel, progress=False)
     took, used = time.perf_counter() - start, cpu_seconds() - cpu
-    shutil.rmtree(folder, ignore_errors=True)
-    shutil.rmtree(cache, ignore_errors=True)
-    return took, used
+    if layout is not None and not layout:
+        layout += board_tree(folder)
+    return took, used  # kept until the run ends (see the note on RESULTS)
+
+
+def board_tree(folder: Path) -> list[tuple[str, int | None]]:
+    """The board's folders (size None) and files (size in bytes), relative, parents first."""
+    found = []
+    for parent, dirs, files in os.walk(folder):
+        rel = os.path.relpath(parent, folder)
+        found += [(os.path.normpath(os.path.join(rel, d)), None) for d in sorted(dirs)]
+        found += [(os.path.normpath(os.path.join(rel, f)), os.path.getsize(os.path.join(parent, f)))
+                  for f in sorted(files)]
+    return sorted(found, key=lambda entry: entry[0].split(os.sep))  # pin by pin, as repartition writes
+
+
+def time_layout_floor(layout: list[tuple[str, int | None]], work: Path, tag: str) -> tuple[float, float]:
+    """(wall seconds, CPU seconds) of writing `layout` (a board's folders and files of the same sizes)
+    with bare system calls, one process: what the board's shape alone costs on this disk, with none of
+    pinstorm's work (reading images, zipping, hashing, YAML). A file of its own per pin in a folder of its
+    own is what pins' layout asks for; on a disk slow to create a file in a new folder it costs more than
+    `tar` of the whole tree."""
+    dest = work / f"floor-{tag}"
+    dest.mkdir()
+    zeros = bytes(max((size or 0 for _, size in layout), default=0))
+    os.sync()
+    cpu, start = cpu_seconds(), time.perf_counter()
+    for rel, size in layout:
+        path = os.path.join(dest, rel)
+        if size is None:
+            os.mkdir(path)
+        else:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                os.write(fd, memoryview(zeros)[:size])
+            finally:
+                os.close(fd)
+    return time.perf_counter() - start, cpu_seconds() - cpu
 
 
 def time_tar_copy(tree: Path, work: Path, tag: str) -> tuple[float, float, float]:
@@ -111,33 +161,49 @@ def time_tar_copy(tree: Path, work: Path, tag: str) -> tuple[float, float, float
     tarred = time.perf_counter() - start
     shutil.copyfile(tar, dest / tar.name)
     both, used = time.perf_counter() - start, cpu_seconds() - cpu
-    tar.unlink()
-    shutil.rmtree(dest)
     return tarred, both, used
 
 
 def run_rounds(trees: dict[int, Path], work: Path, rounds: int, against: str | None,
                parallel: list[int]) -> dict[int, dict]:
-    """Seconds per round: repartition (default parallelism) and its CPU seconds, repartition with each
-    of `parallel`'s counts, tar, tar + copy and its CPU seconds, and `before` (REV)."""
+    """Seconds per round: repartition (default parallelism) and its CPU seconds, the board's layout alone,
+    repartition with each of `parallel`'s counts, tar, tar + copy and its CPU seconds, and `before` (REV).
+    Each size starts with an untimed repartition (imports, the tree in the page cache, the layout to
+    copy); each round starts one step further into the list of runs, so none is always first."""
+
+    def record(key: str, took: float, used: float) -> None:
+        times[n][key].append(took)
+        times[n][f"{key}_cpu"].append(used)
+
+    def default() -> None:
+        record("repartition", *time_repartition(tree, work, f"{n}-{r}"))
+
+    def floor() -> None:
+        record("floor", *time_layout_floor(layouts[n], work, f"{n}-{r}"))
+
+    def tar() -> None:
+        tarred, both, used = time_tar_copy(tree, work, f"{n}-{r}")
+        times[n]["tar"].append(tarred)
+        record("tar_copy", both, used)
+
+    def with_parallel(p: int):
+        return lambda: record(f"parallel_{p}", *time_repartition(tree, work, f"{n}-{r}-p{p}", parallel=p))
+
     times: dict[int, dict[str, list[float]]] = {
-        n: {"repartition": [], "repartition_cpu": [], "tar": [], "tar_copy": [], "tar_copy_cpu": [], "before": [],
-            "before_cpu": [], **{f"parallel_{p}{cpu}": [] for p in parallel for cpu in ("", "_cpu")}} for n in trees}
+        n: {"repartition": [], "repartition_cpu": [], "tar": [], "tar_copy": [], "tar_copy_cpu": [], "floor": [],
+            "floor_cpu": [], "before": [], "before_cpu": [],
+            **{f"parallel_{p}{cpu}": [] for p in parallel for cpu in ("", "_cpu")}} for n in trees}
+    layouts: dict[int, list] = {n: [] for n in trees}  # each size's board, as the untimed run wrote it
+    for n, tree in trees.items():
+        time_repartition(tree, work, f"{n}-warm", layout=layouts[n])
+    steps = [default, floor, *(with_parallel(p) for p in parallel), tar]
     for r in range(rounds):
         for n, tree in trees.items():
-            took, used = time_repartition(tree, work, f"{n}-{r}")
-            times[n]["repartition"].append(took)
-            times[n]["repartition_cpu"].append(used)
-            for p in parallel:
-                took, used = time_repartition(tree, work, f"{n}-{r}-p{p}", parallel=p)
-                times[n][f"parallel_{p}"].append(took)
-                times[n][f"parallel_{p}_cpu"].append(used)
-            tarred, both, used = time_tar_copy(tree, work, f"{n}-{r}")
-            times[n]["tar"].append(tarred)
-            times[n]["tar_copy"].append(both)
-            times[n]["tar_copy_cpu"].append(used)
+            for step in steps[r % len(steps):] + steps[:r % len(steps)]:
+                step()
             line = (f"round {r + 1}: {n} categories: repartition {times[n]['repartition'][-1]:.2f} s "
-                    f"({times[n]['repartition_cpu'][-1]:.2f} s CPU), tar {tarred:.2f} s, tar + copy {both:.2f} s")
+                    f"({times[n]['repartition_cpu'][-1]:.2f} s CPU), its layout alone {times[n]['floor'][-1]:.2f} s, "
+                    f"tar {times[n]['tar'][-1]:.2f} s, tar + copy {times[n]['tar_copy'][-1]:.2f} s")
             if against:  # right after this size's runs, so the pair sees the same load
                 from baseline import run_against
 
@@ -172,7 +238,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--json-out", help=argparse.SUPPRESS)  # bench/baseline.py: results there, no plot
     args = ap.parse_args(argv)
     os.environ.setdefault("PINSTORM_PROGRESS", "0")
-    with tempfile.TemporaryDirectory(prefix="pinstorm-bench-repartition-", dir=args.work) as tmp:
+    # a baseline subprocess leaves its files to the parent's folder, deleted when the whole run ends
+    with (contextlib.nullcontext(tempfile.mkdtemp(prefix="baseline-", dir=args.work)) if args.trees else
+          tempfile.TemporaryDirectory(prefix="pinstorm-bench-repartition-", dir=args.work)) as tmp:
         work = Path(tmp)
         os.environ["PINSTORM_CONFIG"] = str(work / "config.yaml")
         os.environ["PINSTORM_CACHE"] = str(work / "cache")
@@ -202,6 +270,9 @@ def main(argv=None) -> dict:
                    "repartition_ms_per_image": round(1000 * t["repartition"] / images, 3),
                    "tar_copy_ms_per_image": round(1000 * t["tar_copy"] / images, 3),
                    "repartition_vs_tar_copy": paired(times[n], "repartition", "tar_copy"),
+                   "layout_floor_s": round(t["floor"], 3), "layout_floor_cpu_s": round(t["floor_cpu"], 3),
+                   "layout_floor_vs_tar_copy": paired(times[n], "floor", "tar_copy"),
+                   "repartition_vs_layout_floor": paired(times[n], "repartition", "floor"),
                    "repartition_cpu_s": round(t["repartition_cpu"], 3), "tar_copy_cpu_s": round(t["tar_copy_cpu"], 3),
                    "repartition_cpu_vs_tar_copy_cpu": paired(times[n], "repartition_cpu", "tar_copy_cpu"),
                    "default_parallel": default_parallel(images),
@@ -216,7 +287,7 @@ def main(argv=None) -> dict:
             rows.append(row)
     result = {"per_class": args.per_class, "rounds": args.rounds, "cpus": os.cpu_count(),
               "against": args.against, "work": args.work or tempfile.gettempdir(),
-              "create_us": create_cost(Path(args.work or tempfile.gettempdir())), "sizes": rows,
+              "sizes": rows,
               "ms_per_image_vs_smallest": {r["categories"]: round(r["repartition_ms_per_image"]
                                                                   / rows[0]["repartition_ms_per_image"], 2)
                                            for r in rows}}
@@ -228,22 +299,6 @@ def main(argv=None) -> dict:
     plot(result, RESULTS / f"{args.name}.png")
     print(json.dumps([{k: r[k] for k in r if k != "rounds"} for r in rows], indent=2))
     return result
-
-
-def create_cost(where: Path, count: int = 500) -> dict[str, float]:
-    """Microseconds to create an empty file and a folder in `where`: a pin is 6 such creates (pin and
-    version folders, the zip, data.txt, R 0.4.5's r-legacy folder and its data.txt) where a tar is 1,
-    so on a disk slow to create files (this VM's ext4: 100-300 us) they set the floor of the ratio."""
-    with tempfile.TemporaryDirectory(dir=where) as tmp:
-        start = time.perf_counter()
-        for i in range(count):
-            os.close(os.open(os.path.join(tmp, f"f{i}"), os.O_WRONLY | os.O_CREAT))
-        files = time.perf_counter() - start
-        start = time.perf_counter()
-        for i in range(count):
-            os.mkdir(os.path.join(tmp, f"d{i}"))
-        folders = time.perf_counter() - start
-    return {"file": round(1e6 * files / count, 1), "folder": round(1e6 * folders / count, 1)}
 
 
 def default_parallel(images: int) -> int:
@@ -273,6 +328,8 @@ def plot(result: dict, path: Path) -> None:
     if all("parallel_1_s" in r for r in rows):
         left.plot(n, [1000 * r["parallel_1_s"] / r["images"] for r in rows], ".-", color="#888",
                   label="repartition, parallel=1")
+    left.plot(n, [1000 * r["layout_floor_s"] / r["images"] for r in rows], "d-.", color="#a60",
+              label="the board's folders and files alone (bare system calls)")
     left.plot(n, [r["tar_copy_ms_per_image"] for r in rows], "s--", label="tar cf + copy")
     left.set(xscale="log", yscale="log", xlabel="categories", ylabel="ms per image",
              title=f"Publishing a tree ({result['per_class']} JPEGs a category), in {result['work']}")
@@ -282,6 +339,8 @@ def plot(result: dict, path: Path) -> None:
         right.plot(n, [r["before_vs_tar_copy"] for r in rows], "x:", color="#c33", label="before")
     right.plot(n, [r["repartition_cpu_vs_tar_copy_cpu"] for r in rows], "^--", color="#555",
                label="CPU seconds: repartition / (tar + copy)")
+    right.plot(n, [r["layout_floor_vs_tar_copy"] for r in rows], "d-.", color="#a60",
+               label="the board's layout alone / (tar + copy)")
     right.axhline(3, color="grey", lw=0.8, ls="--", label="goal: 3x")
     right.set(xscale="log", xlabel="categories", ylabel="x tar + copy", title="repartition against tar + copy")
     right.legend(fontsize=8)

@@ -7,10 +7,14 @@ import os
 import zipfile
 from pathlib import Path
 
+import pytest
+
 from pinstorm import boards
 from pinstorm.boards import zip_writer
 from pinstorm.boards.safety import archive
+from pinstorm.boards.backends.fs_board import FsStorage
 from pinstorm.pipeline import imagenet_partition, repartition
+from pinstorm.pipeline.repartition import CATEGORIES_PIN
 
 pytest_plugins = ["conftest_pipeline"]
 
@@ -41,6 +45,26 @@ def test_repartition_does_not_read_its_pins_back_into_the_cache(tmp_path, digits
                                                                                                    ".jpg", ".zip")]
     data = imagenet_partition(0, 1, board)   # still read as before
     assert len(data["image"]) == len(digits_layout.train) and all(Path(p).is_file() for p in data["image"])
+
+
+@pytest.mark.parametrize("parallel", [1, 2])   # threads, worker processes
+def test_repartition_indexes_the_board_once_with_the_categories_pin(tmp_path, digits_root, digits_layout, monkeypatch,
+                                                                     parallel):
+    board = boards.board_folder(tmp_path / "board", cache=tmp_path / "cache", name="once")
+    updates = []
+    real = FsStorage._update_index
+
+    def counted(self, *args, **kwargs):
+        updates.append(sorted(kwargs.get("known") or []))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(FsStorage, "_update_index", counted)
+    repartition(digits_root, board, parallel=parallel, progress=False)
+    # the categories pin used to be written after the batch: a second reconcile of the whole board
+    # (64 ms at 1,000 pins, 1.3 s at 21,841)
+    assert updates == [sorted([CATEGORIES_PIN, *digits_layout.classes])]
+    assert set(boards.board_folder(tmp_path / "board", name="again").pin_find("")["name"]) == {
+        CATEGORIES_PIN, *digits_layout.classes}
 
 
 def test_store_returns_the_version_and_keeps_an_identical_one(tmp_path):

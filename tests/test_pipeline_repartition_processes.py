@@ -58,6 +58,26 @@ def test_processes_store_the_same_pins_as_one_process(tmp_path, digits_root, dig
     assert {Path(p).name: Path(p).read_bytes() for p in fresh.pin_get(wnid, extract=True)} == source
 
 
+def test_the_progress_bar_counts_every_category_the_workers_pinned(tmp_path, digits_root, digits_layout, monkeypatch):
+    import contextlib
+    import importlib
+
+    module = importlib.import_module("pinstorm.pipeline.repartition")   # the package's name is the function
+    counted = []
+
+    @contextlib.contextmanager
+    def bar(label, total, unit, enabled):
+        counted.append(0)
+        yield lambda n: counted.__setitem__(-1, counted[-1] + n)
+
+    monkeypatch.setattr(module, "progress_bar", bar)
+    monkeypatch.setattr(module, "PROGRESS_EVERY", 0.0)   # a report a category, as for a slow one
+    repartition(digits_root, boards.board_folder(tmp_path / "a", name="a"), parallel=2, progress=False)
+    monkeypatch.setattr(module, "PROGRESS_EVERY", 3600.0)   # one report a worker, at its end
+    repartition(digits_root, boards.board_folder(tmp_path / "b", name="b"), parallel=2, progress=False)
+    assert counted == [len(digits_layout.classes)] * 2
+
+
 def test_a_worker_error_comes_back_with_its_type_and_what_was_stored_is_listed(tmp_path, digits_root):
     tree = shutil.copytree(digits_root, tmp_path / "tree")
     layout = scan(tree)
