@@ -127,7 +127,7 @@ def _preprocess_fns(tf, image_size, training, crop_area, flip, eval_crop, dct_sc
         image = tf.image.resize(image, (height, width))
         if flip:
             image = _flipped(tf, image, seed)
-        return tf.clip_by_value(image / 255.0, 0.0, 1.0), label
+        return _unit_scale(tf, image), label
 
     def eval_fn(jpeg, label, seed=None):
         shape = tf.io.extract_jpeg_shape(jpeg)
@@ -140,9 +140,17 @@ def _preprocess_fns(tf, image_size, training, crop_area, flip, eval_crop, dct_sc
         window = tf.stack([(shape[0] - crop_h) // 2, (shape[1] - crop_w) // 2, crop_h, crop_w])
         image = _decode_crop(tf, jpeg, shape, window, (height, width), dct_scale)
         image = tf.image.resize(image, (height, width))
-        return tf.clip_by_value(image / 255.0, 0.0, 1.0), label
+        return _unit_scale(tf, image), label
 
     return train_fn if training else eval_fn
+
+
+def _unit_scale(tf, resized):
+    """Pixels of a bilinear resize of uint8 values, scaled to [0, 1]: what ``clip_by_value(x / 255, 0, 1)``
+    gives, one pass over the image fewer (~0.02 ms of CPU an image on small images,
+    bench/bench_small_images.py). The resize interpolates by lerps (``a + (b - a) * t``, t in [0, 1)) of values
+    in [0, 255], which stay at or above 0 in floating point; only an ulp above 255 is possible."""
+    return tf.minimum(resized / 255.0, 1.0)
 
 
 def _largest_stored(source):

@@ -79,3 +79,18 @@ def test_the_flip_is_drawn_and_applied_as_tf_image_stateless_random_flip_left_ri
         np.testing.assert_array_equal(got.numpy(), expected.numpy())
         flipped += int(not np.array_equal(got.numpy(), image.numpy()))
     assert 60 < flipped < 140   # both ways, about half each
+
+
+def test_the_unit_scale_is_the_clip_it_replaced_on_any_bilinear_resize_of_bytes():
+    import tensorflow as tf
+
+    from pinstorm.pipeline.reader import _unit_scale
+
+    rng = np.random.default_rng(5)
+    for _ in range(60):
+        h, w = (int(v) for v in rng.integers(1, 90, size=2))
+        pixels = rng.choice([0, 1, 254, 255], size=(h, w, 3)) if rng.random() < 0.5 else rng.integers(0, 256, (h, w, 3))
+        resized = tf.image.resize(tf.constant(pixels.astype(np.uint8)), [int(v) for v in rng.integers(1, 120, size=2)])
+        assert float(tf.reduce_min(resized)) >= 0.0
+        np.testing.assert_array_equal(_unit_scale(tf, resized).numpy(),
+                                      tf.clip_by_value(resized / 255.0, 0.0, 1.0).numpy())
