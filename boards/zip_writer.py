@@ -114,7 +114,8 @@ def _dos_stamp(second: int) -> tuple[int, int] | None:
         return None
     if not 1980 <= when.tm_year <= 2107:
         return None
-    return when.tm_hour << 11 | when.tm_min << 5 | when.tm_sec // 2, (when.tm_year - 1980) << 9 | when.tm_mon << 5 | when.tm_mday
+    dos_time = when.tm_hour << 11 | when.tm_min << 5 | when.tm_sec // 2
+    return dos_time, (when.tm_year - 1980) << 9 | when.tm_mon << 5 | when.tm_mday
 
 
 def _read_rest(fd: int, size: int, data: bytes) -> bytes:

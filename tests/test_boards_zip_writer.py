@@ -34,8 +34,8 @@ def _files(tmp_path):
 def _zipfile_bytes(files, out):
     with zipfile.ZipFile(out, "w", compression=zipfile.ZIP_DEFLATED) as zf:
         for src, rel in files:
-            zf.write(src, rel, compress_type=zipfile.ZIP_STORED if os.path.splitext(src)[1].lower() in zip_writer.STORED_SUFFIXES
-                     else zipfile.ZIP_DEFLATED)
+            stored = os.path.splitext(src)[1].lower() in zip_writer.STORED_SUFFIXES
+            zf.write(src, rel, compress_type=zipfile.ZIP_STORED if stored else zipfile.ZIP_DEFLATED)
     return out.read_bytes()
 
 
