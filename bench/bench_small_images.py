@@ -106,7 +106,8 @@ def augmented(tf, jpeg):
 def per_image_floor(tf, module, url: str, epochs: int, stored=(120, 160)):
     """`make_dataset`'s row source and batching (`module`'s, a reader.py) with each chunk's crop windows and
     flips drawn at once, vectorized, from the stored size (`stored`, the bench's: every image is 120x160),
-    so the per-image map is only ``decode_and_crop_jpeg`` + resize + a flag-driven reverse + /255 and clip.
+    so the per-image map is only ``decode_and_crop_jpeg`` + resize + a flag-driven reverse + the reader's scaling
+    (`_unit_scale`).
 
     A floor, not a reader: the crops' distribution is near `make_dataset`'s (area uniform in its range,
     aspect log-uniform, clamped to the image rather than drawn again), and the stored size is taken on trust.
@@ -131,7 +132,7 @@ def per_image_floor(tf, module, url: str, epochs: int, stored=(120, 160)):
 
     def decode(jpeg, label, window, flip):
         image = tf.image.resize(tf.image.decode_and_crop_jpeg(jpeg, window, channels=3), (112, 112))
-        return tf.clip_by_value(tf.reverse(image, tf.range(1, 1 + flip)) / 255.0, 0.0, 1.0), label
+        return module._unit_scale(tf, tf.reverse(image, tf.range(1, 1 + flip))), label   # the reader's scaling
 
     rows = module._rows_of(tf, position.chunks(tf, 0, epochs, False).map(draw).prefetch(2))
     options = tf.data.Options()   # make_dataset's
