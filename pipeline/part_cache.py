@@ -459,6 +459,9 @@ class PartCache:
                         except BaseException:
                             ledger.remove(self._key(name))
                             raise
+                        # in the ledger now: the reservation goes in the same locked step, or another reader
+                        # counts the part twice meanwhile and, short of room, evicts a part fetched ahead
+                        self.release(reservation)
                         return target, self._hold(name, kind)
                 finally:
                     with contextlib.suppress(FileNotFoundError):

@@ -273,6 +273,29 @@ def test_a_rank_killed_mid_download_leaves_nothing_another_uses(dataset, remote,
     assert not list((parts / ".reserved").iterdir()) and not list((parts / ".holds").iterdir())
 
 
+def test_a_part_just_fetched_is_counted_once(dataset, remote, isolated_pinstorm, monkeypatch):
+    """The download's reservation goes when the part enters the ledger, in one locked step: counted twice,
+    even for a moment, another reader short of room evicted a part fetched ahead (fetched again later; a
+    CI run caught it as one row group fetched three times in two epochs)."""
+    from pinstorm.pipeline.storage import resolve
+
+    url, options, proxy, total = remote
+    _, info = dataset
+    name = sorted(info["files"])[0]
+    cache = PartCache(resolve(url, options), info, limit=total)
+    counted = []
+    hold = PartCache._hold
+
+    def counting(self, *args, **kwargs):   # the moment the part is in place, before the lock is let go
+        counted.append(self._state()[1])
+        return hold(self, *args, **kwargs)
+
+    monkeypatch.setattr(PartCache, "_hold", counting)
+    path, held = cache.acquire(name)
+    assert counted == [info["files"][name]["bytes"]] == [path.stat().st_size]
+    cache.release(held)
+
+
 def test_eviction_never_takes_a_held_part(dataset, remote, isolated_pinstorm, monkeypatch):
     from pinstorm.pipeline.storage import resolve
 
