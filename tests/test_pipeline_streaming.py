@@ -350,6 +350,7 @@ def test_a_dropped_connection_resumes_with_a_ranged_read(dataset, tmp_path, monk
         got = _rows(f"{proxy.endpoint}/ds", epochs=1, stream=True, cache_limit=10**6)
     assert got == _rows(local, epochs=1)
     assert part_cache.COUNTERS.resumed == 1 and part_cache.COUNTERS.fetches == PARTS
+    assert part_cache.COUNTERS.refetched == 0   # the checksum taken across the resumed reads matched
     starts = [int(h.split("=")[1].split("-")[0]) for p, h in proxy.ranges if p.endswith(name) and h]
     assert len(starts) == len(set(starts)) + 1 and starts == sorted(starts)   # the cut block asked again, once
     assert [p for p, h in proxy.ranges if p.endswith(name) and not h] == []   # never the whole file
@@ -803,6 +804,7 @@ def test_an_http_board_pin_resumes_a_dropped_connection_with_a_ranged_read(datas
     proxy.truncate(re.escape(name) + "$", times=1)
     assert _rows(url, epochs=1, stream=True, cache_limit=10**6) == _rows(local, epochs=1)
     assert part_cache.COUNTERS.resumed == 1 and part_cache.COUNTERS.fetches == PARTS
+    assert part_cache.COUNTERS.refetched == 0   # the checksum taken across the resumed reads matched
     starts = [int(h.split("=")[1].split("-")[0]) for p, h in proxy.ranges if p.endswith(name) and h]
     assert len(starts) == len(set(starts)) + 1 and starts == sorted(starts)   # the cut block asked again, once
     assert [p for p, h in proxy.ranges if p.endswith(name) and not h] == []   # never the whole file
