@@ -250,14 +250,19 @@ def main(argv: list[str] | None = None) -> dict:
             for ranks in (1, 4):
                 cache = work / f"cache-{ranks}"
                 runs: dict[str, list] = {"local": [], "streamed": [], "filelock": []}
-                for _ in range(args.rounds):   # interleaved; each streamed run starts with the cache cold
-                    runs["local"].append(run_ranks(str(local), ranks, stream=False, limit=None, options=None,
-                                                   cache=cache, work=work, image_size=args.image_size))
-                    for lock in ("queued", "filelock"):
+                kinds = ["local", "streamed", "filelock"]
+                for round_ in range(args.rounds):   # interleaved, each round in another order (no kind always
+                    # first after another); each streamed run starts with the cache cold
+                    for kind in kinds[round_ % 3:] + kinds[:round_ % 3]:
+                        if kind == "local":
+                            runs["local"].append(run_ranks(str(local), ranks, stream=False, limit=None, options=None,
+                                                           cache=cache, work=work, image_size=args.image_size))
+                            continue
                         shutil.rmtree(cache, ignore_errors=True)
-                        runs["streamed" if lock == "queued" else "filelock"].append(run_ranks(
+                        runs[kind].append(run_ranks(
                             url, ranks, stream=True, limit=limit, options=options, cache=cache, work=work,
-                            image_size=args.image_size, server_pid=server.process.pid, lock=lock))
+                            image_size=args.image_size, server_pid=server.process.pid,
+                            lock="queued" if kind == "streamed" else "filelock"))
                 shutil.rmtree(cache, ignore_errors=True)
 
                 def rate(run):
