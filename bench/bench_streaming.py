@@ -9,8 +9,8 @@ epochs; the same ranks then read the same dataset from local disk (no cache). Me
   and the largest total the cache's own accounting saw (parts + reservations); both must stay <= the limit;
 * part bytes fetched per epoch (the cache's counters, summed over ranks), against the dataset's bytes;
 * images/s of all ranks together (images / wall time of the epoch), streamed against local disk, and
-  streamed under the cache's lock as it was before `part_cache.machine_lock` (`bench_streaming_fetchers.
-  filelock_alone`): `--rounds` interleaved rounds, each streamed run from a cold cache, the median kept;
+  streamed with every ranged read through s3fs (``PINSTORM_PRESIGNED_READS=0``), as before
+  `pipeline.ranged_reads`: `--rounds` interleaved rounds, each streamed run from a cold cache, the median kept;
 * rows alone (read and verified, nothing decoded), in this process: what the server and the cache deliver;
 * a dataset that fits (cache_limit = 2 x the dataset), one rank: part fetches in epoch 2 (must be 0).
 
@@ -51,9 +51,6 @@ def rank_main(spec: dict) -> None:
     from pinstorm.pipeline import make_torch_loader, part_cache
 
     rank, ranks = spec["rank"], spec["ranks"]
-    if spec.get("lock") == "filelock":   # the baseline: the cache's lock as it was (bench_streaming_fetchers)
-        from bench_streaming_fetchers import lock_rule
-        lock_rule("filelock").__enter__()
     loader = make_torch_loader(spec["url"], batch_size=32, image_size=spec["image_size"], seed=0, num_epochs=1,
                                shard=(rank, ranks) if ranks > 1 else None, storage_options=spec["options"],
                                stream=spec["stream"], cache_limit=spec["limit"])
@@ -91,15 +88,15 @@ def _server_cpu(pid: int | None) -> float:
 
 
 def run_ranks(url: str, ranks: int, *, stream: bool, limit: int | None, options: dict, cache: Path, work: Path,
-              image_size: int, server_pid: int | None = None, lock: str = "queued") -> dict:
+              image_size: int, server_pid: int | None = None, presigned: bool = True) -> dict:
     """Start `ranks` rank processes, release them together, poll the cache folder; per-epoch totals, and the
     CPU seconds the ranks and the server (`server_pid`, over both epochs) spent."""
     go = work / f"go-{time.monotonic_ns()}"
     specs = [{"rank": r, "ranks": ranks, "url": url, "stream": stream, "limit": limit, "options": options,
-              "ready": str(work / f"ready-{go.name}-{r}"), "go": str(go), "image_size": image_size,
-              "lock": lock}
+              "ready": str(work / f"ready-{go.name}-{r}"), "go": str(go), "image_size": image_size}
              for r in range(ranks)]
-    env = {**os.environ, "PINSTORM_CACHE": str(cache), "LOCAL_WORLD_SIZE": str(ranks), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PINSTORM_CACHE": str(cache), "LOCAL_WORLD_SIZE": str(ranks), "OMP_NUM_THREADS": "1",
+           "PINSTORM_PRESIGNED_READS": "1" if presigned else "0"}
     procs = [subprocess.Popen([sys.executable, __file__, "--rank", json.dumps(s)], env=env, stdout=subprocess.PIPE,
                               text=True) for s in specs]
     while not all(Path(s["ready"]).exists() for s in specs):
@@ -166,9 +163,9 @@ def plot(report: dict, path: Path) -> None:
         ax.bar(i - 0.27, r["local_img_per_s"], 0.27, color="#888888", label="local disk" if i == 0 else None)
         ax.bar(i, r["stream_img_per_s"], 0.27, color="#2a7ab9", label="streamed (epoch 2)" if i == 0 else None)
         ax.text(i, r["stream_img_per_s"], f"{r['stream_vs_local']:.2f}x", ha="center", va="bottom", fontsize=8)
-        if "filelock_alone_img_per_s" in r:
-            ax.bar(i + 0.27, r["filelock_alone_img_per_s"], 0.27, color="#9ecae1",
-                   label="streamed, the lock before" if i == 0 else None)
+        if "s3fs_reads_img_per_s" in r:
+            ax.bar(i + 0.27, r["s3fs_reads_img_per_s"], 0.27, color="#9ecae1",
+                   label="streamed, reads through s3fs" if i == 0 else None)
     ax.set_xticks(range(len(rows)), labels)
     ax.set_ylabel("images/s, all ranks")
     ax.set_title("throughput (cache = dataset / 4)")
@@ -249,8 +246,8 @@ def main(argv: list[str] | None = None) -> dict:
             rows = []
             for ranks in (1, 4):
                 cache = work / f"cache-{ranks}"
-                runs: dict[str, list] = {"local": [], "streamed": [], "filelock": []}
-                kinds = ["local", "streamed", "filelock"]
+                runs: dict[str, list] = {"local": [], "streamed": [], "s3fs": []}
+                kinds = ["local", "streamed", "s3fs"]
                 for round_ in range(args.rounds):   # interleaved, each round in another order (no kind always
                     # first after another); each streamed run starts with the cache cold
                     for kind in kinds[round_ % 3:] + kinds[:round_ % 3]:
@@ -262,7 +259,7 @@ def main(argv: list[str] | None = None) -> dict:
                         runs[kind].append(run_ranks(
                             url, ranks, stream=True, limit=limit, options=options, cache=cache, work=work,
                             image_size=args.image_size, server_pid=server.process.pid,
-                            lock="queued" if kind == "streamed" else "filelock"))
+                            presigned=kind == "streamed"))
                 shutil.rmtree(cache, ignore_errors=True)
 
                 def rate(run):
@@ -272,7 +269,7 @@ def main(argv: list[str] | None = None) -> dict:
                 def median_run(kind):   # the run of median images/s (epoch 2 streamed, the best epoch local)
                     return sorted(runs[kind], key=rate)[len(runs[kind]) // 2]
 
-                base, streamed, before = median_run("local"), median_run("streamed"), median_run("filelock")
+                base, streamed, before = median_run("local"), median_run("streamed"), median_run("s3fs")
                 local_rate = rate(base)
                 row = {"ranks": ranks, "cache_limit": limit, "dataset_bytes": dataset_bytes,
                        "polled_peak_bytes": streamed["polled_peak_bytes"],
@@ -283,9 +280,11 @@ def main(argv: list[str] | None = None) -> dict:
                        "stream_epochs": streamed["epochs"], "local_epochs": base["epochs"]}
                 row["stream_vs_local"] = round(row["stream_img_per_s"] / local_rate, 3)
                 row["rounds_img_per_s"] = {kind: [rate(run) for run in runs[kind]] for kind in runs}
-                # the same streamed runs under the cache's lock as it was (`filelock_alone`): the before/after
-                row["filelock_alone_img_per_s"] = rate(before)
-                row["machine_lock_vs_filelock_alone"] = round(row["stream_img_per_s"] / rate(before), 3)
+                # the same streamed runs with every ranged read through s3fs: the before/after of `ranged_reads`
+                row["s3fs_reads_img_per_s"] = rate(before)
+                row["presigned_vs_s3fs_reads"] = round(row["stream_img_per_s"] / rate(before), 3)
+                row["s3fs_reads_reader_cpu_ms_per_img"] = before["epochs"][-1]["cpu_ms_per_img"]
+                row["s3fs_reads_server_cpu_ms_per_img"] = before["server_cpu_ms_per_img"]
                 # where the time goes on a machine with few cores: the readers' own CPU an image, local and
                 # streamed (epoch 2), and the S3 server's, which shares the cores here and not in production
                 row["reader_cpu_ms_per_img"] = {"local": base["epochs"][-1]["cpu_ms_per_img"],
@@ -295,8 +294,8 @@ def main(argv: list[str] | None = None) -> dict:
                 print(f"  {ranks} rank(s): peak cache {row['polled_peak_bytes'] / 1e6:.2f} MB of "
                       f"{limit / 1e6:.2f}; fetched/dataset per epoch {row['fetched_per_epoch_vs_dataset']}; "
                       f"{row['stream_img_per_s']:.0f} img/s streamed vs {local_rate:.0f} local "
-                      f"({row['stream_vs_local']:.2f}x; under the lock before {rate(before):.0f} img/s, "
-                      f"{row['machine_lock_vs_filelock_alone']:.2f}x); reader CPU ms/img {row['reader_cpu_ms_per_img']}, "
+                      f"({row['stream_vs_local']:.2f}x; reads through s3fs {rate(before):.0f} img/s, "
+                      f"{row['presigned_vs_s3fs_reads']:.2f}x); reader CPU ms/img {row['reader_cpu_ms_per_img']}, "
                       f"server {row['server_cpu_ms_per_img']}", flush=True)
             # the rows alone (read and verified, nothing decoded): what the cache and the server can deliver
             read_only = {}

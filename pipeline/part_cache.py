@@ -62,9 +62,10 @@ from .contracts import DatasetInfo
 from .errors import PipelineError
 from .part_ledger import Ledger
 from .part_pieces import TAIL, Piece, PieceSource, footer_span, piece_name, row_group_spans, split_piece
+from .ranged_reads import reads_for
 from .verify import CHECKSUMMED, CorruptPartError, OpenParts, footer_digest, open_part, read_row_group
 
-BLOCK = 8 << 20            # bytes per ranged read of a download
+BLOCK = 8 << 20            # bytes per ranged read of a download that comes back in memory (`ranged_reads`)
 WAIT_SECONDS = float(os.environ.get("PINSTORM_PART_CACHE_WAIT", "600"))   # for room held by other readers
 AHEAD = 4                  # parts fetched ahead of the reader, at most
 # downloads a reader keeps in flight: an object store's first byte takes tens of ms, and one stream of
@@ -80,6 +81,10 @@ _HOLDS, _RESERVED = ".holds", ".reserved"
 LOCK_POLL_SECONDS = 0.002   # between tries of a file lock another process holds (held for ms at a time)
 
 log = secrets.logger("pinstorm.pipeline.part_cache")
+
+
+class _Stopped(Exception):
+    """Raised inside a download when its reader no longer wants the part (`PartStream.close`)."""
 
 
 class CacheFullError(PipelineError, OSError):
@@ -203,7 +208,8 @@ class PartCache:
 
     def __getstate__(self):
         state = dict(self.__dict__)
-        for memo in ("_footers", "_spans", "_footer_spans", "_checkers", "_checking", "_ledger"):
+        for memo in ("_footers", "_spans", "_footer_spans", "_checkers", "_checking", "_ledger", "_reads",
+                     "_choosing_reads"):
             state.pop(memo)
         return state
 
@@ -219,6 +225,8 @@ class PartCache:
         self._checkers: OpenParts | None = None
         self._checking = threading.Lock()
         self._ledger: Ledger | None = None
+        self._reads: tuple[int, object, object] | None = None   # (pid, filesystem, `ranged_reads` reader)
+        self._choosing_reads = threading.Lock()
 
     # -- pieces: whole parts, or a part's footer and row groups (`part_pieces`) ----------------------
     def whole(self, name: str) -> bool:
@@ -488,37 +496,59 @@ class PartCache:
             log.warning("%s: %s; fetching it again", self.describe(name), problem)
             COUNTERS.refetched += 1
 
+    def _ranged_reads(self):
+        """How this process reads byte ranges of the parts (`ranged_reads`): chosen once per process and
+        filesystem (a forked worker gets its own filesystem, `Location.in_this_process`)."""
+        fs = self.location.fs
+        reads = self._reads
+        if reads is None or reads[0] != os.getpid() or reads[1] is not fs:
+            with self._choosing_reads:
+                reads = self._reads
+                if reads is None or reads[0] != os.getpid() or reads[1] is not fs:
+                    reads = self._reads = (os.getpid(), fs, reads_for(fs, self.location.join(next(iter(self.sizes)))))
+        return reads[2]
+
     def _fetch(self, name: str, tmp: Path, size: int, stop=lambda: False, digest=None) -> bool:
-        """Ranged reads of `BLOCK` bytes of piece `name` into `tmp`, each also fed to `digest` if given (in file
-        order); a read that fails or comes back short resumes from the byte reached (`retries` times in a row
-        without progress). False when `stop()` turned true first."""
+        """Ranged reads of piece `name` into `tmp` (of `BLOCK` bytes where a read comes back in memory, else one
+        read), their bytes also fed to `digest` if given (in file order); a read that fails or comes back short
+        resumes from the byte reached (`retries` times in a row without progress). False when `stop()` turned
+        true first."""
         part, what = split_piece(name)
         first = 0 if what == "whole" else self.span(name)[0]   # where the piece starts in its part
-        fs, path = self.location.fs, self.location.join(part)
-        failures = 0
+        reads, path = self._ranged_reads(), self.location.join(part)
+        block = BLOCK if reads.in_memory else size
+        failures, at, end = 0, 0, 0
+
+        def take(data: memoryview) -> None:
+            nonlocal at
+            if at + len(data) > end:
+                raise CorruptPartError(f"{self.describe(name)}: the source sent more than the {end - at:,} bytes "
+                                       "asked for (it ignores Range requests?)")
+            out.write(data)
+            if digest is not None:
+                digest.update(data)
+            at += len(data)
+            COUNTERS.fetched_bytes += len(data)
+            if stop():
+                raise _Stopped
+
         with open(tmp, "wb") as out:
-            at = 0
             while at < size:
                 if stop():
                     return False
-                end = min(size, at + BLOCK)
+                end = min(size, at + block)
+                problem: object = None
                 try:
-                    data = fs.cat_file(path, start=first + at, end=first + end)
+                    reads.read(path, first + at, first + end, take)
+                except _Stopped:
+                    return False
                 except FileNotFoundError:
                     from .verify import MissingPartError
                     raise MissingPartError(f"{self.where}/{part}: part file missing") from None
+                except CorruptPartError:
+                    raise
                 except Exception as error:   # fsspec backends raise many types for a dropped connection
-                    data, problem = b"", error
-                else:
-                    problem = None
-                if len(data) > end - at:
-                    raise CorruptPartError(f"{self.describe(name)}: the source sent {len(data):,} bytes for a range of "
-                                           f"{end - at:,} (it ignores Range requests?)")
-                out.write(data)
-                if digest is not None:
-                    digest.update(data)
-                at += len(data)
-                COUNTERS.fetched_bytes += len(data)
+                    problem = error
                 if at < end:
                     failures += 1
                     if failures > self.retries:

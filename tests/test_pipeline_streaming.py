@@ -103,10 +103,15 @@ def remote_one(s3, one_part, request):
     yield from _uploaded(s3, *one_part[:2], request)
 
 
+def _asked(proxy) -> list[tuple[str, str | None]]:
+    """(path, Range header) of each GET the proxy saw, the query (a presigned URL's signature) left out."""
+    return [(path.split("?", 1)[0], header) for path, header in proxy.ranges]
+
+
 def _part_bytes(proxy) -> int:
     """Part bytes the server was asked for (ranged GETs of part files)."""
     total = 0
-    for path, header in proxy.ranges:
+    for path, header in _asked(proxy):
         if path.rsplit("/", 1)[-1].startswith("part-") and header:
             start, end = header.split("=")[1].split("-")
             total += int(end) - int(start) + 1
@@ -236,7 +241,7 @@ def _three_ranks(url, options, proxy, cache: Path, limit: int, **env) -> list[di
     that they overlap and the ranks wait on one another's."""
     import json
 
-    proxy.delay(r"/part-\d+\.parquet$", 0.2, method="GET")
+    proxy.delay(r"/part-\d+\.parquet(\?|$)", 0.2, method="GET")
     env = {**os.environ, "PINSTORM_CACHE": str(cache), "LOCAL_WORLD_SIZE": "3", **env}
     ranks = [_reader(url, options["endpoint_url"], limit, env) for _ in range(3)]
     results = []
@@ -257,7 +262,7 @@ def test_local_ranks_fetch_each_part_once(dataset, remote, isolated_pinstorm):
 def test_a_rank_killed_mid_download_leaves_nothing_another_uses(dataset, remote, isolated_pinstorm):
     url, options, proxy, total = remote
     local, _ = dataset
-    proxy.delay(r"/part-\d+\.parquet$", 30, method="GET", times=1)
+    proxy.delay(r"/part-\d+\.parquet(\?|$)", 30, method="GET", times=1)
     env = {**os.environ, "PINSTORM_CACHE": str(isolated_pinstorm / "cache")}
     victim = _reader(url, options["endpoint_url"], 10 * total, env)
     parts = isolated_pinstorm / "cache" / "parts"
@@ -332,7 +337,55 @@ def test_a_part_that_fails_its_checksum_is_fetched_again_once_then_named(dataset
     with pytest.raises(CorruptPartError, match=re.escape(name) + ".*after fetching it twice"):
         _rows(url, epochs=1, storage_options=options, stream=True, cache_limit=10 * total, shuffle=False)
     assert part_cache.COUNTERS.refetched == 1
-    assert sum(1 for path, header in proxy.ranges if path.endswith(name) and header) == 2
+    assert sum(1 for path, header in _asked(proxy) if path.endswith(name) and header) == 2
+
+
+def _signed(proxy) -> list[str]:
+    """The part GETs the proxy saw that carried a presigned URL's signature (`ranged_reads`)."""
+    return [path for path, header in proxy.ranges if "/part-" in path and "Signature=" in path]   # SigV4 or V2
+
+
+def test_s3_parts_come_by_presigned_ranged_gets_unless_s3fs_has_options_they_would_miss(dataset, remote,
+                                                                                      isolated_pinstorm):
+    """A presigned GET costs the reader a third of s3fs's CPU (`ranged_reads`); an s3fs with request or client
+    options of its own (here a client config) keeps reading through s3fs, which applies them."""
+    import shutil
+
+    local, _ = dataset
+    url, options, proxy, total = remote
+    expected = _rows(local, epochs=1)
+    assert _rows(url, epochs=1, storage_options=options, stream=True, cache_limit=10 * total) == expected
+    assert len(_signed(proxy)) == PARTS and _part_bytes(proxy) == total
+    shutil.rmtree(isolated_pinstorm / "cache" / "parts")
+    proxy.ranges.clear()
+    configured = {**options, "config_kwargs": {"retries": {"max_attempts": 2}}}
+    assert _rows(url, epochs=1, storage_options=configured, stream=True, cache_limit=10 * total) == expected
+    assert _signed(proxy) == [] and _part_bytes(proxy) == total
+
+
+def test_presigned_reads_fall_back_to_s3fs_and_never_log_the_url(dataset, remote, monkeypatch, caplog):
+    """A cut body resumes by another presigned GET; a 503 is asked again of s3fs (its retries) and presigned
+    reads go on; a 403 where s3fs succeeds stops them. No log line carries the signed URL."""
+    import logging
+
+    local, info = dataset
+    url, options, proxy, total = remote
+    names = sorted(info["files"])
+    monkeypatch.setattr(part_cache, "BLOCK", 4096)   # several ranged reads per part
+    proxy.truncate(re.escape(names[0]) + r"\?.*Signature=", times=1)
+    proxy.fail(re.escape(names[1]) + r"\?.*Signature=", 503, method="GET", times=1)
+    proxy.fail(re.escape(names[3]) + r"\?.*Signature=", 403, method="GET")
+    with caplog.at_level(logging.DEBUG, logger="pinstorm"), caplog.at_level(logging.DEBUG, logger="urllib3"):
+        got = _rows(url, epochs=1, storage_options=options, stream=True, cache_limit=10 * total, shuffle=False)
+    assert got == _rows(local, epochs=1, shuffle=False)
+    assert part_cache.COUNTERS.resumed == 1 and part_cache.COUNTERS.refetched == 0
+    signed = {path.split("?", 1)[0].rsplit("/", 1)[-1] for path in _signed(proxy)}
+    assert set(names[:4]) <= signed and not signed & set(names[4:])   # the 403 ended presigned reads
+    assert _part_bytes(proxy) > total   # the 503 and the 403 asked the same range again of s3fs
+    assert not re.search(r"Signature=(?!\*\*\*)", caplog.text)   # urllib3's debug lines: masked
+    assert options["key"] not in caplog.text and options["secret"] not in caplog.text
+    assert "presigned ranged GETs answered HTTP 403" in caplog.text
+    assert re.search(r'"GET /bkt/\S+/part-\S+\?\S*Signature=\*\*\*', caplog.text)   # they were logged
 
 
 def test_a_dropped_connection_resumes_with_a_ranged_read(dataset, tmp_path, monkeypatch):
@@ -351,9 +404,9 @@ def test_a_dropped_connection_resumes_with_a_ranged_read(dataset, tmp_path, monk
     assert got == _rows(local, epochs=1)
     assert part_cache.COUNTERS.resumed == 1 and part_cache.COUNTERS.fetches == PARTS
     assert part_cache.COUNTERS.refetched == 0   # the checksum taken across the resumed reads matched
-    starts = [int(h.split("=")[1].split("-")[0]) for p, h in proxy.ranges if p.endswith(name) and h]
+    starts = [int(h.split("=")[1].split("-")[0]) for p, h in _asked(proxy) if p.endswith(name) and h]
     assert len(starts) == len(set(starts)) + 1 and starts == sorted(starts)   # the cut block asked again, once
-    assert [p for p, h in proxy.ranges if p.endswith(name) and not h] == []   # never the whole file
+    assert [p for p, h in _asked(proxy) if p.endswith(name) and not h] == []   # never the whole file
 
 
 def test_a_connection_that_keeps_failing_names_the_part(dataset, tmp_path):
@@ -463,7 +516,7 @@ def test_a_row_group_piece_that_fails_its_checksum_is_fetched_again_once_then_na
     with pytest.raises(CorruptPartError, match=re.escape(name) + r" row group 2: .*after fetching it twice"):
         _rows(url, epochs=1, storage_options=options, stream=True, cache_limit=total // 3, shuffle=False)
     assert part_cache.COUNTERS.refetched == 1
-    asked = [header for path, header in proxy.ranges if path.endswith(name) and header]
+    asked = [header for path, header in _asked(proxy) if path.endswith(name) and header]
     assert asked.count(f"bytes={start}-{end - 1}") == 2   # the piece's own range, twice; never the whole part
 
 
@@ -755,7 +808,7 @@ def test_an_http_board_pin_streams_the_same_rows_within_the_limit(dataset, http_
     assert counters.peak_bytes <= limit and counters.evicted > 0
     assert _cache_bytes(isolated_pinstorm / "cache" / "parts") <= limit
     assert _part_bytes(proxy) == counters.fetched_bytes == 2 * total
-    parts = [(p, h) for p, h in proxy.ranges if "/part-" in p]
+    parts = [(p, h) for p, h in _asked(proxy) if "/part-" in p]
     assert parts and all(h for _, h in parts)   # ranged reads only: no part fetched whole
     # the files come from the pin's metadata: nothing asked of the version folder itself (no listing)
     asked = {p.split("?")[0] for p, _ in seen}
@@ -793,7 +846,7 @@ def test_an_http_board_pin_part_that_fails_its_checksum_is_fetched_again_once_th
     with pytest.raises(CorruptPartError, match=re.escape(name) + ".*after fetching it twice"):
         _rows(url, epochs=1, stream=True, cache_limit=10 * total, shuffle=False)
     assert part_cache.COUNTERS.refetched == 1
-    assert sum(1 for path, header in proxy.ranges if path.endswith(name) and header) == 2
+    assert sum(1 for path, header in _asked(proxy) if path.endswith(name) and header) == 2
 
 
 def test_an_http_board_pin_resumes_a_dropped_connection_with_a_ranged_read(dataset, http_pin, monkeypatch):
@@ -805,9 +858,9 @@ def test_an_http_board_pin_resumes_a_dropped_connection_with_a_ranged_read(datas
     assert _rows(url, epochs=1, stream=True, cache_limit=10**6) == _rows(local, epochs=1)
     assert part_cache.COUNTERS.resumed == 1 and part_cache.COUNTERS.fetches == PARTS
     assert part_cache.COUNTERS.refetched == 0   # the checksum taken across the resumed reads matched
-    starts = [int(h.split("=")[1].split("-")[0]) for p, h in proxy.ranges if p.endswith(name) and h]
+    starts = [int(h.split("=")[1].split("-")[0]) for p, h in _asked(proxy) if p.endswith(name) and h]
     assert len(starts) == len(set(starts)) + 1 and starts == sorted(starts)   # the cut block asked again, once
-    assert [p for p, h in proxy.ranges if p.endswith(name) and not h] == []   # never the whole file
+    assert [p for p, h in _asked(proxy) if p.endswith(name) and not h] == []   # never the whole file
 
 
 @pytest.mark.parametrize("context", ["fork", "spawn"])
@@ -818,7 +871,7 @@ def test_a_torch_loader_with_workers_streams_an_http_board_pin(dataset, http_pin
     kw = dict(epochs=1, num_workers=2, multiprocessing_context=context)
     assert _ids(url, stream=True, cache_limit=total // 2, **kw) == _ids(local, **kw)
     assert 0 < _cache_bytes(isolated_pinstorm / "cache" / "parts") <= total // 2
-    assert all(h for p, h in proxy.ranges if "/part-" in p)
+    assert all(h for p, h in _asked(proxy) if "/part-" in p)
 
 
 def test_make_dataset_streams_an_http_board_pin(dataset, http_pin):
@@ -891,7 +944,7 @@ def test_local_ranks_fetch_each_part_of_an_http_board_pin_once(dataset, tmp_path
         sorted(str(p) for p in Path(local).iterdir()), name="ds", type="files")
     env = {**os.environ, "PINSTORM_CACHE": str(isolated_pinstorm / "cache"), "LOCAL_WORLD_SIZE": "3"}
     with boards.serve_board(folder) as base, FaultProxy(base) as proxy:
-        proxy.delay(r"/part-\d+\.parquet$", 0.2, method="GET")   # downloads overlap: ranks wait on one another's
+        proxy.delay(r"/part-\d+\.parquet(\?|$)", 0.2, method="GET")   # downloads overlap: ranks wait on one another's
         ranks = [subprocess.Popen([sys.executable, "-c", _HTTP_READER, proxy.endpoint, str(10 * total)], env=env,
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(3)]
         results = []

@@ -21,7 +21,7 @@ from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsp
 MASK = "***"
 
 # option, header or query-parameter names whose values are secrets
-_NAME = re.compile(r"secret|password|passwd|pwd|token|^key$|_key$|access_key|key_id|apikey|api-key|"
+_NAME = re.compile(r"secret|password|passwd|pwd|token|^key$|_key$|access_key|key_id|keyid|apikey|api-key|"
                    r"credentials?$|credential|auth|cookie|signature|^sig$|session|private|bearer|"
                    r"connection_?str|conn_?str|^sas|accountkey", re.I)  # Azure: connection_string, sas_token, AccountKey=
 # header values that may be saved or shown; every other header (Authorization, Cookie, X-Api-Key...) is not
