@@ -1,6 +1,6 @@
 """Benchmark: what one ranged read of a part costs the reading process, through s3fs and by a presigned GET.
 
-The part cache (`pipeline.part_cache`) downloads each part in ranged reads (of `part_cache.BLOCK` bytes where a
+The part cache (`pipeline.part_cache`) downloads each part by ranged reads (of `ranged_reads.BLOCK` bytes where a
 read comes back in memory, else one read a part), writes them to the cache file and feeds them to the part's
 xxh3 as they arrive. This does the same for parts of
 2.2 MB (the streaming bench's default), 8.8 MB (its ``--per-class 256``) and 32 MB (ImageNet's row groups)
@@ -50,17 +50,13 @@ def download(reads, path: str, size: int, target: Path) -> str:
     """What `PartCache._fetch` does with a part: ranged reads into a file, hashed on the way."""
     import xxhash
 
-    from pinstorm.pipeline.part_cache import BLOCK
-
     digest = xxhash.xxh3_128()
     with open(target, "wb") as out:
         def take(data: memoryview) -> None:
             out.write(data)
             digest.update(data)
 
-        block = BLOCK if reads.in_memory else size
-        for start in range(0, size, block):
-            reads.read(path, start, min(size, start + block), take)
+        reads.read(path, 0, size, take)
     return digest.hexdigest()
 
 

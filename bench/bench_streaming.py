@@ -9,7 +9,7 @@ epochs; the same ranks then read the same dataset from local disk (no cache). Me
   and the largest total the cache's own accounting saw (parts + reservations); both must stay <= the limit;
 * part bytes fetched per epoch (the cache's counters, summed over ranks), against the dataset's bytes;
 * images/s of all ranks together (images / wall time of the epoch), streamed against local disk, and
-  streamed with every ranged read through s3fs (``PINSTORM_PRESIGNED_READS=0``), as before
+  streamed with every ranged read through s3fs (``PINSTORM_RANGED_READS=fsspec``), as before
   `pipeline.ranged_reads`: `--rounds` interleaved rounds, each streamed run from a cold cache, the median kept;
 * rows alone (read and verified, nothing decoded), in this process: what the server and the cache deliver;
 * a dataset that fits (cache_limit = 2 x the dataset), one rank: part fetches in epoch 2 (must be 0).
@@ -96,7 +96,7 @@ def run_ranks(url: str, ranks: int, *, stream: bool, limit: int | None, options:
               "ready": str(work / f"ready-{go.name}-{r}"), "go": str(go), "image_size": image_size}
              for r in range(ranks)]
     env = {**os.environ, "PINSTORM_CACHE": str(cache), "LOCAL_WORLD_SIZE": str(ranks), "OMP_NUM_THREADS": "1",
-           "PINSTORM_PRESIGNED_READS": "1" if presigned else "0"}
+           "PINSTORM_RANGED_READS": "auto" if presigned else "fsspec"}
     procs = [subprocess.Popen([sys.executable, __file__, "--rank", json.dumps(s)], env=env, stdout=subprocess.PIPE,
                               text=True) for s in specs]
     while not all(Path(s["ready"]).exists() for s in specs):

@@ -65,7 +65,6 @@ from .part_pieces import TAIL, Piece, PieceSource, footer_span, piece_name, row_
 from .ranged_reads import reads_for
 from .verify import CHECKSUMMED, CorruptPartError, OpenParts, footer_digest, open_part, read_row_group
 
-BLOCK = 8 << 20            # bytes per ranged read of a download that comes back in memory (`ranged_reads`)
 WAIT_SECONDS = float(os.environ.get("PINSTORM_PART_CACHE_WAIT", "600"))   # for room held by other readers
 AHEAD = 4                  # parts fetched ahead of the reader, at most
 # downloads a reader keeps in flight: an object store's first byte takes tens of ms, and one stream of
@@ -509,20 +508,18 @@ class PartCache:
         return reads[2]
 
     def _fetch(self, name: str, tmp: Path, size: int, stop=lambda: False, digest=None) -> bool:
-        """Ranged reads of piece `name` into `tmp` (of `BLOCK` bytes where a read comes back in memory, else one
-        read), their bytes also fed to `digest` if given (in file order); a read that fails or comes back short
-        resumes from the byte reached (`retries` times in a row without progress). False when `stop()` turned
-        true first."""
+        """Piece `name` into `tmp` by ranged reads (`ranged_reads`), its bytes also fed to `digest` if given (in
+        file order); a read that fails or comes back short resumes from the byte reached (`retries` times in a
+        row without progress). False when `stop()` turned true first."""
         part, what = split_piece(name)
         first = 0 if what == "whole" else self.span(name)[0]   # where the piece starts in its part
         reads, path = self._ranged_reads(), self.location.join(part)
-        block = BLOCK if reads.in_memory else size
-        failures, at, end = 0, 0, 0
+        failures, at = 0, 0
 
         def take(data: memoryview) -> None:
             nonlocal at
-            if at + len(data) > end:
-                raise CorruptPartError(f"{self.describe(name)}: the source sent more than the {end - at:,} bytes "
+            if at + len(data) > size:
+                raise CorruptPartError(f"{self.describe(name)}: the source sent more than the {size - at:,} bytes "
                                        "asked for (it ignores Range requests?)")
             out.write(data)
             if digest is not None:
@@ -536,10 +533,10 @@ class PartCache:
             while at < size:
                 if stop():
                     return False
-                end = min(size, at + block)
                 problem: object = None
+                reached = at
                 try:
-                    reads.read(path, first + at, first + end, take)
+                    reads.read(path, first + at, first + size, take)
                 except _Stopped:
                     return False
                 except FileNotFoundError:
@@ -549,16 +546,14 @@ class PartCache:
                     raise
                 except Exception as error:   # fsspec backends raise many types for a dropped connection
                     problem = error
-                if at < end:
-                    failures += 1
+                if at < size:
+                    failures = failures + 1 if at == reached else 1
                     if failures > self.retries:
                         raise PartFetchError(f"{self.describe(name)}: download stopped at byte {at:,} of {size:,} "
                                              f"after {self.retries} resumed reads: {problem or 'short read'}")
                     COUNTERS.resumed += 1
                     log.warning("%s: download cut at byte %d (%s); resuming with a ranged read", self.describe(name),
                                 at, problem or "short read")
-                    continue
-                failures = 0
         return True
 
     def _check(self, name: str, tmp: Path, size: int, digest=None) -> str | None:

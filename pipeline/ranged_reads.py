@@ -1,10 +1,11 @@
-"""How the part cache reads a byte range of a remote file: through the dataset's fsspec filesystem or, on S3,
-by one plain GET of a presigned URL.
+"""How the part cache reads a byte range of a remote file: through the dataset's fsspec filesystem; on S3, by
+one plain GET of a presigned URL; on an HTTP board, by one GET through the board's own client.
 
-Why: a ranged read through s3fs (aiobotocore on fsspec's event-loop thread) costs the reading process ~23 ms
-of CPU for an 8.8 MB part; a GET of the same range by a presigned URL, read with urllib3 straight into the
-cache file, ~7 ms, writing and checksumming included (`bench/bench_ranged_reads.py`, moto, same run). On a
-node whose cores decode JPEGs that is ~0.2 ms an ImageNet image, a tenth of its decode.
+Why: through s3fs (aiobotocore on fsspec's event-loop thread, each read whole in memory, so in 8 MiB blocks)
+an 8.8 MB part costs the reading process ~14 ms of CPU and moto ~12.5; one GET of a presigned URL, read with
+urllib3 straight into the cache file, ~8 and ~6.5, writing and checksumming included (32 MB: ~46 and ~48
+against ~26 and ~18; `bench/bench_ranged_reads.py`, same run). Where the readers' cores also decode JPEGs,
+that is what streaming costs beyond a local read.
 
 The presigned path is taken only where it does what s3fs would: no request options it would have to copy
 (requester pays, SSE-C keys: `s3_additional_kwargs`, `requester_pays`), no client settings of its own
@@ -29,6 +30,7 @@ from pinstorm.boards.safety import secrets
 
 from .errors import PipelineError
 
+BLOCK = 8 << 20               # bytes per read where a read comes back whole, in memory (`FsspecReads`)
 SIGNED_SECONDS = 900          # a presigned URL's lifetime: signed per read (~0.5 ms), used at once
 CONNECT_SECONDS, READ_SECONDS = 60, 60   # botocore's defaults
 BUFFER = 1 << 20              # bytes handed to the cache file per read from the socket
@@ -47,28 +49,43 @@ class RangeReadError(PipelineError, OSError):
 
 class FsspecReads:
     """Ranged reads through the filesystem's own ``cat_file``: every backend. A read comes back whole, in
-    memory (`in_memory`): the cache asks for a block at a time (`part_cache.BLOCK`)."""
+    memory, so a range is read `BLOCK` bytes at a time."""
 
     name = "fsspec"
-    in_memory = True
+
+    def __init__(self, fs):
+        self.fs = fs
+
+    def read(self, path: str, start: int, end: int, take: Take) -> None:
+        """Hand bytes `start`..`end` of `path` to `take`, a block at a time (a failure keeps the blocks handed
+        over; a block that comes back short ends the read)."""
+        for at in range(start, end, BLOCK):
+            data = self.fs.cat_file(path, start=at, end=min(end, at + BLOCK))
+            take(memoryview(data))
+            if len(data) < min(end, at + BLOCK) - at:
+                return
+
+
+class BoardReads:
+    """Ranged reads of a pin's files on an HTTP board (`storage.PinVersionFiles.read_into`): one GET through the
+    board's client (its headers to its origin only) for a whole part, handed over a block at a time."""
+
+    name = "board"
 
     def __init__(self, fs):
         self.fs = fs
 
     def read(self, path: str, start: int, end: int, take: Take) -> None:
         """Hand bytes `start`..`end` of `path` to `take`."""
-        take(memoryview(self.fs.cat_file(path, start=start, end=end)))
+        self.fs.read_into(path, start, end, take)
 
 
 class PresignedS3Reads:
     """Ranged GETs of presigned URLs with urllib3, read into the caller's `take` a buffer at a time; see the
-    module's docstring for when this is used and what falls back to s3fs. Nothing is held in memory, so the
-    cache asks for a whole part in one GET: a GET has a fixed cost, on both ends (for an
-    8.8 MB part read in 8 MB blocks through s3fs, ~12.5 ms of the reader's CPU and ~10.5 of moto's; in one
-    presigned GET, ~6.5 and ~5.5)."""
+    module's docstring for when this is used and what falls back to s3fs. Nothing is held in memory, so a
+    whole part comes in one GET: a GET has a fixed cost, on both ends."""
 
     name = "presigned"
-    in_memory = False
 
     def __init__(self, fs, ca_bundle: str):
         import urllib3
@@ -86,7 +103,10 @@ class PresignedS3Reads:
             return self.fallback.read(path, start, end, take)
         import urllib3
 
-        url = self.fs.sign(path, expiration=SIGNED_SECONDS)
+        try:
+            url = self.fs.sign(path, expiration=SIGNED_SECONDS)
+        except Exception:   # credentials gone stale: s3fs says what is wrong, or refreshes them
+            return self.fallback.read(path, start, end, take)
         try:
             response = self._pool.request("GET", url, headers={"Range": f"bytes={start}-{end - 1}"},
                                           preload_content=False, decode_content=False, redirect=False,
@@ -153,14 +173,18 @@ def _ca_bundle(fs) -> str:
 
 
 def reads_for(fs, sample_path: str):
-    """How ranged reads of files on `fs` are made: `PresignedS3Reads` where they can be (module docstring),
-    else `FsspecReads`. `sample_path`: a file of the dataset, signed once to see the endpoint.
+    """How ranged reads of files on `fs` are made: `BoardReads` for a pin on an HTTP board, `PresignedS3Reads`
+    where they can be (module docstring), else `FsspecReads` (always, with ``PINSTORM_RANGED_READS=fsspec``). `sample_path`: a file of the dataset, signed once to see the endpoint.
 
     Args:
         fs: The dataset's fsspec filesystem.
         sample_path: A path on `fs` (not read).
     """
-    if os.environ.get("PINSTORM_PRESIGNED_READS", "1") == "0" or not _is_plain_s3(fs):
+    if os.environ.get("PINSTORM_RANGED_READS", "auto") == "fsspec":   # every read as before `ranged_reads`
+        return FsspecReads(fs)
+    if callable(getattr(fs, "read_into", None)):   # a pin on an HTTP board
+        return BoardReads(fs)
+    if not _is_plain_s3(fs):
         return FsspecReads(fs)
     try:
         url = fs.sign(sample_path, expiration=SIGNED_SECONDS)

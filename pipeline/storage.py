@@ -252,6 +252,17 @@ class PinVersionFiles(AbstractFileSystem):
                 raise FileNotFoundError(f"{self.root}/{name}") from None
             raise
 
+    def read_into(self, path, start: int, end: int, take) -> None:
+        """Bytes `start`..`end` of file `path`, handed to `take` block by block as they arrive (one ranged GET,
+        nothing held in memory: `ranged_reads.BoardReads`); `boards.DownloadError` when cut off."""
+        name = self._name(path)
+        try:
+            self._board().read_range_into(self.pin, self.version, name, start, min(end, self.files[name]), take)
+        except boards.DownloadError as error:
+            if error.status == 404:
+                raise FileNotFoundError(f"{self.root}/{name}") from None
+            raise
+
     def _open(self, path, mode="rb", block_size=None, autocommit=True, cache_options=None, **kwargs):
         if mode != "rb":
             raise PermissionError(f"{path}: a board's pin is read-only here")

@@ -20,7 +20,7 @@ pytest.importorskip("s3fs")
 from servers.faults import FaultProxy  # noqa: E402
 from servers.s3 import S3Server  # noqa: E402
 
-from pinstorm.pipeline import part_cache  # noqa: E402
+from pinstorm.pipeline import part_cache, ranged_reads  # noqa: E402
 from pinstorm.pipeline.part_cache import CacheFullError, PartCache  # noqa: E402
 from pinstorm.pipeline.verify import CorruptPartError  # noqa: E402
 
@@ -371,7 +371,7 @@ def test_presigned_reads_fall_back_to_s3fs_and_never_log_the_url(dataset, remote
     local, info = dataset
     url, options, proxy, total = remote
     names = sorted(info["files"])
-    monkeypatch.setattr(part_cache, "BLOCK", 4096)   # several ranged reads per part
+    monkeypatch.setattr(ranged_reads, "BLOCK", 4096)   # several ranged reads per part
     proxy.truncate(re.escape(names[0]) + r"\?.*Signature=", times=1)
     proxy.fail(re.escape(names[1]) + r"\?.*Signature=", 503, method="GET", times=1)
     proxy.fail(re.escape(names[3]) + r"\?.*Signature=", 403, method="GET")
@@ -379,13 +379,33 @@ def test_presigned_reads_fall_back_to_s3fs_and_never_log_the_url(dataset, remote
         got = _rows(url, epochs=1, storage_options=options, stream=True, cache_limit=10 * total, shuffle=False)
     assert got == _rows(local, epochs=1, shuffle=False)
     assert part_cache.COUNTERS.resumed == 1 and part_cache.COUNTERS.refetched == 0
-    signed = {path.split("?", 1)[0].rsplit("/", 1)[-1] for path in _signed(proxy)}
-    assert set(names[:4]) <= signed and not signed & set(names[4:])   # the 403 ended presigned reads
+    signed = [path.split("?", 1)[0].rsplit("/", 1)[-1] for path in _signed(proxy)]
+    assert set(names[:4]) <= set(signed) and signed.count(names[3]) == 1
     assert _part_bytes(proxy) > total   # the 503 and the 403 asked the same range again of s3fs
     assert not re.search(r"Signature=(?!\*\*\*)", caplog.text)   # urllib3's debug lines: masked
     assert options["key"] not in caplog.text and options["secret"] not in caplog.text
     assert "presigned ranged GETs answered HTTP 403" in caplog.text
     assert re.search(r'"GET /bkt/\S+/part-\S+\?\S*Signature=\*\*\*', caplog.text)   # they were logged
+
+
+def test_a_client_error_where_s3fs_succeeds_ends_presigned_reads(dataset, remote):
+    """Read one at a time (the loader's fetchers overlap): after the 403, the next part goes by s3fs."""
+    from pinstorm.pipeline.ranged_reads import PresignedS3Reads, reads_for
+    from pinstorm.pipeline.storage import resolve
+
+    local, info = dataset
+    url, options, proxy, total = remote
+    names = sorted(info["files"])
+    location = resolve(url, options)
+    reads = reads_for(location.fs, location.join(names[0]))
+    assert isinstance(reads, PresignedS3Reads)
+    proxy.fail(re.escape(names[0]) + r"\?.*Signature=", 403, method="GET")
+    for name in names[:3]:
+        got = bytearray()
+        reads.read(location.join(name), 0, info["files"][name]["bytes"], got.extend)
+        assert bytes(got) == (Path(local) / name).read_bytes()
+    assert [p.split("?", 1)[0].rsplit("/", 1)[-1] for p in _signed(proxy)] == names[:1]
+    assert not reads.usable
 
 
 def test_a_dropped_connection_resumes_with_a_ranged_read(dataset, tmp_path, monkeypatch):
@@ -395,7 +415,7 @@ def test_a_dropped_connection_resumes_with_a_ranged_read(dataset, tmp_path, monk
 
     local, info = dataset
     shutil.copytree(local, tmp_path / "site" / "ds")
-    monkeypatch.setattr(part_cache, "BLOCK", 4096)   # several ranged reads per part
+    monkeypatch.setattr(ranged_reads, "BLOCK", 4096)   # several ranged reads per part
     name = sorted(info["files"])[1]
     part_cache.reset_counters()
     with boards.serve_board(tmp_path / "site") as base, FaultProxy(base) as proxy:
@@ -852,15 +872,19 @@ def test_an_http_board_pin_part_that_fails_its_checksum_is_fetched_again_once_th
 def test_an_http_board_pin_resumes_a_dropped_connection_with_a_ranged_read(dataset, http_pin, monkeypatch):
     local, info = dataset
     url, proxy, version, total, _ = http_pin
-    monkeypatch.setattr(part_cache, "BLOCK", 4096)   # several ranged reads per part
+    monkeypatch.setattr(ranged_reads, "BLOCK", 4096)   # several ranged reads per part
     name = sorted(info["files"])[1]
     proxy.truncate(re.escape(name) + "$", times=1)
     assert _rows(url, epochs=1, stream=True, cache_limit=10**6) == _rows(local, epochs=1)
     assert part_cache.COUNTERS.resumed == 1 and part_cache.COUNTERS.fetches == PARTS
     assert part_cache.COUNTERS.refetched == 0   # the checksum taken across the resumed reads matched
     starts = [int(h.split("=")[1].split("-")[0]) for p, h in _asked(proxy) if p.endswith(name) and h]
-    assert len(starts) == len(set(starts)) + 1 and starts == sorted(starts)   # the cut block asked again, once
+    assert len(starts) == 2 and starts == sorted(starts)   # the cut GET, then the rest from the byte reached
     assert [p for p, h in _asked(proxy) if p.endswith(name) and not h] == []   # never the whole file
+    # one GET a part through the board's client, handed to the cache file as it arrives: no 4 KiB blocks
+    others = [n for n in info["files"] if n != name]
+    assert sorted(p.rsplit("/", 1)[-1] for p, h in _asked(proxy) if "/part-" in p and h and not p.endswith(name)) \
+        == sorted(others)
 
 
 @pytest.mark.parametrize("context", ["fork", "spawn"])

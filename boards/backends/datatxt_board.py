@@ -35,7 +35,7 @@ import posixpath
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 from urllib.parse import parse_qsl
 
 import requests
@@ -390,7 +390,7 @@ class DatatxtStorage(StorageBase):
 
     def read_range(self, name: str, version: str, file: str, start: int, end: int) -> bytes:
         """Bytes `start` to `end` (exclusive) of one file of a version, by one ranged GET through the board's
-        client: a reader that streams a pin's files part by part (`pipeline.part_cache`) fetches no file whole.
+        client (`read_range_into`), in memory.
 
         Args:
             name: The pin's name.
@@ -403,25 +403,48 @@ class DatatxtStorage(StorageBase):
             At most ``end - start`` bytes; fewer when the connection dropped mid-body (the caller resumes).
 
         Raises:
-            DownloadError: Unreachable, an HTTP error (``status`` 404: no such file), or a server that ignored
-                the Range and answered with another part of the file.
+            DownloadError: As `read_range_into`, when not a byte arrived.
+        """
+        data = bytearray()
+        try:
+            self.read_range_into(name, version, file, start, end, data.extend)
+        except DownloadError:
+            if not data:
+                raise
+        return bytes(data)
+
+    def read_range_into(self, name: str, version: str, file: str, start: int, end: int,
+                        take: Callable[[memoryview], object]) -> None:
+        """Bytes `start` to `end` (exclusive) of one file of a version, handed to `take` a block at a time as
+        they arrive, by one ranged GET through the board's client: a reader that streams a pin's files part
+        by part (`pipeline.part_cache`) fetches no file whole, and holds no part in memory.
+
+        Args:
+            name: The pin's name.
+            version: A version name from `list_versions`.
+            file: A file name from the version's metadata.
+            start: The first byte.
+            end: One past the last byte.
+            take: Called with each block, in order.
+
+        Raises:
+            DownloadError: Unreachable, an HTTP error (``status`` 404: no such file), a server that ignored
+                the Range and answered with another part of the file, or a connection dropped mid-body (the
+                blocks handed over stand; the caller resumes from there).
         """
         if end <= start:
-            return b""
+            return
         url = self.file_url(name, version, file)
         with self._request(url, headers={"Range": f"bytes={start}-{end - 1}"}) as r:
             if r.status_code != 206 or not r.headers.get("Content-Range", "").startswith(f"bytes {start}-"):
                 raise DownloadError(f"{url} answered a request for bytes {start}-{end - 1} with HTTP {r.status_code} "
                                     f"and Content-Range {r.headers.get('Content-Range')!r}: the server must honour "
                                     "Range requests to stream", url=url, status=r.status_code)
-            data = bytearray()
             try:
-                for block in bounded_blocks(r, url, cap=end - start, limits=self.limits, chunk=1 << 16):
-                    data += block
-            except DownloadError as e:   # cut off: what arrived is kept, the caller asks for the rest
-                if not data:
-                    raise DownloadError(self._scrub(str(e)), url=url, status=e.status) from None
-            return bytes(data)
+                for block in bounded_blocks(r, url, cap=end - start, limits=self.limits):
+                    take(memoryview(block))
+            except DownloadError as e:
+                raise DownloadError(self._scrub(str(e)), url=url, status=e.status) from None
 
     # ---- legacy (unversioned, mutable) pins ----------------------------------------------
     def _legacy_meta(self, entry: dict) -> PinMeta:
