@@ -388,6 +388,33 @@ def test_presigned_reads_fall_back_to_s3fs_and_never_log_the_url(dataset, remote
     assert re.search(r'"GET /bkt/\S+/part-\S+\?\S*Signature=\*\*\*', caplog.text)   # they were logged
 
 
+def test_presigned_reads_follow_the_environment_botocore_reads(remote, monkeypatch, tmp_path):
+    """A proxy for the endpoint (botocore would use it; urllib3's pool would not): s3fs reads. A CA bundle
+    named by AWS_CA_BUNDLE: the presigned reads verify with it."""
+    import s3fs
+
+    from pinstorm.pipeline.ranged_reads import FsspecReads, PresignedS3Reads, reads_for
+
+    url, options, proxy, total = remote
+
+    def reads():
+        fs = s3fs.S3FileSystem(skip_instance_cache=True, **options)
+        return reads_for(fs, url[len("s3://"):] + "/part-00000.parquet")
+
+    assert isinstance(reads(), PresignedS3Reads)
+    monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    assert isinstance(reads(), FsspecReads)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    assert isinstance(reads(), PresignedS3Reads)
+    bundle = tmp_path / "ca.pem"
+    bundle.write_text("")
+    monkeypatch.setenv("AWS_CA_BUNDLE", str(bundle))
+    chosen = reads()
+    assert isinstance(chosen, PresignedS3Reads) and chosen._pool.connection_pool_kw["ca_certs"] == str(bundle)
+
+
 def test_a_client_error_where_s3fs_succeeds_ends_presigned_reads(dataset, remote):
     """Read one at a time (the loader's fetchers overlap): after the 403, the next part goes by s3fs."""
     from pinstorm.pipeline.ranged_reads import PresignedS3Reads, reads_for
