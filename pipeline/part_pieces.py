@@ -107,9 +107,9 @@ class PieceSource(io.RawIOBase):
     only the footer): the bytes before the footer read as zeros.
 
     Why mapped: pyarrow reads a column chunk with one ``read``; `io.RawIOBase.read` would copy it twice
-    (into a bytearray, then into bytes). A view of the mapping is handed over as it is: a 17.5 MB row group
-    read in 7 ms of CPU instead of 26 (pyarrow 14, 2-core VM), less than pyarrow's own reading of the whole
-    part file (9-10 ms)."""
+    (into a bytearray, then into bytes). A view of the mapping is handed over as it is: a 17.4 MB row group
+    read in 9.2 ms of CPU instead of 29.7, less than pyarrow reading the part file from its path (13.8 ms;
+    `bench/bench_piece_reads.py`)."""
 
     def __init__(self, size: int, where: str):
         super().__init__()
@@ -140,8 +140,8 @@ class PieceSource(io.RawIOBase):
         if self._group is not None:
             _, _, mapping, view = self._group
             self._group = None
-            view.release()
             try:
+                view.release()
                 mapping.close()
             except BufferError:   # a view still exported: the mapping goes with it
                 pass
