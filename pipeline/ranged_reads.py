@@ -51,8 +51,6 @@ class FsspecReads:
     """Ranged reads through the filesystem's own ``cat_file``: every backend. A read comes back whole, in
     memory, so a range is read `BLOCK` bytes at a time."""
 
-    name = "fsspec"
-
     def __init__(self, fs):
         self.fs = fs
 
@@ -70,8 +68,6 @@ class BoardReads:
     """Ranged reads of a pin's files on an HTTP board (`storage.PinVersionFiles.read_into`): one GET through the
     board's client (its headers to its origin only) for a whole part, handed over a block at a time."""
 
-    name = "board"
-
     def __init__(self, fs):
         self.fs = fs
 
@@ -84,8 +80,6 @@ class PresignedS3Reads:
     """Ranged GETs of presigned URLs with urllib3, read into the caller's `take` a buffer at a time; see the
     module's docstring for when this is used and what falls back to s3fs. Nothing is held in memory, so a
     whole part comes in one GET: a GET has a fixed cost, on both ends."""
-
-    name = "presigned"
 
     def __init__(self, fs, ca_bundle: str):
         import urllib3
