@@ -46,6 +46,7 @@ import threading
 import time
 import uuid
 import warnings
+from collections import deque
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -64,7 +65,7 @@ from .metadata import (ARROW_SCHEMA, COMMON_METADATA, FORMAT_VERSION, PART_PREFI
                        part_name, read_info, write_common_metadata)
 from pinstorm.progress import progress_bar
 from .storage import is_board_url, parse_board_url, resolve
-from .verify import CHECKSUM, footer_digest, table_digest, writer_options
+from .verify import CHECKSUM, footer_digest, read_footer, table_digest, writer_options
 from pinstorm.boards.safety import secrets
 from pinstorm.boards.safety.parquet_limits import DEFAULT_FOOTER_BYTES
 from pinstorm import boards
@@ -468,16 +469,14 @@ def write_part_file(location, name: str, groups, advance=None, tmp_name: str | N
         else ARROW_SCHEMA
     entry = {"rows": 0, "row_group_rows": [], "row_group_xxh3": [], "skipped": [], "reencoded": [],
              "class_rows": {}}
-    # A native file for local folders: pyarrow then writes without Python file objects (or the GIL).
-    file_digest = None if location.is_local else xxhash.xxh3_128()
     try:
-        with (pa.OSFile(tmp, "wb") if location.is_local else _Hashing(location.fs.open(tmp, "wb"), file_digest)) \
-                as handle:
+        with open_part_sink(location, tmp) as handle:
             writer = pq.ParquetWriter(handle, schema, compression={"image": "NONE", "label": "SNAPPY",
                                       "wnid": "SNAPPY", "filename": "SNAPPY", "height": "SNAPPY", "width": "SNAPPY",
                                       **{extra.name: "SNAPPY" for extra in extra_fields}},
                                       use_dictionary=["wnid"], write_statistics=["label", "height", "width"],
                                       **writer_options())
+            row_group_written(handle)   # the file's magic: row group 0 starts after it
             try:
                 for group in groups:
                     columns = {key: [] for key in schema.names}
@@ -506,6 +505,7 @@ def write_part_file(location, name: str, groups, advance=None, tmp_name: str | N
                         continue   # every file of this row group was broken: no empty row group
                     table = pa.Table.from_pydict(columns, schema=schema)
                     writer.write_table(table, row_group_size=len(table))
+                    row_group_written(handle)
                     entry["rows"] += len(table)
                     entry["row_group_rows"].append(len(table))
                     entry["row_group_xxh3"].append(table_digest(table))
@@ -515,34 +515,92 @@ def write_part_file(location, name: str, groups, advance=None, tmp_name: str | N
         close = getattr(groups, "close", None)   # a generator: its read-ahead is cancelled
         if close is not None:
             close()
-    return finish_part(location, tmp, name, entry, file_digest)
+    return finish_part(location, tmp, name, entry, handle)
 
 
-def finish_part(location, tmp: str, name: str, entry: dict, file_digest=None) -> dict:
-    """A written part's temporary file `tmp` renamed to `name`, and its size, footer checksum and whole-file
-    xxh3-128 recorded in `entry` (`file_digest`: hashed while written to a remote store; None: a local file,
-    read back from the page cache, at GB/s). Shared by every writer of parts (`write_part_file`, Spark's)."""
-    if file_digest is None:
-        file_digest = xxhash.xxh3_128()
+def open_part_sink(location, tmp: str):
+    """Where a part is written: a native file for a local folder (pyarrow writes without Python file objects
+    or the GIL; `finish_part` hashes it back from the page cache, at GB/s), else a `HashingSink` (no second
+    download to hash a remote part). Call `row_group_written` after each row group the writer wrote."""
+    import pyarrow as pa
+
+    return pa.OSFile(tmp, "wb") if location.is_local else HashingSink(location.fs.open(tmp, "wb"))
+
+
+def row_group_written(sink) -> None:
+    """Tell `sink` (`open_part_sink`) that the writer's next bytes belong to the next row group."""
+    if isinstance(sink, HashingSink):
+        sink.cut()
+
+
+def finish_part(location, tmp: str, name: str, entry: dict, sink=None) -> dict:
+    """A written part's temporary file `tmp` renamed to `name`, and its size, footer checksum, whole-file
+    xxh3-128 and the xxh3-128 of each row group's bytes (``row_group_bytes_xxh3``: what a part cache checks a
+    row group piece against as it arrives) recorded in `entry`. `sink`: the `HashingSink` a remote part was
+    written through (hashed as written); None for a local file, read back once for both checksums. Shared by
+    every writer of parts (`write_part_file`, Spark's)."""
+    import fsspec
+
+    from .part_pieces import SpanDigests, row_group_spans
+
+    where = f"{location.url}/{name}"
+    if not isinstance(sink, HashingSink):
+        local = fsspec.filesystem("file")
+        size = local.size(tmp)
+        spans = SpanDigests(row_group_spans(read_footer(local, tmp, size), size, where))
+        file_digest, at = xxhash.xxh3_128(), 0
         with open(tmp, "rb") as written:
             for block in iter(lambda: written.read(1 << 22), b""):
                 file_digest.update(block)
+                spans.update(at, block)
+                at += len(block)
+        span_digests: list[str] | None = spans.hexdigests()
     location.fs.mv(tmp, location.join(name))
     entry["bytes"] = location.fs.size(location.join(name))
-    entry["footer_xxh3"] = footer_digest(location.fs, location.join(name), entry["bytes"])
+    footer = read_footer(location.fs, location.join(name), entry["bytes"])
+    entry["footer_xxh3"] = xxhash.xxh3_128(footer).hexdigest()
+    if isinstance(sink, HashingSink):
+        file_digest = sink.digest
+        span_digests = sink.span_digests(row_group_spans(footer, entry["bytes"], where))
     entry["xxh3"] = file_digest.hexdigest()
+    if span_digests is not None:   # None: a writer that buffered across row groups (the content checksum stays)
+        entry["row_group_bytes_xxh3"] = span_digests
     return entry
 
 
-class _Hashing:
-    """A writable file that hashes what goes through it (remote parts: no second download to hash them)."""
+class HashingSink:
+    """A writable remote file that hashes what goes through it: whole, and by row group. A row group's bytes
+    start where the writer was when it began the row group (`cut`) and end at the end of its last column
+    chunk, one of the last writes before the next `cut` (pyarrow writes a chunk's metadata after it): the
+    running digest is kept at each of those writes, and `span_digests` picks the one the footer names."""
 
-    def __init__(self, handle, digest):
-        self._handle, self._digest = handle, digest
+    TAIL_WRITES = 256   # writes kept per row group: its last chunk's end and the metadata after each chunk
+
+    def __init__(self, handle):
+        self._handle, self.digest = handle, xxhash.xxh3_128()
+        self._at, self._start = 0, 0
+        self._running = xxhash.xxh3_128()
+        self._ends: deque = deque(maxlen=self.TAIL_WRITES)
+        self._row_groups: dict[int, dict[int, str]] = {}   # start -> {end: xxh3 of start..end}
 
     def write(self, data):
-        self._digest.update(data)
+        self.digest.update(data)
+        self._running.update(data)
+        self._at += len(data)
+        self._ends.append((self._at, self._running.copy()))
         return self._handle.write(data)
+
+    def cut(self) -> None:
+        """The bytes written from here on belong to the next row group."""
+        self._row_groups[self._start] = {end: digest.hexdigest() for end, digest in self._ends}
+        self._start, self._running = self._at, xxhash.xxh3_128()
+        self._ends.clear()
+
+    def span_digests(self, spans: list[tuple[int, int]]) -> list[str] | None:
+        """The xxh3-128 of each row group span (`part_pieces.row_group_spans`), or None when one of them does not
+        start where a row group began or end at a write boundary kept."""
+        found = [self._row_groups.get(start, {}).get(end) for start, end in spans]
+        return None if None in found else found
 
     def __getattr__(self, name):
         return getattr(self._handle, name)
@@ -1010,7 +1068,9 @@ def commit_dataset(location, parts: dict, ordered: list[str], *, classes, names,
     rows = sum(parts[n]["rows"] for n in ordered)
     files = {n: {"rows": parts[n]["rows"], "row_groups": len(parts[n]["row_group_rows"]),
                  "bytes": parts[n]["bytes"], "xxh3": parts[n]["xxh3"], "footer_xxh3": parts[n]["footer_xxh3"],
-                 "row_group_xxh3": parts[n]["row_group_xxh3"]} for n in ordered}
+                 "row_group_xxh3": parts[n]["row_group_xxh3"],
+                 **({"row_group_bytes_xxh3": parts[n]["row_group_bytes_xxh3"]}
+                    if "row_group_bytes_xxh3" in parts[n] else {})} for n in ordered}
     empty_classes = [wnid for wnid in classes if not class_rows[wnid]]
     info = {
         "format": FORMAT_VERSION, "rows": rows, "num_classes": len(classes), "classes": classes,

@@ -113,8 +113,8 @@ def open_epochs(url, shard, *, shuffle: bool, seed: int | None, engine: str = "p
     info = info.with_changes(url=location.url)
     groups = shard_row_groups(info, shard)
     if not verify:
-        info = info.with_changes(files={name: {k: v for k, v in entry.items() if k not in ("footer_xxh3",
-                                                                                          "row_group_xxh3")}
+        unchecked = ("footer_xxh3", "row_group_xxh3", "row_group_bytes_xxh3")
+        info = info.with_changes(files={name: {k: v for k, v in entry.items() if k not in unchecked}
                                         for name, entry in info.files.items()})
     elif not verified(info):
         log.warning("%s: written by an older pinstorm, without checksums; convert it again to have its parts "

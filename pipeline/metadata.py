@@ -330,10 +330,10 @@ def check_info(info, where: str) -> None:
         for key in ("xxh3", "footer_xxh3"):
             if key in entry and not isinstance(entry[key], str):
                 raise MalformedDatasetError(f"{where}: part {name} {key} must be a string")
-        if "row_group_xxh3" in entry and len(_strings(entry["row_group_xxh3"], f"part {name} row_group_xxh3",
-                                                      where)) != groups:
-            raise MalformedDatasetError(f"{where}: part {name} has {groups} row groups but "
-                                        f"{len(entry['row_group_xxh3'])} row-group checksums")
+        for key in ("row_group_xxh3", "row_group_bytes_xxh3"):
+            if key in entry and len(_strings(entry[key], f"part {name} {key}", where)) != groups:
+                raise MalformedDatasetError(f"{where}: part {name} has {groups} row groups but "
+                                            f"{len(entry[key])} row-group checksums ({key})")
         if "rows" in entry and sum(group_rows[at:at + groups]) != entry["rows"]:
             raise MalformedDatasetError(f"{where}: part {name} declares {entry['rows']} rows, its row groups "
                                         f"{sum(group_rows[at:at + groups])}")

@@ -32,7 +32,8 @@ The rules, each kept under one machine-wide file lock (``<root>/.lock``, `filelo
 * The unit is a part, or a row group of a big part (`PartCache.whole`, `part_pieces`): a part of many row
   groups larger than `WHOLE_PART_BYTES` or a sixth of the limit is cached as its footer and one piece per
   row group, so each row group is fetched once an epoch in any order and a part larger than the cache
-  streams. A piece is verified as a part is (footer checksum; row group content checksum and page CRCs).
+  streams. A piece is verified as a part is: a footer by its checksum, a row group by the xxh3-128 of its
+  bytes taken as they arrive (`convert` records it; older datasets: its content checksum and page CRCs).
 
 The root is ``$PINSTORM_CACHE/parts`` (the boards' cache rule); each dataset has a folder named by a hash of
 its URL (credentials left out) and of its parts' identity, so another dataset or a changed one never reuses
@@ -481,8 +482,8 @@ class PartCache:
         when `stop()` turned true first."""
         part, what = split_piece(name)
         for attempt in range(2):
-            # a whole part's checksum taken as its bytes arrive: not read back from the disk (~0.25 ms a MB)
-            digest = xxhash.xxh3_128() if what == "whole" and "xxh3" in self.entries[part] else None
+            # a checksum of the bytes taken as they arrive: not read back from the disk (~0.25 ms a MB)
+            digest = xxhash.xxh3_128() if self._recorded_digest(name) is not None else None
             if not self._fetch(name, tmp, size, stop, digest):
                 return False
             problem = self._check(name, tmp, size, digest)
@@ -556,9 +557,20 @@ class PartCache:
                                 at, problem or "short read")
         return True
 
+    def _recorded_digest(self, name: str) -> str | None:
+        """The xxh3-128 `convert` recorded of piece `name`'s bytes: a whole part's, or a row group's
+        (``row_group_bytes_xxh3``; datasets written before those have only a content checksum); None if none."""
+        part, what = split_piece(name)
+        entry = self.entries[part]
+        if what == "whole":
+            return entry.get("xxh3")
+        if what is not None and "row_group_bytes_xxh3" in entry:
+            return entry["row_group_bytes_xxh3"][what]
+        return None
+
     def _check(self, name: str, tmp: Path, size: int, digest=None) -> str | None:
-        """Why the downloaded piece `name` in `tmp` is not what `convert` wrote, or None. `digest`: the xxh3 of a
-        whole part's bytes as they were written (`_fetch`); None: read back from `tmp`."""
+        """Why the downloaded piece `name` in `tmp` is not what `convert` wrote, or None. `digest`: the xxh3 of
+        its bytes as they were written (`_fetch`); None: read back from `tmp`."""
         part, what = split_piece(name)
         entry = self.entries[part]
         if tmp.stat().st_size != size:
@@ -568,15 +580,18 @@ class PartCache:
             if "footer_xxh3" in entry:
                 return None if xxhash.xxh3_128(data).hexdigest() == entry["footer_xxh3"] else "footer checksum mismatch"
             return None if data[-4:] == b"PAR1" else "no Parquet magic at the end of the file"
-        if what != "whole":
-            return self._check_row_group(part, what, tmp) if "row_group_xxh3" in entry else None
-        if "xxh3" in entry:
+        recorded = self._recorded_digest(name)
+        if recorded is not None:
             if digest is None:
                 digest = xxhash.xxh3_128()
                 with open(tmp, "rb") as handle:
                     for block in iter(lambda: handle.read(1 << 22), b""):
                         digest.update(block)
-            return None if digest.hexdigest() == entry["xxh3"] else "file checksum mismatch"
+            if digest.hexdigest() == recorded:
+                return None
+            return "file checksum mismatch" if what == "whole" else "row group checksum mismatch"
+        if what != "whole":
+            return self._check_row_group(part, what, tmp) if "row_group_xxh3" in entry else None
         if "footer_xxh3" in entry:
             import fsspec
             try:
@@ -588,9 +603,9 @@ class PartCache:
 
     def _check_row_group(self, part: str, rg: int, tmp: Path) -> str | None:
         """Row group `rg` read from `tmp` against its recorded content checksum, and every page against its CRC
-        where pyarrow checks them (>= 15; the whole part's checksum is not there to cover the columns outside
-        the content checksum: file name, wnid, sizes). One open footer per part is kept for the next row group:
-        a big footer is parsed once, not once a row group."""
+        where pyarrow checks them (>= 15), for a dataset without checksums of its row groups' bytes (written
+        before pinstorm recorded them). One open footer per part is kept for the next row group: a big footer
+        is parsed once, not once a row group."""
         with self._checking:
             if self._checkers is None:   # every column read: page CRCs checked where pyarrow can
                 self._checkers = OpenParts(lambda name: self.open_pieces(name, columns=None))

@@ -9,7 +9,9 @@ than the cache streams as long as its largest row group fits.
 
 Trust: the footer is checked against the part's recorded footer checksum before its offsets are used;
 every span lies inside the part, before the footer, in file order and without overlap; a row group piece
-is checked against the row group's recorded content checksum before it is renamed into the cache.
+is checked against the xxh3-128 of its bytes that `convert` recorded (`SpanDigests`; taken as the bytes
+arrive), or, for a dataset written before those, its row group's content checksum, before it is renamed
+into the cache.
 `PieceSource` serves only the pieces it was given: a read anywhere else is an error, never a fetch.
 """
 
@@ -20,6 +22,8 @@ import mmap
 import os
 import re
 from dataclasses import dataclass, field
+
+import xxhash
 
 from pinstorm.boards.errors import MalformedParquet, ParquetLimitExceeded
 from pinstorm.boards.safety.parquet_limits import BoundedParquetFile, footer_length
@@ -97,6 +101,36 @@ def row_group_spans(footer: bytes, size: int, where: str) -> list[tuple[int, int
         return spans
     finally:
         handle.close()
+
+
+class SpanDigests:
+    """The xxh3-128 of each of a file's row group spans, fed the file's bytes in order in any chunks: how
+    `convert` records ``row_group_bytes_xxh3`` while it reads a written part back (for its whole-file
+    checksum, in the same pass). Why: a row group piece is then verified by a digest taken as its bytes
+    arrive, not by reading and hashing its columns again (a sixth of a streamed epoch's CPU)."""
+
+    def __init__(self, spans: list[tuple[int, int]]):
+        self.spans = spans
+        self.digests = [xxhash.xxh3_128() for _ in spans]
+        self.next = 0   # the first span not wholly fed yet
+
+    def update(self, offset: int, data) -> None:
+        """Feed `data`, the file's bytes from `offset` on (the calls in file order, without gaps)."""
+        end = offset + len(data)
+        view = memoryview(data)
+        i = self.next
+        while i < len(self.spans) and self.spans[i][0] < end:
+            start, stop = self.spans[i]
+            lo, hi = max(start, offset), min(stop, end)
+            if lo < hi:
+                self.digests[i].update(view[lo - offset:hi - offset])
+            if stop > end:
+                break
+            i += 1
+        self.next = i
+
+    def hexdigests(self) -> list[str]:
+        return [digest.hexdigest() for digest in self.digests]
 
 
 class PieceSource(io.RawIOBase):

@@ -44,14 +44,13 @@ import warnings
 from datetime import datetime, timezone
 
 import pyarrow as pa
-import xxhash
 
 from pinstorm.boards.safety import secrets
 
 from .column_digest import TABLE_CHECKSUM, columns_digest
 from .contracts import DatasetInfo
-from .convert import (SparkConverterError, _attempt_tmp_name, _Hashing, _remove_attempt_temporaries, _run_job,
-                      commit_dataset, finish_part, write_part_file)
+from .convert import (SparkConverterError, _attempt_tmp_name, _remove_attempt_temporaries, _run_job, commit_dataset,
+                      finish_part, open_part_sink, row_group_written, write_part_file)
 from .errors import InvalidPipelineInput
 from .images import DEFAULT_MAX_PIXELS, DOWNSCALE_QUALITY, UndecodableImage, check_image
 from .metadata import COMMON_METADATA, part_name
@@ -166,16 +165,16 @@ def write_table_part(location, name: str, tables, *, schema, tmp_name: str) -> d
     tmp = location.join(tmp_name)
     entry = {"rows": 0, "row_group_rows": [], "row_group_xxh3": [], "skipped": [], "reencoded": [],
              "class_rows": {}}
-    file_digest = None if location.is_local else xxhash.xxh3_128()
-    with (pa.OSFile(tmp, "wb") if location.is_local else _Hashing(location.fs.open(tmp, "wb"), file_digest)) \
-            as handle:
+    with open_part_sink(location, tmp) as handle:
         with pq.ParquetWriter(handle, schema, compression="snappy", **writer_options()) as writer:
+            row_group_written(handle)   # the file's magic: row group 0 starts after it
             for table in tables:
                 writer.write_table(table, row_group_size=len(table))
+                row_group_written(handle)
                 entry["rows"] += len(table)
                 entry["row_group_rows"].append(len(table))
                 entry["row_group_xxh3"].append(columns_digest(table))
-    return finish_part(location, tmp, name, entry, file_digest)
+    return finish_part(location, tmp, name, entry, handle)
 
 
 def _row_groups(batches, schema, row_group_bytes: int):

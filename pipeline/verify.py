@@ -129,19 +129,24 @@ def rows_digest(images, labels) -> str:
 
 def footer_digest(fs, path: str, size: int | None = None) -> str:
     """xxh3-128 of a Parquet file's footer and tail, read with two small ranged reads."""
+    return xxhash.xxh3_128(read_footer(fs, path, size)).hexdigest()
+
+
+def read_footer(fs, path: str, size: int | None = None) -> bytes:
+    """A Parquet file's footer and tail, read with two small ranged reads; a footer declared over 16 MiB is
+    refused before it is read (`MalformedPart`)."""
     size = fs.size(path) if size is None else size
     with fs.open(path, "rb") as handle:
         tail = b""
         if size >= 12:
             handle.seek(size - _TAIL)
             tail = handle.read(_TAIL)
-        try:   # bounded before it is read: a footer declared over 16 MiB is refused
+        try:
             length = footer_length(tail, size, "the file")
         except (MalformedParquet, ParquetLimitExceeded) as error:
             raise MalformedPart(str(error).removeprefix("the file: ")) from None
         handle.seek(size - _TAIL - length)
-        footer = handle.read(length)
-    return xxhash.xxh3_128(footer + tail).hexdigest()
+        return handle.read(length) + tail
 
 
 def checksummed(info: DatasetInfo) -> tuple[str, ...]:

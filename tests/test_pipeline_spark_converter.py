@@ -422,6 +422,10 @@ def test_image_readers_name_a_tabular_dataset_and_its_columns_are_checked(spark,
             make_torch_loader(converter.cache_dir_url, batch_size=4, image_size=16)
     raw = json.loads(json.dumps(dict(read_info(resolve(converter.cache_dir_url)))))
     check_info(raw, "here")                                     # the dataset's own is whole
+    name, entry = next(iter(raw["files"].items()))
+    assert len(entry["row_group_bytes_xxh3"]) == entry["row_groups"]   # tabular parts too (write_table_part)
+    with pytest.raises(MalformedDatasetError, match="row-group checksums \\(row_group_bytes_xxh3\\)"):
+        check_info(dict(raw, files={**raw["files"], name: dict(entry, row_group_bytes_xxh3=[])}), "here")
     for columns, message in ((None, "must list its 'columns'"), ([], "1 to"), ("features", "1 to"),
                              ([1, 2], "list of strings"), (["a", "a"], "twice"), ([""], "1 to 1024 characters"),
                              (["x" * 1025], "1 to 1024 characters"), (["c"] * (MAX_COLUMNS + 1), "1 to")):

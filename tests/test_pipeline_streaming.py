@@ -541,18 +541,92 @@ def test_local_ranks_fetch_each_row_group_once(one_part, remote_one, isolated_pi
     assert once + 8 <= _part_bytes(proxy) <= once + 3 * 8   # each rank may size the footer before one fetched it
 
 
+def _span_digests(data: bytes) -> list[str]:
+    """The xxh3-128 of each row group's bytes of the Parquet file `data`, found from its footer here."""
+    import xxhash
+
+    from pinstorm.pipeline.part_pieces import row_group_spans
+
+    footer = int.from_bytes(data[-8:-4], "little") + 8
+    return [xxhash.xxh3_128(data[start:end]).hexdigest()
+            for start, end in row_group_spans(data[-footer:], len(data), "test")]
+
+
+def test_convert_records_each_row_groups_bytes_checksum_local_and_remote(one_part, s3, tmp_path):
+    """Hashed as the part is read back (a local folder) or as it is written (S3): both give the checksums of
+    the exact bytes a part cache fetches for each row group."""
+    from pinstorm.pipeline import convert, make_digits_tree, scan
+    from pinstorm.pipeline.metadata import read_info
+    from pinstorm.pipeline.storage import resolve
+
+    local, info, _, _ = one_part
+    name, = info["files"]
+    assert info["files"][name]["row_group_bytes_xxh3"] == _span_digests((Path(local) / name).read_bytes())
+    tree = make_digits_tree(tmp_path / "tree", image_size=32, per_class=6, seed=0)
+    convert(scan(tree), "s3://bkt/written-remotely", partitions=2, min_row_groups=6, seed=0, progress=False,
+            storage_options=s3.storage_options())
+    remote = read_info(resolve("s3://bkt/written-remotely", s3.storage_options()))["files"]
+    assert len(remote) == 2
+    for part, entry in remote.items():
+        assert entry["row_group_bytes_xxh3"] == _span_digests(s3.fs.cat_file(f"bkt/written-remotely/{part}"))
+
+
+def test_a_sink_records_no_row_group_checksums_when_a_writer_buffers_across_row_groups():
+    """Spans that do not start where a row group was begun (a writer that held bytes back): no checksums, and
+    a part cache checks those row groups by their content instead."""
+    import io
+
+    from pinstorm.pipeline.convert import HashingSink
+
+    sink = HashingSink(io.BytesIO())
+    sink.write(b"PAR1")
+    sink.cut()
+    sink.write(b"a" * 10)
+    sink.write(b"meta")
+    sink.cut()
+    sink.write(b"b" * 5)
+    sink.cut()
+    import xxhash
+    assert sink.span_digests([(4, 14), (18, 23)]) == [xxhash.xxh3_128(b"a" * 10).hexdigest(),
+                                                       xxhash.xxh3_128(b"b" * 5).hexdigest()]
+    assert sink.span_digests([(4, 14), (14, 23)]) is None   # starts where no row group began
+    assert sink.span_digests([(4, 12), (18, 23)]) is None   # ends where no write ended
+
+
+def test_a_row_group_piece_is_checked_by_the_checksum_of_its_bytes_not_read_again(one_part, remote_one,
+                                                                                  monkeypatch):
+    def read_again(*args):
+        raise AssertionError("a row group piece read to check its content")
+
+    monkeypatch.setattr(PartCache, "_check_row_group", read_again)
+    local = one_part[0]
+    url, options, proxy, total = remote_one
+    assert _rows(url, epochs=1, storage_options=options, stream=True, cache_limit=total // 3) == \
+        _rows(local, epochs=1)
+
+
 @pytest.mark.parametrize("column", ["image", "width"])
-def test_a_row_group_piece_that_fails_its_checksum_is_fetched_again_once_then_named(one_part, remote_one, s3, column):
-    """The content checksum covers the images and labels; other columns' pages have their CRCs (pyarrow >= 15)."""
+@pytest.mark.parametrize("recorded", [True, False], ids=["bytes-checksums", "content-checksums"])
+def test_a_row_group_piece_that_fails_its_checksum_is_fetched_again_once_then_named(one_part, remote_one, s3, column,
+                                                                                    recorded):
+    """Checked by the checksum of its bytes, any column; in a dataset from before those, by the content
+    checksum (images and labels) and other columns' page CRCs (pyarrow >= 15)."""
     import pyarrow.parquet as pq
 
+    from pinstorm.pipeline.metadata import read_info, write_common_metadata
+    from pinstorm.pipeline.storage import resolve
     from pinstorm.pipeline.verify import PAGE_CRC
 
-    if column != "image" and not PAGE_CRC:
+    if column != "image" and not PAGE_CRC and not recorded:
         pytest.skip("pyarrow < 15 does not check page CRCs")
     local, info, spans, _ = one_part
     url, options, proxy, total = remote_one
     name, = info["files"]
+    if not recorded:   # as an older pinstorm wrote it
+        location = resolve(url, s3.storage_options())
+        older = read_info(location).to_dict()
+        older["files"][name].pop("row_group_bytes_xxh3")
+        write_common_metadata(location, older, {name: older["files"][name]["row_groups"]})
     group = pq.ParquetFile(Path(local) / name).metadata.row_group(2)
     chunk = next(group.column(i) for i in range(group.num_columns) if group.column(i).path_in_schema == column)
     key = url[len("s3://"):] + "/" + name
