@@ -155,6 +155,16 @@ def run_ranks(url: str, ranks: int, *, stream: bool, limit: int | None, options:
 
 
 # ---- the benchmark ---------------------------------------------------------------------------------
+def cpu_bound(row: dict) -> dict:
+    """Where the cores bound streamed / local: when reading from local disk keeps every core busy, streaming
+    can reach at most local CPU / (streamed readers' CPU + the server's) an image, or, with the object store
+    on other machines, local CPU / streamed readers' CPU."""
+    local, streamed = row["reader_cpu_ms_per_img"]["local"], row["reader_cpu_ms_per_img"]["streamed"]
+    return {"local_cores_busy": round(local * row["local_img_per_s"] / 1000 / (os.cpu_count() or 1), 3),
+            "cpu_bound_vs_local": round(local / (streamed + row["server_cpu_ms_per_img"]), 3),
+            "cpu_bound_vs_local_server_elsewhere": round(local / streamed, 3)}
+
+
 def _renice(pid: int, niceness: int) -> None:
     """Every thread of process `pid` at `niceness` (Linux sets it per thread; threads started later inherit
     their starter's)."""
@@ -193,6 +203,9 @@ def plot(report: dict, path: Path) -> None:
         ax.bar(i - 0.27, r["local_img_per_s"], 0.27, color="#888888", label="local disk" if i == 0 else None)
         ax.bar(i, r["stream_img_per_s"], 0.27, color="#2a7ab9", label="streamed (epoch 2)" if i == 0 else None)
         ax.text(i, r["stream_img_per_s"], f"{r['stream_vs_local']:.2f}x", ha="center", va="bottom", fontsize=8)
+        if "cpu_bound_vs_local" in r:   # the most these cores allow (`cpu_bound`)
+            ax.plot([i - 0.13, i + 0.13], [r["cpu_bound_vs_local"] * r["local_img_per_s"]] * 2, "k-", lw=2,
+                    label="CPU bound: local CPU / (streamed + server CPU)" if i == 0 else None)
         if "s3fs_reads_img_per_s" in r:
             ax.bar(i + 0.27, r["s3fs_reads_img_per_s"], 0.27, color="#9ecae1",
                    label="streamed, reads through s3fs" if i == 0 else None)
@@ -202,8 +215,8 @@ def plot(report: dict, path: Path) -> None:
     ax.set_xticks(range(len(rows)), labels)
     ax.set_ylabel("images/s, all ranks")
     ax.set_title("throughput (cache = dataset / 4)")
-    ax.set_ylim(0, 1.45 * max(r["local_img_per_s"] for r in rows))
-    ax.legend(fontsize=7, ncol=2, loc="upper left")
+    ax.set_ylim(0, 1.6 * max(r["local_img_per_s"] for r in rows))
+    ax.legend(fontsize=6, loc="upper left")
     ax = axes[1]
     for i, r in enumerate(rows):
         for e, ratio in enumerate(r["fetched_per_epoch_vs_dataset"]):
@@ -334,6 +347,7 @@ def main(argv: list[str] | None = None) -> dict:
                 row["reader_cpu_ms_per_img"] = {"local": base["epochs"][-1]["cpu_ms_per_img"],
                                                 "streamed": streamed["epochs"][-1]["cpu_ms_per_img"]}
                 row["server_cpu_ms_per_img"] = streamed["server_cpu_ms_per_img"]
+                row.update(cpu_bound(row))
                 if args.content_checks:   # the same streamed runs, row group pieces checked by reading them again
                     content = median_run("content")
                     row["content_checks_img_per_s"] = rate(content)
