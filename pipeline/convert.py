@@ -571,10 +571,12 @@ def finish_part(location, tmp: str, name: str, entry: dict, sink=None) -> dict:
 class HashingSink:
     """A writable remote file that hashes what goes through it: whole, and by row group. A row group's bytes
     start where the writer was when it began the row group (`cut`) and end at the end of its last column
-    chunk, one of the last writes before the next `cut` (pyarrow writes a chunk's metadata after it): the
-    running digest is kept at each of those writes, and `span_digests` picks the one the footer names."""
+    chunk, one of the last writes before the next `cut` (pyarrow 14 writes that chunk's metadata after it):
+    the running digest is kept at each of those writes, and `span_digests` picks the one the footer names."""
 
-    TAIL_WRITES = 256   # writes kept per row group: its last chunk's end and the metadata after each chunk
+    # writes kept per row group: its span ends at one of its last; pyarrow 14 writes one more (the last
+    # chunk's metadata), 26 none. A few digests a row group: 4,096 row groups keep ~6 MB, not one per page.
+    TAIL_WRITES = 8
 
     def __init__(self, handle):
         self._handle, self.digest = handle, xxhash.xxh3_128()
