@@ -544,10 +544,11 @@ def finish_part(location, tmp: str, name: str, entry: dict, sink=None) -> dict:
     from .part_pieces import SpanDigests, row_group_spans
 
     where = f"{location.url}/{name}"
-    if not isinstance(sink, HashingSink):
+    if not isinstance(sink, HashingSink):   # the footer read once, before the rename (it stays the same)
         local = fsspec.filesystem("file")
         size = local.size(tmp)
-        spans = SpanDigests(row_group_spans(read_footer(local, tmp, size), size, where))
+        footer = read_footer(local, tmp, size)
+        spans = SpanDigests(row_group_spans(footer, size, where))
         file_digest, at = xxhash.xxh3_128(), 0
         with open(tmp, "rb") as written:
             for block in iter(lambda: written.read(1 << 22), b""):
@@ -557,11 +558,11 @@ def finish_part(location, tmp: str, name: str, entry: dict, sink=None) -> dict:
         span_digests: list[str] | None = spans.hexdigests()
     location.fs.mv(tmp, location.join(name))
     entry["bytes"] = location.fs.size(location.join(name))
-    footer = read_footer(location.fs, location.join(name), entry["bytes"])
-    entry["footer_xxh3"] = xxhash.xxh3_128(footer).hexdigest()
     if isinstance(sink, HashingSink):
+        footer = read_footer(location.fs, location.join(name), entry["bytes"])
         file_digest = sink.digest
         span_digests = sink.span_digests(row_group_spans(footer, entry["bytes"], where))
+    entry["footer_xxh3"] = xxhash.xxh3_128(footer).hexdigest()
     entry["xxh3"] = file_digest.hexdigest()
     if span_digests is not None:   # None: a writer that buffered across row groups (the content checksum stays)
         entry["row_group_bytes_xxh3"] = span_digests
