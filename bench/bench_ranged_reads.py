@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 RESULTS = ROOT / "bench" / "results"
 BUCKET = "ranged-reads"
+BEFORE = "presigned, readinto"   # the presigned reader's body loop before `_copy_body` (`readinto_reads`)
 SIZES = {"2.2 MB": 2_200_000, "8.8 MB": 8_800_000, "32 MB": 32_000_000}
 
 
@@ -60,6 +61,22 @@ def download(reads, path: str, size: int, target: Path) -> str:
     return digest.hexdigest()
 
 
+def readinto_reads(fs):
+    """The presigned reader as it was before `PresignedS3Reads._copy_body`: the body read with urllib3's
+    ``readinto`` into one reused buffer (the baseline of ``presigned``, same run)."""
+    from pinstorm.pipeline.ranged_reads import BUFFER, PresignedS3Reads, _ca_bundle
+
+    class ReadintoReads(PresignedS3Reads):
+        @staticmethod
+        def _copy_body(response, take) -> None:
+            buffer = bytearray(BUFFER)
+            view = memoryview(buffer)
+            while count := response.readinto(buffer):
+                take(view[:count])
+
+    return ReadintoReads(fs, _ca_bundle(fs))
+
+
 def plot(report: dict, path: Path) -> None:
     import matplotlib
 
@@ -71,9 +88,10 @@ def plot(report: dict, path: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for ax, key, title in ((axes[0], "client_cpu_ms_per_mb", "reader's CPU per MB (all its threads)"),
                            (axes[1], "wall_ms_per_mb", "wall time per MB (one read at a time)")):
-        for offset, (reader, color) in zip((-0.2, 0.2), (("s3fs", "#9ecae1"), ("presigned", "#2a7ab9"))):
+        for offset, (reader, color) in zip((-0.27, 0, 0.27), (("s3fs", "#9ecae1"), (BEFORE, "#6baed6"),
+                                                               ("presigned", "#2a7ab9"))):
             values = [next(r[key] for r in rows if r["size"] == label and r["reader"] == reader) for label in labels]
-            ax.bar([i + offset for i in range(len(labels))], values, 0.4, color=color, label=reader)
+            ax.bar([i + offset for i in range(len(labels))], values, 0.27, color=color, label=reader)
         ax.set_xticks(range(len(labels)), [f"parts of {label}" for label in labels])
         ax.set_ylabel("ms per MB")
         ax.set_title(title)
@@ -105,7 +123,7 @@ def main(argv=None) -> dict:
         server_pid = server.process.pid
         fs = s3fs.S3FileSystem(skip_instance_cache=True, endpoint_url=endpoint, key=KEY, secret=SECRET)
         fs.mkdir(BUCKET)
-        readers = {"s3fs": FsspecReads(fs), "presigned": reads_for(fs, f"{BUCKET}/probe")}
+        readers = {"s3fs": FsspecReads(fs), BEFORE: readinto_reads(fs), "presigned": reads_for(fs, f"{BUCKET}/probe")}
         assert isinstance(readers["presigned"], PresignedS3Reads), "moto's endpoint should be read presigned"
         target = Path(work) / "part"
         samples: dict[tuple[str, str], list[dict]] = {}
@@ -135,20 +153,25 @@ def main(argv=None) -> dict:
                     row[key.replace("_ms", "_ms_per_mb")] = round(row[key] / (size / 1e6), 3)
                 row["client_cpu_ms_runs"] = [round(r["client_cpu_ms"], 2) for r in runs]
                 rows.append(row)
-            s3fs_row, signed_row = rows[-2], rows[-1]
+            s3fs_row, before_row, signed_row = rows[-3], rows[-2], rows[-1]
             print(f"  {label:7s} per part: reader CPU {s3fs_row['client_cpu_ms']:.1f} ms through s3fs, "
+                  f"{before_row['client_cpu_ms']:.1f} presigned readinto, "
                   f"{signed_row['client_cpu_ms']:.1f} presigned ({s3fs_row['client_cpu_ms'] / signed_row['client_cpu_ms']:.1f}x); "
                   f"server {s3fs_row['server_cpu_ms']:.1f} / {signed_row['server_cpu_ms']:.1f}; wall "
                   f"{s3fs_row['wall_ms']:.1f} / {signed_row['wall_ms']:.1f} ms", flush=True)
     report = {
         "benchmark": "ranged_reads",
         "what": "one part downloaded as the part cache does (ranged reads, written to a file, "
-                "xxh3 on the way) from moto S3: through s3fs against a presigned GET read with urllib3",
+                "xxh3 on the way) from moto S3: through s3fs against a presigned GET read with urllib3 (its body by read(n), and by readinto as before)",
         "config": {"sizes": SIZES, "rounds": args.rounds, "quick": args.quick},
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
         "results": rows,
         "s3fs_vs_presigned_client_cpu": {label: round(
             next(r["client_cpu_ms"] for r in rows if r["size"] == label and r["reader"] == "s3fs")
+            / next(r["client_cpu_ms"] for r in rows if r["size"] == label and r["reader"] == "presigned"), 2)
+            for label in SIZES},
+        "readinto_vs_read_client_cpu": {label: round(
+            next(r["client_cpu_ms"] for r in rows if r["size"] == label and r["reader"] == BEFORE)
             / next(r["client_cpu_ms"] for r in rows if r["size"] == label and r["reader"] == "presigned"), 2)
             for label in SIZES},
     }

@@ -2,9 +2,9 @@
 one plain GET of a presigned URL; on an HTTP board, by one GET through the board's own client.
 
 Why: through s3fs (aiobotocore on fsspec's event-loop thread, each read whole in memory, so in 8 MiB blocks)
-an 8.8 MB part costs the reading process ~14 ms of CPU and moto ~12.5; one GET of a presigned URL, read with
-urllib3 straight into the cache file, ~8 and ~6.5, writing and checksumming included (32 MB: ~46 and ~48
-against ~26 and ~18; `bench/bench_ranged_reads.py`, same run). Where the readers' cores also decode JPEGs,
+an 8.8 MB part costs the reading process ~17 ms of CPU and moto ~15; one GET of a presigned URL, read with
+urllib3 straight into the cache file, ~7 and ~8.5, writing and checksumming included (32 MB: ~47 and ~48
+against ~23.5 and ~22; `bench/bench_ranged_reads.py`, same run). Where the readers' cores also decode JPEGs,
 that is what streaming costs beyond a local read.
 
 The presigned path is taken only where it does what s3fs would: no request options it would have to copy
@@ -122,13 +122,7 @@ class PresignedS3Reads:
                                      "through s3fs from now on", secrets.strip_url(self.fs.unstrip_protocol(path)),
                                      status)
                 return None
-            buffer = bytearray(BUFFER)
-            view = memoryview(buffer)
-            while True:
-                count = response.readinto(buffer)
-                if not count:
-                    break
-                take(view[:count])
+            self._copy_body(response, take)
             done = True
         except urllib3.exceptions.HTTPError as error:
             raise RangeReadError(f"presigned GET cut: {type(error).__name__}") from None
@@ -138,6 +132,15 @@ class PresignedS3Reads:
             else:
                 response.close()
         return None
+
+    @staticmethod
+    def _copy_body(response, take: Take) -> None:
+        """Hand `response`'s body to `take`, `BUFFER` bytes at a time. ``read(n)`` rather than ``readinto``:
+        urllib3 2's ``readinto`` is ``read`` plus a copy into the caller's buffer: a whole download (written and
+        hashed) cost 1.23-1.36x the reader's CPU on parts of 8.8 and 32 MB (`bench/bench_ranged_reads.py`, which
+        keeps the ``readinto`` loop as its same-run baseline)."""
+        while block := response.read(BUFFER):
+            take(memoryview(block))
 
 
 def _is_plain_s3(fs) -> bool:
