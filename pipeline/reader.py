@@ -55,6 +55,7 @@ from .epochs import check_jpegs as _check_jpegs  # noqa: F401 (kept importable f
 from .epochs import epoch_order, epoch_seed
 from .epochs import epoch_seed as _epoch_seed  # noqa: F401
 from .epochs import jpeg_problem as _jpeg_problem  # noqa: F401
+from .malloc_pad import pad_heaps
 from .verify import open_part
 from .positions import Position, planned_chunks, resume_position, state_dict, stream_ids, stream_length
 
@@ -454,6 +455,7 @@ def make_dataset(url, *, batch_size: int, image_size=(224, 224), training: bool 
     from pinstorm.tensorflow_quiet import tensorflow
 
     tf = tensorflow()
+    pad_heaps()   # from_generator's kernel fixes glibc's mmap threshold: keep per-image buffers in the heaps
 
     if engine not in ENGINES:
         raise ReaderOptionError(f"engine must be one of {ENGINES}, got {engine!r}")
