@@ -1,8 +1,8 @@
 """Pad glibc's heaps once `make_dataset` is used, so tf.data's per-image buffers are reused, not faulted in again.
 
 Why: TensorFlow 2.21's ``GeneratorDataset`` kernel (``tf.data.Dataset.from_generator``, `make_dataset`'s row
-source) calls ``mallopt(M_MMAP_THRESHOLD, 128 KiB)`` for the whole process, a patch against memory growth
-under Python 3.11. That turns glibc's adaptive threshold off: from then on, every buffer of 128 KiB or more
+source) calls ``mallopt(M_MMAP_THRESHOLD, 128 KiB)`` for the whole process (``ApplyPython311MemoryPatch``:
+by its name, a patch for Python 3.11's memory use). That turns glibc's adaptive threshold off: from then on, every buffer of 128 KiB or more
 (a 112x112 float image is 147 KiB, a 224x224 one 588 KiB) that a thread's heap cannot serve from its top is
 mapped afresh and its pages faulted in, image after image. Measured at 40,000 small images (1,000 classes,
 120x160 JPEGs as `bench/bench_small_images.py` makes them, to 112 px; one epoch in a fresh process, 5
