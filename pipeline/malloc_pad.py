@@ -2,9 +2,9 @@
 
 Why: TensorFlow 2.21's ``GeneratorDataset`` kernel (``tf.data.Dataset.from_generator``, `make_dataset`'s row
 source) calls ``mallopt(M_MMAP_THRESHOLD, 128 KiB)`` for the whole process (``ApplyPython311MemoryPatch``:
-by its name, a patch for Python 3.11's memory use). That turns glibc's adaptive threshold off: from then on, every buffer of 128 KiB or more
-(a 112x112 float image is 147 KiB, a 224x224 one 588 KiB) that a thread's heap cannot serve from its top is
-mapped afresh and its pages faulted in, image after image. Measured at 40,000 small images (1,000 classes,
+by its name, a patch for Python 3.11's memory use). That turns glibc's adaptive threshold off: from then on,
+every buffer of 128 KiB or more (a 112x112 float image is 147 KiB, a 224x224 one 588 KiB) that a thread's
+heap cannot serve from its top is mapped afresh and its pages faulted in, image after image. Measured at 40,000 small images (1,000 classes,
 120x160 JPEGs as `bench/bench_small_images.py` makes them, to 112 px; one epoch in a fresh process, 5
 interleaved rounds): `make_dataset` took 9-34 minor page faults an image and 441 us of CPU (median; 427-502),
 plain tf.data 0.2 faults and 354 us (352-369). With a top pad of 64 MiB (``M_TOP_PAD``: a heap keeps that
@@ -32,13 +32,13 @@ _M_TOP_PAD = -2           # mallopt's parameter number (malloc.h)
 _ENV = "PINSTORM_MALLOC_TOP_PAD"
 
 log = secrets.logger(__name__)
-_done = threading.Lock()
+_lock = threading.Lock()
 _applied: list[int] = []   # the pad set in this process (at most one entry)
 
 
 def pad_heaps() -> int | None:
     """Set glibc's heap top pad once per process (module docstring); the pad set, or None where left alone."""
-    with _done:
+    with _lock:
         if _applied:
             return _applied[0]
         pad = _wanted_pad()
