@@ -1,15 +1,15 @@
 """Pad glibc's heaps once `make_dataset` is used, so tf.data's per-image buffers are reused, not faulted in again.
 
 Why: TensorFlow 2.21's ``GeneratorDataset`` kernel (``tf.data.Dataset.from_generator``, `make_dataset`'s row
-source) calls ``mallopt(M_MMAP_THRESHOLD, 128 KiB)`` for the whole process (``ApplyPython311MemoryPatch``:
-by its name, a patch for Python 3.11's memory use). That turns glibc's adaptive threshold off: from then on,
-every buffer of 128 KiB or more (a 112x112 float image is 147 KiB, a 224x224 one 588 KiB) that a thread's
-heap cannot serve from its top is mapped afresh and its pages faulted in, image after image. Measured at
-40,000 small images (1,000 classes, 120x160 JPEGs as `bench/bench_small_images.py` makes them, to 112 px; one epoch in a fresh process, 5
-interleaved rounds): `make_dataset` took 9-34 minor page faults an image and 441 us of CPU (median; 427-502),
-plain tf.data 0.2 faults and 354 us (352-369). With a top pad of 64 MiB (``M_TOP_PAD``: a heap keeps that
-much free space at its top rather than handing it back), `make_dataset` took 3-4 faults and 387 us (375-431),
-plain tf.data 354 (347-372).
+source) calls ``mallopt(M_MMAP_THRESHOLD, 128 KiB)`` for the whole process (``ApplyPython311MemoryPatch``: by
+its name, a patch for Python 3.11's memory use). That turns glibc's adaptive threshold off: from then on, every
+buffer of 128 KiB or more (a 112x112 float image is 147 KiB, a 224x224 one 588 KiB) that a thread's heap cannot
+serve from its top is mapped afresh and its pages faulted in, image after image. Measured at 40,000 small images
+(1,000 classes, 120x160 JPEGs as `bench/bench_small_images.py` makes them, to 112 px; one epoch in a fresh
+process, 5 interleaved rounds): `make_dataset` took 9-34 minor page faults an image and 441 us of CPU (median;
+427-502), plain tf.data 0.2 faults and 354 us (352-369). With a top pad of 64 MiB (``M_TOP_PAD``: a heap keeps
+that much free space at its top rather than handing it back), `make_dataset` took 3-4 faults and 387 us
+(375-431), plain tf.data 354 (347-372).
 
 The pad is memory a heap may keep instead of returning it, at most 64 MiB a heap: the peak RSS of those runs
 did not grow (1.06-1.07 GB with it, 1.10-1.11 without). ``PINSTORM_MALLOC_TOP_PAD=0`` leaves the allocator
