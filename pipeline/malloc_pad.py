@@ -20,7 +20,6 @@ alone, another value sets the pad in bytes; a pad the user set (``GLIBC_TUNABLES
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import platform
 import threading
@@ -45,7 +44,7 @@ def pad_heaps() -> int | None:
         if pad is None:
             return None
         try:
-            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+            libc = ctypes.CDLL(None)   # this process's own symbols, glibc's among them (no ldconfig run)
             ok = libc.mallopt(_M_TOP_PAD, ctypes.c_int(pad)) == 1
         except (OSError, AttributeError):
             ok = False
