@@ -15,6 +15,10 @@ thread: tf.data's and the loader's) per image, the median of the rounds:
 * `make_torch_loader` over the same Parquet, in this process (``num_workers=0``, so its CPU is counted);
 * ``source``: `make_dataset`'s row source alone (its rows batched, undecoded), where a change to it shows
   through the decoding's noise;
+* ``source + plain map``: `make_dataset`'s row source and plan with plain tf.data's map (no crop, no flip):
+  the row source against ``list_files`` + ``read_file`` with the per-image work the same;
+* ``make_dataset no flip``: `make_dataset(flip=False)`: what the training flip costs (a ``tf.reverse`` of the
+  resized float image, which TensorFlow's kernel does element by element);
 * ``per-image floor``: what `make_dataset` would cost with every per-image op gone but the decode of the
   window, the resize, the flip and the scaling (`per_image_floor`): the most that moving the crop and flip
   draws out of the per-image map (issue 36's first idea) can save.
@@ -89,6 +93,22 @@ def row_source(tf, module, url: str, epochs: int):
     options = tf.data.Options()
     options.experimental_optimization.apply_default_optimizations = False
     return module._rows_of(tf, chunks.prefetch(2)).batch(64).with_options(options)
+
+
+def source_with_plain_map(tf, module, url: str, epochs: int):
+    """`make_dataset`'s row source and tf.data plan (`module`'s, a reader.py) with plain tf.data's per-image map
+    (``decode_jpeg`` -> resize -> / 255, no crop, no flip): against plain tf.data, the row source and its dataset
+    machinery against ``list_files`` + ``read_file``, the per-image work being the same."""
+    position = module.make_dataset(url, batch_size=64, image_size=(112, 112), training=True, num_epochs=epochs,
+                                   seed=1).pinstorm_position
+    rows = module._rows_of(tf, position.chunks(tf, 0, epochs, False).prefetch(2))
+    options = tf.data.Options()   # make_dataset's
+    options.experimental_optimization.apply_default_optimizations = False
+    options.experimental_optimization.map_and_batch_fusion = True
+    return rows.map(lambda jpeg, label, seed: (tf.image.resize(tf.io.decode_jpeg(jpeg, channels=3), (112, 112)) / 255.0,
+                                               label),
+                    num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).batch(64).prefetch(
+        tf.data.AUTOTUNE).with_options(options)
 
 
 def augmented(tf, jpeg):
@@ -177,6 +197,9 @@ def main(argv=None) -> int:
                                                              seed=1, num_workers=0),
         }
         readers["per-image floor"] = lambda n: per_image_floor(tf, reader, converted.url, n)
+        readers["source + plain map"] = lambda n: source_with_plain_map(tf, reader, converted.url, n)
+        readers["make_dataset no flip"] = lambda n: make_dataset(converted.url, batch_size=64, image_size=(112, 112),
+                                                                 training=True, flip=False, num_epochs=n, seed=1)
         for before, old in olds.items():
             readers[before] = (lambda old: lambda n: old.make_dataset(converted.url, batch_size=64, training=True,
                                                                       image_size=(112, 112), num_epochs=n, seed=1))(old)
@@ -202,6 +225,8 @@ def main(argv=None) -> int:
             row[f"make_dataset / make_torch_loader{kind}"] = cost["make_dataset"] / cost["make_torch_loader"]
             row[f"per-image floor / plain tf.data{kind}"] = cost["per-image floor"] / cost["plain tf.data"]
             row[f"make_dataset / per-image floor{kind}"] = cost["make_dataset"] / cost["per-image floor"]
+            row[f"source + plain map / plain tf.data{kind}"] = cost["source + plain map"] / cost["plain tf.data"]
+            row[f"make_dataset / make_dataset no flip{kind}"] = cost["make_dataset"] / cost["make_dataset no flip"]
             for before in olds:
                 row[f"make_dataset / {before}{kind}"] = cost["make_dataset"] / cost[before]
                 row[f"make_dataset source / {before} source{kind}"] = (cost["make_dataset source"]
@@ -225,9 +250,9 @@ def main(argv=None) -> int:
     except ImportError:
         return 0
     names = ["make_dataset", *olds, "make_dataset eval", "plain tf.data", "plain tf.data augmented",
-             "make_torch_loader", "per-image floor"]
+             "make_torch_loader", "per-image floor", "source + plain map", "make_dataset no flip"]
     colours = dict(zip(names, ["#4c72b0", *["#c44e52", "#937860", "#da8bc3"][:len(olds)],
-                               "#8172b2", "#dd8452", "#e5ae38", "#55a868", "#8c8c8c"]))
+                               "#8172b2", "#dd8452", "#e5ae38", "#55a868", "#8c8c8c", "#64b5cd", "#4c9ab0"]))
     figure, axes = plt.subplots(1, 2, figsize=(13, 4), sharey=True)
     step = len(names) + 1
     for axis, kind, title in zip(axes, ("", " steady"), ("one epoch", "steady (epochs 2-3)")):
