@@ -1,6 +1,7 @@
 """Benchmark: `make_dataset` with and without glibc's heap pad (`pipeline.malloc_pad`), against plain tf.data.
 
     python bench/bench_malloc_pad.py [--classes 1000] [--per-class 40] [--rounds 5]
+    python bench/bench_malloc_pad.py --tabular [--rows 500000] [--rounds 4]
 
 TensorFlow's ``from_generator`` kernel fixes glibc's mmap threshold at 128 KiB for the whole process, so that
 every buffer of an image's size a heap cannot serve from its top is mapped and faulted in afresh. Each run
@@ -11,6 +12,11 @@ the process an image, minor page faults an image, peak RSS; `make_dataset` padde
 resize) with the same pad set and not (``mallopt`` in that process). Interleaved rounds, medians.
 
 Writes bench/results/malloc_pad.json and .png.
+
+``--tabular``: the Spark converter's tf reader (`make_columns_dataset`, also ``from_generator``) over a tabular
+DataFrame stored by `make_spark_converter` (local[2]; ``features`` array<float> of 32, ``label``, ``ts``; row
+groups of 4 MiB, as `bench/bench_tabular_reader.py`): two epochs in batches of 256 in a fresh process, padded
+and not; CPU and minor page faults per 1,000 rows, peak RSS. Writes bench/results/malloc_pad_tabular.json and .png.
 """
 
 from __future__ import annotations
@@ -54,6 +60,22 @@ print(json.dumps({"cpu_ms_per_image": (time.process_time() - started) / images *
                   "faults_per_image": (usage.ru_minflt - faults) / images, "peak_rss_mb": usage.ru_maxrss / 1024}))
 """
 
+# Two epochs of the Spark converter's tf reader over a tabular dataset, in this process.
+_TABULAR_RUN = r"""
+import json, os, resource, sys, time
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+from pinstorm.pipeline.columns_reader import ColumnBatches, make_columns_dataset
+from pinstorm.pipeline import malloc_pad
+dataset = make_columns_dataset(ColumnBatches(sys.argv[1], batch_size=256, seed=1, num_epochs=2))
+usage = resource.getrusage(resource.RUSAGE_SELF)
+started, faults = time.process_time(), usage.ru_minflt
+rows = sum(int(batch.label.shape[0]) for batch in dataset)
+usage = resource.getrusage(resource.RUSAGE_SELF)
+print(json.dumps({"cpu_ms_per_1000_rows": (time.process_time() - started) / rows * 1e6,
+                  "faults_per_1000_rows": (usage.ru_minflt - faults) / rows * 1e3, "peak_rss_mb": usage.ru_maxrss / 1024,
+                  "pad": malloc_pad._applied}))
+"""
+
 KINDS = {   # name: (reader, PINSTORM_MALLOC_TOP_PAD)
     "make_dataset": ("make_dataset", ""),
     "make_dataset unpadded": ("make_dataset", "0"),
@@ -71,13 +93,86 @@ def one_run(kind: str, url: str, pattern: str, images: int) -> dict:
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
+def tabular(rows: int, rounds: int, out: Path) -> int:
+    """The ``--tabular`` run (module docstring)."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pinstorm.pipeline import make_spark_converter
+    from pinstorm.pipeline.spark_converter import spark_session_for
+
+    spark = spark_session_for("local[2]", "pinstorm-bench-malloc-pad")
+    frame = spark.range(rows).selectExpr("transform(sequence(1, 32), i -> cast(id + i as float)) as features",
+                                         "cast(id % 10 as int) as label", "timestamp_seconds(id) as ts").repartition(2)
+    runs: dict[str, list[dict]] = {"padded": [], "unpadded": []}
+    with tempfile.TemporaryDirectory() as cache:
+        converter = make_spark_converter(frame, cache_url=cache, row_group_bytes=4 * 2**20)
+        for round_ in range(rounds):
+            kinds = ["padded", "unpadded"][::1 if round_ % 2 == 0 else -1]
+            for kind in kinds:
+                env = {k: v for k, v in os.environ.items() if k != "PINSTORM_MALLOC_TOP_PAD"}
+                if kind == "unpadded":
+                    env["PINSTORM_MALLOC_TOP_PAD"] = "0"
+                run = subprocess.run([sys.executable, "-c", _TABULAR_RUN, converter.cache_dir_url], env=env,
+                                     capture_output=True, text=True, check=True)
+                runs[kind].append(json.loads(run.stdout.strip().splitlines()[-1]))
+                print(round_, kind, runs[kind][-1], flush=True)
+        row_groups = converter.info["row_groups"]
+        converter.delete()
+    spark.stop()
+    results = []
+    for kind, samples in runs.items():
+        row = {"reader": f"make_tf_dataset {kind}"}
+        for key in ("cpu_ms_per_1000_rows", "faults_per_1000_rows", "peak_rss_mb"):
+            values = [sample[key] for sample in samples]
+            row[key] = round(statistics.median(values), 4)
+            row[f"{key}_runs"] = [round(v, 4) for v in values]
+        results.append(row)
+    report = {
+        "benchmark": "malloc_pad_tabular",
+        "what": "two epochs of the Spark converter's tf reader over a tabular dataset in a fresh process, with glibc's "
+                "heap pad (default) and without",
+        "config": {"rows": rows, "features": 32, "row_group_bytes": 4 * 2**20, "row_groups": row_groups,
+                   "batch_size": 256, "epochs": 2, "rounds": rounds},
+        "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
+        "results": results,
+        "padded_vs_unpadded": round(results[0]["cpu_ms_per_1000_rows"] / results[1]["cpu_ms_per_1000_rows"], 3),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "malloc_pad_tabular.json").write_text(json.dumps(report, indent=2))
+    print(json.dumps({k: v for k, v in report.items() if k != "results"}))
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return 0
+    figure, axes = plt.subplots(1, 2, figsize=(8, 3.5))
+    for axis, key, title in ((axes[0], "cpu_ms_per_1000_rows", "CPU ms per 1,000 rows"),
+                             (axes[1], "faults_per_1000_rows", "minor page faults per 1,000 rows")):
+        axis.bar(range(len(results)), [row[key] for row in results], color=["#4c72b0", "#c44e52"])
+        for i, row in enumerate(results):
+            axis.scatter([i] * len(row[f"{key}_runs"]), row[f"{key}_runs"], color="black", s=6, zorder=3)
+        axis.set_xticks(range(len(results)), [row["reader"] for row in results], fontsize=7)
+        axis.set_title(title, fontsize=9)
+    figure.suptitle(f"{rows:,} tabular rows x 2 epochs, {os.cpu_count()} CPUs, median of {rounds} interleaved rounds",
+                    fontsize=9)
+    figure.tight_layout()
+    figure.savefig(out / "malloc_pad_tabular.png", dpi=110)
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--classes", type=int, default=1_000)
     ap.add_argument("--per-class", type=int, default=40)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--tabular", action="store_true", help="the Spark converter's tf reader over a tabular dataset")
+    ap.add_argument("--rows", type=int, default=500_000, help="--tabular: rows of the DataFrame")
     args = ap.parse_args(argv)
+    if args.tabular:
+        return tabular(args.rows, args.rounds, args.out)
     import gpu_check  # its photo-like JPEG generator
     from pinstorm.pipeline import convert, scan
 

@@ -37,6 +37,7 @@ import pyarrow as pa
 from .column_digest import TABLE_CHECKSUM
 from .epochs import IncompleteEpochError, epoch_order, epoch_seed, shard_row_groups
 from .errors import InvalidPipelineInput, PipelineError
+from .malloc_pad import pad_heaps
 from .metadata import read_info
 from .positions import Position, ResumeStateError, check_state, info_digest, resume_position, state_dict
 from .storage import locate
@@ -450,6 +451,7 @@ def make_columns_dataset(batches: ColumnBatches, prefetch: int | None = None):
     from pinstorm.tensorflow_quiet import tensorflow
 
     tf = tensorflow()
+    pad_heaps()   # from_generator's kernel fixes glibc's mmap threshold: keep row-group-sized buffers in the heaps
     Batch = batch_type(batches.columns)
     specs = {}
     for name, values in batches.first_batch().items():

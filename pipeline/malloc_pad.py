@@ -1,4 +1,4 @@
-"""Pad glibc's heaps once `make_dataset` is used, so tf.data's per-image buffers are reused, not faulted in again.
+"""Pad glibc's heaps once a tf.data reader is used, so its buffers are reused, not faulted in again.
 
 Why: TensorFlow 2.21's ``GeneratorDataset`` kernel (``tf.data.Dataset.from_generator``, `make_dataset`'s row
 source) calls ``mallopt(M_MMAP_THRESHOLD, 128 KiB)`` for the whole process (``ApplyPython311MemoryPatch``: by
@@ -9,7 +9,9 @@ serve from its top is mapped afresh and its pages faulted in, image after image.
 process, 5 interleaved rounds): `make_dataset` took 9-34 minor page faults an image and 441 us of CPU (median;
 427-502), plain tf.data 0.2 faults and 354 us (352-369). With a top pad of 64 MiB (``M_TOP_PAD``: a heap keeps
 that much free space at its top rather than handing it back), `make_dataset` took 3-4 faults and 387 us
-(375-431), plain tf.data 354 (347-372).
+(375-431), plain tf.data 354 (347-372). The Spark converter's tf reader (`columns_reader.make_columns_dataset`,
+also ``from_generator``, a row group at a time) pads too: over two epochs of 500,000 tabular rows it took 0.91x
+the CPU and a third of the page faults (`bench/bench_malloc_pad.py --tabular`).
 
 The pad is memory a heap may keep instead of returning it, at most 64 MiB a heap: the peak RSS of those runs
 did not grow (1.06-1.07 GB with it, 1.10-1.11 without). ``PINSTORM_MALLOC_TOP_PAD=0`` leaves the allocator

@@ -264,7 +264,7 @@ def _tabular(spark, rows=40, partitions=2):
     return spark.createDataFrame(data, "features array<float>, label int, ts timestamp").repartition(partitions)
 
 
-def test_a_tabular_dataframe_reads_as_petastorm_batches_sharded_and_in_exact_epochs(spark, tmp_path):
+def test_a_tabular_dataframe_reads_as_petastorm_batches_sharded_and_in_exact_epochs(spark, tmp_path, monkeypatch):
     """No image column: every column stored as it is, checked like an image dataset; tf gives namedtuples of
     column tensors, torch dicts; every row once an epoch; two shards disjoint and together the dataset."""
     import datetime
@@ -284,8 +284,13 @@ def test_a_tabular_dataframe_reads_as_petastorm_batches_sharded_and_in_exact_epo
         sorted((list(r.features), r.label, r.ts.astimezone(datetime.timezone.utc)) for r in df.collect())
     assert make_spark_converter(df, cache_url=tmp_path / "cache", row_group_bytes=200) is converter   # reused
 
+    from pinstorm.pipeline import columns_reader
+
+    padded = []
+    monkeypatch.setattr(columns_reader, "pad_heaps", lambda: padded.append(True))
     with converter.make_tf_dataset(batch_size=7, num_epochs=2, seed=5, workers_count=2) as dataset:
         batches = list(dataset)
+    assert padded   # glibc's heaps padded, as for make_dataset (pipeline.malloc_pad): from_generator's threshold
     first = batches[0]
     assert type(first).__name__ == "ColumnBatch" and first._fields == ("features", "label", "ts")
     assert first.features.dtype.name == "float32" and tuple(first.features.shape) == (7, 3)
