@@ -18,7 +18,7 @@ thread: tf.data's and the loader's) per image, the median of the rounds:
 * ``source + plain map``: `make_dataset`'s row source and plan with plain tf.data's map (no crop, no flip):
   the row source against ``list_files`` + ``read_file`` with the per-image work the same;
 * ``make_dataset no flip``: `make_dataset(flip=False)`: what the training flip costs (a ``tf.reverse`` of the
-  resized float image, which TensorFlow's kernel does element by element);
+  resized float image, which TensorFlow's kernel copies pixel by pixel into a new buffer);
 * ``per-image floor``: what `make_dataset` would cost with every per-image op gone but the decode of the
   window, the resize, the flip and the scaling (`per_image_floor`): the most that moving the crop and flip
   draws out of the per-image map (issue 36's first idea) can save.
