@@ -93,6 +93,46 @@ def one_run(kind: str, url: str, pattern: str, images: int) -> dict:
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
+def medians(runs: dict[str, list[dict]], keys, label=lambda kind: kind) -> list[dict]:
+    """One row a kind: the median of each of `keys` over its runs, and the runs themselves."""
+    rows = []
+    for kind, samples in runs.items():
+        row = {"reader": label(kind)}
+        for key in keys:
+            values = [sample[key] for sample in samples]
+            row[key] = round(statistics.median(values), 4)
+            row[f"{key}_runs"] = [round(v, 4) for v in values]
+        rows.append(row)
+    return rows
+
+
+def write_report(report: dict, out: Path, name: str, panels, suptitle: str, figsize) -> None:
+    """`report` as out/name.json and, with matplotlib, out/name.png: a bar a reader for each (key, title) of
+    `panels`, each run a dot."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(report, indent=2))
+    print(json.dumps({k: v for k, v in report.items() if k != "results"}))
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    rows = report["results"]
+    colours = ["#4c72b0", "#c44e52", "#dd8452", "#e5ae38"][:len(rows)]
+    figure, axes = plt.subplots(1, len(panels), figsize=figsize)
+    for axis, (key, title) in zip(axes, panels):
+        axis.bar(range(len(rows)), [row[key] for row in rows], color=colours)
+        for i, row in enumerate(rows):
+            axis.scatter([i] * len(row[f"{key}_runs"]), row[f"{key}_runs"], color="black", s=6, zorder=3)
+        axis.set_xticks(range(len(rows)), [row["reader"] for row in rows], fontsize=7, rotation=15)
+        axis.set_title(title, fontsize=9)
+    figure.suptitle(suptitle, fontsize=9)
+    figure.tight_layout()
+    figure.savefig(out / f"{name}.png", dpi=110)
+
+
 def tabular(rows: int, rounds: int, out: Path) -> int:
     """The ``--tabular`` run (module docstring)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -118,14 +158,8 @@ def tabular(rows: int, rounds: int, out: Path) -> int:
         row_groups = converter.info["row_groups"]
         converter.delete()
     spark.stop()
-    results = []
-    for kind, samples in runs.items():
-        row = {"reader": f"make_tf_dataset {kind}"}
-        for key in ("cpu_ms_per_1000_rows", "faults_per_1000_rows", "peak_rss_mb"):
-            values = [sample[key] for sample in samples]
-            row[key] = round(statistics.median(values), 4)
-            row[f"{key}_runs"] = [round(v, 4) for v in values]
-        results.append(row)
+    results = medians(runs, ("cpu_ms_per_1000_rows", "faults_per_1000_rows", "peak_rss_mb"),
+                      lambda kind: f"make_tf_dataset {kind}")
     report = {
         "benchmark": "malloc_pad_tabular",
         "what": "two epochs of the Spark converter's tf reader over a tabular dataset in a fresh process, with glibc's "
@@ -137,28 +171,11 @@ def tabular(rows: int, rounds: int, out: Path) -> int:
         "padded_vs_unpadded": round(results[0]["cpu_ms_per_1000_rows"] / results[1]["cpu_ms_per_1000_rows"], 3),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "malloc_pad_tabular.json").write_text(json.dumps(report, indent=2))
-    print(json.dumps({k: v for k, v in report.items() if k != "results"}))
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return 0
-    figure, axes = plt.subplots(1, 2, figsize=(8, 3.5))
-    for axis, key, title in ((axes[0], "cpu_ms_per_1000_rows", "CPU ms per 1,000 rows"),
-                             (axes[1], "faults_per_1000_rows", "minor page faults per 1,000 rows")):
-        axis.bar(range(len(results)), [row[key] for row in results], color=["#4c72b0", "#c44e52"])
-        for i, row in enumerate(results):
-            axis.scatter([i] * len(row[f"{key}_runs"]), row[f"{key}_runs"], color="black", s=6, zorder=3)
-        axis.set_xticks(range(len(results)), [row["reader"] for row in results], fontsize=7)
-        axis.set_title(title, fontsize=9)
-    figure.suptitle(f"{rows:,} tabular rows x 2 epochs, {os.cpu_count()} CPUs, median of {rounds} interleaved rounds",
-                    fontsize=9)
-    figure.tight_layout()
-    figure.savefig(out / "malloc_pad_tabular.png", dpi=110)
+    write_report(report, out, "malloc_pad_tabular",
+                 (("cpu_ms_per_1000_rows", "CPU ms per 1,000 rows"),
+                  ("faults_per_1000_rows", "minor page faults per 1,000 rows")),
+                 f"{rows:,} tabular rows x 2 epochs, {os.cpu_count()} CPUs, median of {rounds} interleaved rounds",
+                 (8, 3.5))
     return 0
 
 
@@ -187,14 +204,7 @@ def main(argv=None) -> int:
         for kind in kinds[round_ % len(kinds):] + kinds[:round_ % len(kinds)]:
             runs[kind].append(one_run(kind, converted.url, pattern, converted.rows))
             print(round_, kind, runs[kind][-1], flush=True)
-    rows = []
-    for kind, samples in runs.items():
-        row = {"reader": kind}
-        for key in ("cpu_ms_per_image", "faults_per_image", "peak_rss_mb"):
-            values = [s[key] for s in samples]
-            row[key] = round(statistics.median(values), 4)
-            row[f"{key}_runs"] = [round(v, 4) for v in values]
-        rows.append(row)
+    rows = medians(runs, ("cpu_ms_per_image", "faults_per_image", "peak_rss_mb"))
     cost = {row["reader"]: row["cpu_ms_per_image"] for row in rows}
     report = {
         "benchmark": "malloc_pad",
@@ -210,30 +220,11 @@ def main(argv=None) -> int:
                                                          / cost["plain tf.data unpadded"], 3),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "malloc_pad.json").write_text(json.dumps(report, indent=2))
-    print(json.dumps({k: v for k, v in report.items() if k != "results"}))
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return 0
-    figure, axes = plt.subplots(1, 2, figsize=(11, 4))
-    names = [row["reader"] for row in rows]
-    colours = ["#4c72b0", "#c44e52", "#dd8452", "#e5ae38"]
-    for axis, key, title in ((axes[0], "cpu_ms_per_image", "CPU ms an image (one epoch, fresh process)"),
-                             (axes[1], "faults_per_image", "minor page faults an image")):
-        axis.bar(range(len(rows)), [row[key] for row in rows], color=colours)
-        for i, row in enumerate(rows):
-            axis.scatter([i] * len(row[f"{key}_runs"]), row[f"{key}_runs"], color="black", s=6, zorder=3)
-        axis.set_xticks(range(len(rows)), names, fontsize=7, rotation=15)
-        axis.set_title(title, fontsize=9)
-    figure.suptitle(f"{converted.rows:,} small JPEGs (120x160 -> 112 px), {os.cpu_count()} CPUs, median of "
-                    f"{args.rounds} interleaved rounds (dots: each run)", fontsize=9)
-    figure.tight_layout()
-    figure.savefig(args.out / "malloc_pad.png", dpi=110)
+    write_report(report, args.out, "malloc_pad",
+                 (("cpu_ms_per_image", "CPU ms an image (one epoch, fresh process)"),
+                  ("faults_per_image", "minor page faults an image")),
+                 f"{converted.rows:,} small JPEGs (120x160 -> 112 px), {os.cpu_count()} CPUs, median of "
+                 f"{args.rounds} interleaved rounds (dots: each run)", (11, 4))
     return 0
 
 
