@@ -126,8 +126,8 @@ def augmented(tf, jpeg):
 def per_image_floor(tf, module, url: str, epochs: int, stored=(120, 160)):
     """`make_dataset`'s row source and batching (`module`'s, a reader.py) with each chunk's crop windows and
     flips drawn at once, vectorized, from the stored size (`stored`, the bench's: every image is 120x160),
-    so the per-image map is only ``decode_and_crop_jpeg`` + resize + a flag-driven reverse + the reader's scaling
-    (`_unit_scale`).
+    so the per-image map is only ``decode_and_crop_jpeg`` + the reader's resize (`_resized`, where it has one) +
+    a flag-driven reverse + the reader's scaling (`_unit_scale`).
 
     A floor, not a reader: the crops' distribution is near `make_dataset`'s (area uniform in its range,
     aspect log-uniform, clamped to the image rather than drawn again), and the stored size is taken on trust.
@@ -150,8 +150,10 @@ def per_image_floor(tf, module, url: str, epochs: int, stored=(120, 160)):
                           tf.int32)
         return jpegs, labels, windows, tf.cast(u[4] < 0.5, tf.int32)
 
+    resized = getattr(module, "_resized", lambda tf, image, size: tf.image.resize(image, size))   # the reader's
+
     def decode(jpeg, label, window, flip):
-        image = tf.image.resize(tf.image.decode_and_crop_jpeg(jpeg, window, channels=3), (112, 112))
+        image = resized(tf, tf.image.decode_and_crop_jpeg(jpeg, window, channels=3), (112, 112))
         return module._unit_scale(tf, tf.reverse(image, tf.range(1, 1 + flip))), label   # the reader's scaling
 
     rows = module._rows_of(tf, position.chunks(tf, 0, epochs, False).map(draw).prefetch(2))

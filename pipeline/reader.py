@@ -124,8 +124,7 @@ def _preprocess_fns(tf, image_size, training, crop_area, flip, eval_crop, dct_sc
             aspect_ratio_range=ASPECT_RANGE, area_range=crop_area, max_attempts=CROP_ATTEMPTS,
             use_image_if_no_bounding_boxes=True)
         window = tf.concat([begin[:2], size[:2]], 0)
-        image = _decode_crop(tf, jpeg, shape, window, (height, width), dct_scale)
-        image = tf.image.resize(image, (height, width))
+        image = _resized(tf, _decode_crop(tf, jpeg, shape, window, (height, width), dct_scale), (height, width))
         if flip:
             image = _flipped(tf, image, seed)
         return _unit_scale(tf, image), label
@@ -139,11 +138,18 @@ def _preprocess_fns(tf, image_size, training, crop_area, flip, eval_crop, dct_sc
         crop_h = tf.maximum(1, tf.cast(tf.round(crop_h), tf.int32))
         crop_w = tf.maximum(1, tf.cast(tf.round(crop_w), tf.int32))
         window = tf.stack([(shape[0] - crop_h) // 2, (shape[1] - crop_w) // 2, crop_h, crop_w])
-        image = _decode_crop(tf, jpeg, shape, window, (height, width), dct_scale)
-        image = tf.image.resize(image, (height, width))
+        image = _resized(tf, _decode_crop(tf, jpeg, shape, window, (height, width), dct_scale), (height, width))
         return _unit_scale(tf, image), label
 
     return train_fn if training else eval_fn
+
+
+def _resized(tf, image, size):
+    """``tf.image.resize`` of the uint8 `image` (bilinear, half-pixel centres), the same pixels bit for bit, from
+    its float32 cast: TensorFlow's bilinear kernel interpolates in float32 either way, but reads float32 input
+    far faster than uint8, so the cast and the resize together cost 20-140 us less CPU an image than the resize
+    alone (96x128 -> 112 px: 137 against 166 us; 180x240 -> 224 px: 349 against 500 us; bench/bench_small_images.py)."""
+    return tf.image.resize(tf.cast(image, tf.float32), size)
 
 
 def _unit_scale(tf, resized):

@@ -94,3 +94,20 @@ def test_the_unit_scale_is_the_clip_it_replaced_on_any_bilinear_resize_of_bytes(
         assert float(tf.reduce_min(resized)) >= 0.0
         np.testing.assert_array_equal(_unit_scale(tf, resized).numpy(),
                                       tf.clip_by_value(resized / 255.0, 0.0, 1.0).numpy())
+
+
+def test_the_float_resize_gives_the_uint8_resize_pixels_bit_for_bit():
+    """`_resized` casts before resizing for speed; the pixels must be those of the plain uint8 resize, for
+    shrinking, enlarging and odd shapes alike."""
+    import tensorflow as tf
+
+    from pinstorm.pipeline.reader import _resized
+
+    rng = np.random.default_rng(11)
+    for _ in range(40):
+        h, w = (int(v) for v in rng.integers(1, 400, size=2))
+        size = [int(v) for v in rng.integers(1, 260, size=2)]
+        pixels = tf.constant(rng.integers(0, 256, (h, w, 3)).astype(np.uint8))
+        got = _resized(tf, pixels, size)
+        assert got.dtype == tf.float32
+        np.testing.assert_array_equal(got.numpy(), tf.image.resize(pixels, size).numpy())
