@@ -155,6 +155,9 @@ class EpochSource:
         self.retries, self.workers = retries, workers
         self.where = self.location.url   # the part and row group whose rows were yielded last (pyarrow engine)
         self.parts = None   # a `part_cache.PartCache` when streaming: parts are read from local copies
+        # Pixels an image may have by its frame header (None: unchecked): set by readers that decode whole or
+        # windowed images without a bound of their own (`make_dataset`); `make_torch_loader` bounds its decodes.
+        self.max_pixels: int | None = None
 
     def in_this_process(self) -> None:
         """After a fork (a DataLoader worker): the location's filesystem made again where it must be."""
@@ -234,7 +237,8 @@ class EpochSource:
                 labels = np.asarray(batch.label, dtype=np.int32)
                 if expected is not None and rows_digest(images, labels) not in expected:
                     self._name_corruption()
-                check_jpegs(images, self.location, self.info, None, None, deep=expected is None)
+                check_jpegs(images, self.location, self.info, None, None, deep=expected is None,
+                            max_pixels=self.max_pixels)
                 yield images, labels
         finally:
             reader.stop()
@@ -312,7 +316,7 @@ class EpochSource:
             table = read_row_group(handle, self.location, self.info, name, rg)
             images = table.column("image").to_numpy(zero_copy_only=False)
             check_jpegs(images, self.location, self.info, name, rg, handle,
-                        deep="row_group_xxh3" not in self.info.files[name])
+                        deep="row_group_xxh3" not in self.info.files[name], max_pixels=self.max_pixels)
             self.where = f"{self.location.url}/{name} row group {rg}"
             yield images, table.column("label").to_numpy().astype(np.int32)
 
@@ -356,19 +360,61 @@ def jpeg_problem(data) -> str | None:
     return "truncated JPEG header"
 
 
-def check_jpegs(images, location, info, name, rg, handle=None, *, deep=False) -> None:
-    """Every stored value starts like a JPEG (and, `deep`, is a whole one); else name part, row group
-    and original file name.
+# Start-of-frame markers (SOF0-3, 5-7, 9-11, 13-15): the segment that records the image's height and width.
+_FRAME_MARKERS = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF})
+
+
+def jpeg_size(data) -> tuple[int, int] | None:
+    """``(height, width)`` from a JPEG's frame header, or None where none comes before the scan: a few jumps
+    over the marker segments, ~1-2 us an image, so a decoder's memory can be bounded before it runs."""
+    at, size = 2, len(data)
+    while at + 9 <= size:
+        if data[at] != 0xFF:
+            return None
+        marker = data[at + 1]
+        if marker == 0xFF:            # fill byte
+            at += 1
+        elif marker == 0x01 or 0xD0 <= marker <= 0xD8:
+            at += 2
+        elif marker in _FRAME_MARKERS:
+            return int.from_bytes(data[at + 5:at + 7], "big"), int.from_bytes(data[at + 7:at + 9], "big")
+        elif marker == 0xDA:
+            return None
+        else:
+            at += 2 + int.from_bytes(data[at + 2:at + 4], "big")
+    return None
+
+
+def too_large(data, max_pixels: int) -> str | None:
+    """Why `data` must not be decoded under `max_pixels` (its frame header's pixels over it), or None."""
+    dims = jpeg_size(data)
+    if dims is None or dims[0] * dims[1] <= max_pixels:
+        return None
+    height, width = dims
+    return (f"too large to decode: {width}x{height} = {width * height / 1e6:.1f} MP, over max_pixels "
+            f"{max_pixels / 1e6:.1f} MP")
+
+
+def check_jpegs(images, location, info, name, rg, handle=None, *, deep=False, max_pixels: int | None = None) -> None:
+    """Every stored value starts like a JPEG (and, `deep`, is a whole one; `max_pixels`, is at most that many
+    pixels by its frame header); else name part, row group and original file name.
 
     Row groups with checksums hold exactly the bytes `convert` decoded completely, so for them only
     the first bytes are looked at; row groups without (older datasets, foreign ones) get the `deep`
-    check, so a cut-off JPEG is named here rather than by libjpeg's bare "Invalid JPEG data".
+    check, so a cut-off JPEG is named here rather than by libjpeg's bare "Invalid JPEG data". A checksum
+    says nothing of an image's size (a foreign writer chose the bytes): `max_pixels` is checked either way.
     """
     if deep:
         problems = [(i, p) for i, p in enumerate(map(jpeg_problem, images)) if p]
     else:
         problems = [(i, f"not a JPEG (first bytes: {bytes(image[:16])!r})") for i, image in enumerate(images)
                     if bytes(image[:3]) != b"\xff\xd8\xff"]
+    error = CorruptPartError
+    if not problems and max_pixels:
+        problems = [(i, p) for i, p in enumerate(too_large(image, max_pixels) for image in images) if p]
+        if problems:
+            from .images import UndecodableImage   # (Pillow's module: only where an image is refused)
+            error = UndecodableImage
     if not problems:
         return
     row, problem = problems[0]
@@ -379,5 +425,4 @@ def check_jpegs(images, location, info, name, rg, handle=None, *, deep=False) ->
         except Exception:
             pass
     where = f"{location.url}/{name} row group {rg}" if name else f"{location.url} (petastorm engine)"
-    raise CorruptPartError(f"{where}: row {row} ({filename}) is {problem}; {len(problems)} such row(s) in this "
-                           "row group")
+    raise error(f"{where}: row {row} ({filename}) is {problem}; {len(problems)} such row(s) in this row group")

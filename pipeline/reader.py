@@ -47,6 +47,7 @@ from pinstorm.errors import PinstormError
 
 from .columns_reader import refuse_tabular
 from .errors import InvalidPipelineInput
+from .images import DEFAULT_MAX_PIXELS
 from .epochs import EpochSource as _EpochSource  # noqa: F401 (kept importable from here)
 from .epochs import IncompleteEpochError, shard_row_groups  # noqa: F401 (public names of this module)
 from .epochs import check_arguments, default_shuffle_buffer, open_epochs
@@ -113,7 +114,7 @@ def _flipped(tf, image, seed):
     return tf.reverse(image, tf.range(1, 1 + tf.cast(draw < 0.5, tf.int32)))
 
 
-def _preprocess_fns(tf, image_size, training, crop_area, flip, eval_crop, dct_scale=True):
+def _preprocess_fns(tf, image_size, training, crop_area, flip, eval_crop, dct_scale=True, cast_first=True):
     height, width = image_size
     full_box = tf.constant([[[0.0, 0.0, 1.0, 1.0]]])
 
@@ -124,7 +125,8 @@ def _preprocess_fns(tf, image_size, training, crop_area, flip, eval_crop, dct_sc
             aspect_ratio_range=ASPECT_RANGE, area_range=crop_area, max_attempts=CROP_ATTEMPTS,
             use_image_if_no_bounding_boxes=True)
         window = tf.concat([begin[:2], size[:2]], 0)
-        image = _resized(tf, _decode_crop(tf, jpeg, shape, window, (height, width), dct_scale), (height, width))
+        image = _resized(tf, _decode_crop(tf, jpeg, shape, window, (height, width), dct_scale), (height, width),
+                         cast_first)
         if flip:
             image = _flipped(tf, image, seed)
         return _unit_scale(tf, image), label
@@ -138,18 +140,21 @@ def _preprocess_fns(tf, image_size, training, crop_area, flip, eval_crop, dct_sc
         crop_h = tf.maximum(1, tf.cast(tf.round(crop_h), tf.int32))
         crop_w = tf.maximum(1, tf.cast(tf.round(crop_w), tf.int32))
         window = tf.stack([(shape[0] - crop_h) // 2, (shape[1] - crop_w) // 2, crop_h, crop_w])
-        image = _resized(tf, _decode_crop(tf, jpeg, shape, window, (height, width), dct_scale), (height, width))
+        image = _resized(tf, _decode_crop(tf, jpeg, shape, window, (height, width), dct_scale), (height, width),
+                         cast_first)
         return _unit_scale(tf, image), label
 
     return train_fn if training else eval_fn
 
 
-def _resized(tf, image, size):
-    """``tf.image.resize`` of the uint8 `image` (bilinear, half-pixel centres), the same pixels bit for bit, from
-    its float32 cast: TensorFlow's bilinear kernel interpolates in float32 either way, but reads float32 input
-    far faster than uint8, so the cast and the resize together cost 20-140 us less CPU an image than the resize
-    alone (96x128 -> 112 px: 137 against 166 us; 180x240 -> 224 px: 349 against 500 us; bench/bench_small_images.py)."""
-    return tf.image.resize(tf.cast(image, tf.float32), size)
+def _resized(tf, image, size, cast_first=True):
+    """``tf.image.resize`` of the uint8 `image` (bilinear, half-pixel centres); `cast_first`, from its float32
+    cast, the same pixels bit for bit: TensorFlow's bilinear kernel interpolates in float32 either way but reads
+    float32 input far faster, so cast + resize cost 0.72-0.79x the resize alone for windows up to the output's
+    size and 0.9x at 2.4x its pixels (bench/bench_resize_input.py). From ~3.7x the output's pixels on, the cast
+    costs as much as it saves, and its float32 copy is 4x the window's bytes: `make_dataset` casts only where
+    the DCT-scaled decode keeps windows small (`dct_scale`)."""
+    return tf.image.resize(tf.cast(image, tf.float32) if cast_first else image, size)
 
 
 def _unit_scale(tf, resized):
@@ -213,7 +218,8 @@ def preprocess_fn(image_size=(224, 224), *, training=READER.training, crop_area=
 
     tf = tensorflow()
 
-    return _preprocess_fns(tf, tuple(image_size), training, tuple(crop_area), flip, eval_crop, dct_scale)
+    return _preprocess_fns(tf, tuple(image_size), training, tuple(crop_area), flip, eval_crop, dct_scale,
+                           cast_first=dct_scale)
 
 
 def _petastorm_epochs(tf, source, shuffle, shuffle_buffer):
@@ -386,7 +392,7 @@ def make_dataset(url, *, batch_size: int, image_size=(224, 224), training: bool 
                  retries: int = READER.retries, storage_options: dict | None = READER.storage_options,
                  verify: bool = READER.verify, dct_scale: bool = READER.dct_scale, state=None,
                  return_ids: bool = READER.return_ids, stream: bool = READER.stream,
-                 cache_limit: int | None = READER.cache_limit):
+                 cache_limit: int | None = READER.cache_limit, max_pixels: int | None = DEFAULT_MAX_PIXELS):
     """A ``tf.data.Dataset`` of ``(images, labels)`` batches from a converted dataset.
 
     images: float32 ``[B, H, W, 3]`` with values in [0, 1]; labels: int32 ``[B]`` class indexes
@@ -414,6 +420,10 @@ def make_dataset(url, *, batch_size: int, image_size=(224, 224), training: bool 
       image that large (small stored images) is decoded without that choice: the same pixels, less CPU.
     * `verify`: check footer and row-group checksums (default; see `pipeline.verify`). Parts are
       checked for presence and size before every epoch either way.
+    * `max_pixels`: pixels an image may have by its JPEG frame header (default 40 MP, `convert`'s bound, above
+      every ILSVRC image; None: unchecked). A larger one is refused as its row group is read, naming part, row
+      group, row and file (`UndecodableImage`), before TensorFlow allocates its pixels: a checksum says
+      nothing of an image's size, and a foreign dataset's 60000x60000 header would ask for 10.8 GB.
     * pyarrow engine: rows come in the sample-ID order of `positions.stream_ids` (the torch loader's,
       ``num_workers=0``), each sample cropped and flipped by its own seed (epoch seed, sample ID).
       `state`: a position to start from (`DatasetPosition.state`, or a `TorchLoader.state_dict()`, or a
@@ -448,6 +458,7 @@ def make_dataset(url, *, batch_size: int, image_size=(224, 224), training: bool 
         prefetch_rows: Encoded rows queued ahead of decoding (None: 512).
         state: A position to start from: a ``DatasetPosition.state``, a ``TorchLoader.state_dict()``, or a
             list of them, one per rank (pyarrow engine).
+        max_pixels: Pixels an image may have by its frame header (None: no limit).
 
     Returns:
         A ``tf.data.Dataset`` of ``(images, labels)`` (with ``return_ids``, ``(images, labels, ids)``)
@@ -471,6 +482,7 @@ def make_dataset(url, *, batch_size: int, image_size=(224, 224), training: bool 
                          workers=reader_workers, storage_options=storage_options, verify=verify, stream=stream,
                          cache_limit=cache_limit)
     refuse_tabular(source.info, source.location.url, "make_dataset")
+    source.max_pixels = max_pixels
     shard = source.shard
     if engine == "petastorm":
         if state is not None or return_ids:
@@ -493,8 +505,11 @@ def make_dataset(url, *, batch_size: int, image_size=(224, 224), training: bool 
         dataset = position.chunks(tf, first, end, return_ids)
         dataset = dataset.prefetch(-(-ahead // _CHUNK)) if ahead > 0 else dataset
         dataset = _rows_of(tf, dataset)
+    # Windows stay within a few times the output's pixels where DCT scaling is asked for (or images are small):
+    # there the float32 resize is cheaper (`_resized`); without it a window may be a whole photograph.
+    cast_first = dct_scale
     dct_scale = dct_scale and _may_scale(source, image_size)   # small stored images: no DCT-scale branch
-    fn = _preprocess_fns(tf, image_size, training, crop_area, flip, eval_crop, dct_scale)
+    fn = _preprocess_fns(tf, image_size, training, crop_area, flip, eval_crop, dct_scale, cast_first)
     if return_ids:
         fn = (lambda decode: lambda jpeg, label, seed, sample: (*decode(jpeg, label, seed), sample))(fn)
     # Deterministic whenever a position is kept: batch k must hold the k-th samples of the plan.

@@ -429,6 +429,54 @@ def test_a_stored_value_that_is_not_a_jpeg_is_named_with_its_file(noisy_dataset,
         verify_dataset(url, decode=True)
 
 
+def _with_frame_size(jpeg: bytes, height: int, width: int) -> bytes:
+    """`jpeg` with its baseline frame header claiming `height` x `width`: what a hostile writer stores."""
+    at = jpeg.index(b"\xff\xc0")
+    return jpeg[:at + 5] + height.to_bytes(2, "big") + width.to_bytes(2, "big") + jpeg[at + 9:]
+
+
+def test_the_frame_header_gives_the_size_pillow_reads():
+    from pinstorm.pipeline.epochs import jpeg_size
+
+    exif = Image.Exif()
+    exif[0x010F] = "camera " * 900   # a 6 KB APP1 segment before the frame header
+    for size, options in [((96, 80), {}), ((333, 17), {"progressive": True}), ((640, 480), {"exif": exif.tobytes()})]:
+        data = io.BytesIO()
+        Image.new("RGB", size, (90, 20, 200)).save(data, "JPEG", **options)
+        assert jpeg_size(data.getvalue()) == (size[1], size[0])
+    assert jpeg_size(b"\xff\xd8\xff\xe0\x00") is None   # cut before any frame header
+
+
+def test_make_dataset_refuses_an_image_over_max_pixels_before_decoding_it(noisy_dataset, tmp_path):
+    """A checksum says nothing of an image's size: a frame header claiming 60000x60000 (10.8 GB to decode)
+    is refused by its header, named with its part, row group and file, before TensorFlow allocates a byte
+    for it; `max_pixels` also bounds genuine images, and None reads them all."""
+    pytest.importorskip("tensorflow")
+    from pinstorm.pipeline import make_dataset
+
+    def read(url, **options):
+        return _iterate(make_dataset(url, batch_size=4, training=True, shuffle=False, image_size=(16, 16),
+                                     **options))
+
+    assert read(noisy_dataset) == (60, "")   # the default bound (40 MP) passes every genuine image
+    rows, error = read(noisy_dataset, max_pixels=96 * 80 - 1)
+    assert rows == 0 and re.search(r"part-0000\d\.parquet row group 0: row 0 \(.+\.JPEG\) is too large to decode: "
+                                   r"96x80 = 0\.0 MP, over max_pixels 0\.0 MP; 10 such row\(s\)", error), error
+    assert read(noisy_dataset, max_pixels=None) == (60, "")
+
+    url = _copy(noisy_dataset, tmp_path)
+
+    def edit(images):
+        images[3] = _with_frame_size(images[3], 60_000, 60_000)
+
+    _rewrite_without_checksums(url, edit)
+    victim = pq.ParquetFile(url / "part-00000.parquet").read_row_group(1).column("filename")[3].as_py()
+    rows, error = read(url)
+    assert f"part-00000.parquet row group 1: row 3 ({victim}) is too large to decode: 60000x60000 = 3600.0 MP, " \
+           "over max_pixels 40.0 MP; 1 such row(s) in this row group" in error, error
+    assert rows < 60
+
+
 def test_a_jpeg_cut_short_is_named_before_libjpeg_fails(noisy_dataset, tmp_path):
     pytest.importorskip("tensorflow")
     from pinstorm.pipeline import make_dataset
