@@ -366,11 +366,16 @@ _FRAME_MARKERS = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA
 
 def jpeg_size(data) -> tuple[int, int] | None:
     """``(height, width)`` from a JPEG's frame header, or None where none comes before the scan: a few jumps
-    over the marker segments, ~1-2 us an image, so a decoder's memory can be bounded before it runs."""
+    over the marker segments, ~1-2 us an image, so a decoder's memory can be bounded before it runs. Bytes
+    between segments are skipped to the next 0xFF, as libjpeg skips them (with a warning), so that they cannot
+    hide a frame header libjpeg would read."""
     at, size = 2, len(data)
     while at + 9 <= size:
         if data[at] != 0xFF:
-            return None
+            at = data.find(b"\xff", at)
+            if at < 0:
+                return None
+            continue
         marker = data[at + 1]
         if marker == 0xFF:            # fill byte
             at += 1
@@ -388,7 +393,9 @@ def jpeg_size(data) -> tuple[int, int] | None:
 def too_large(data, max_pixels: int) -> str | None:
     """Why `data` must not be decoded under `max_pixels` (its frame header's pixels over it), or None."""
     dims = jpeg_size(data)
-    if dims is None or dims[0] * dims[1] <= max_pixels:
+    if dims is None:   # libjpeg would fail on it too: named here rather than by its bare message
+        return "a JPEG without a frame header before its scan"
+    if dims[0] * dims[1] <= max_pixels:
         return None
     height, width = dims
     return (f"too large to decode: {width}x{height} = {width * height / 1e6:.1f} MP, over max_pixels "

@@ -445,6 +445,12 @@ def test_the_frame_header_gives_the_size_pillow_reads():
         Image.new("RGB", size, (90, 20, 200)).save(data, "JPEG", **options)
         assert jpeg_size(data.getvalue()) == (size[1], size[0])
     assert jpeg_size(b"\xff\xd8\xff\xe0\x00") is None   # cut before any frame header
+    data = io.BytesIO()
+    Image.new("RGB", (40, 30)).save(data, "JPEG")
+    data = data.getvalue()
+    at = data.index(b"\xff\xc0")
+    hidden = data[:at] + b"\x00garbage\x00" + data[at:]   # libjpeg skips such bytes to the next marker
+    assert jpeg_size(_with_frame_size(hidden, 60_000, 60_000)) == (60_000, 60_000)
 
 
 def test_make_dataset_refuses_an_image_over_max_pixels_before_decoding_it(noisy_dataset, tmp_path):
