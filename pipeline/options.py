@@ -1,5 +1,6 @@
 """The options both readers share, written once: what `make_dataset` (TensorFlow) and `make_torch_loader`
-(PyTorch) mean by training, sharding, epochs, shuffling, augmentation, verification and retries.
+(PyTorch) mean by training, sharding, epochs, shuffling, augmentation, verification, retries and the pixels
+an image may have.
 
 The two readers keep their keyword arguments (users pass them by name), but their defaults are read from
 `DEFAULTS` here and each call checks its values by building a `ReaderOptions`, so the frameworks cannot
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from .errors import PipelineError
+from .images import DEFAULT_MAX_PIXELS
 
 
 # The aspect ratios a training crop may have (Inception's, as torchvision and tf.image use them), and the
@@ -62,6 +64,10 @@ class ReaderOptions:
             machine's bounded part cache (`pipeline.part_cache`), shared by every reader on the machine;
             the same rows in the same order.
         cache_limit: That part cache's size in bytes (None: 80% of what its disk could give it).
+        max_pixels: Pixels an image may have, read from its JPEG header before it is decoded (None: no limit;
+            the default is `convert`'s bound, above every ILSVRC image). `make_dataset` refuses a larger image
+            (`UndecodableImage` naming part, row group, row and file); `make_torch_loader` decodes it at a
+            reduced DCT scale that fits, and refuses it where even 1/8 does not.
     """
 
     training: bool = True
@@ -81,6 +87,7 @@ class ReaderOptions:
     return_ids: bool = False
     stream: bool = False
     cache_limit: int | None = None
+    max_pixels: int | None = DEFAULT_MAX_PIXELS
 
     def __post_init__(self) -> None:
         crop = _pair(self.crop_area, "crop_area")
@@ -100,6 +107,8 @@ class ReaderOptions:
             raise ReaderOptionError(f"seed must be None or an integer, got {self.seed!r}")
         if self.cache_limit is not None and (_not_int(self.cache_limit) or self.cache_limit < 1):
             raise ReaderOptionError(f"cache_limit must be None or a positive number of bytes, got {self.cache_limit!r}")
+        if self.max_pixels is not None and (_not_int(self.max_pixels) or self.max_pixels < 1):
+            raise ReaderOptionError(f"max_pixels must be None or a positive integer, got {self.max_pixels!r}")
         if self.storage_options is not None and not isinstance(self.storage_options, Mapping):
             raise ReaderOptionError(f"storage_options must be a mapping, got {type(self.storage_options).__name__}")
 

@@ -47,7 +47,6 @@ from pinstorm.errors import PinstormError
 
 from .columns_reader import refuse_tabular
 from .errors import InvalidPipelineInput
-from .images import DEFAULT_MAX_PIXELS
 from .epochs import EpochSource as _EpochSource  # noqa: F401 (kept importable from here)
 from .epochs import IncompleteEpochError, shard_row_groups  # noqa: F401 (public names of this module)
 from .epochs import check_arguments, default_shuffle_buffer, open_epochs
@@ -392,7 +391,7 @@ def make_dataset(url, *, batch_size: int, image_size=(224, 224), training: bool 
                  retries: int = READER.retries, storage_options: dict | None = READER.storage_options,
                  verify: bool = READER.verify, dct_scale: bool = READER.dct_scale, state=None,
                  return_ids: bool = READER.return_ids, stream: bool = READER.stream,
-                 cache_limit: int | None = READER.cache_limit, max_pixels: int | None = DEFAULT_MAX_PIXELS):
+                 cache_limit: int | None = READER.cache_limit, max_pixels: int | None = READER.max_pixels):
     """A ``tf.data.Dataset`` of ``(images, labels)`` batches from a converted dataset.
 
     images: float32 ``[B, H, W, 3]`` with values in [0, 1]; labels: int32 ``[B]`` class indexes
@@ -445,8 +444,8 @@ def make_dataset(url, *, batch_size: int, image_size=(224, 224), training: bool 
 
     The options both readers share (``training``, ``shard``, ``num_epochs``, ``shuffle``, ``seed``,
     ``drop_remainder``, ``shuffle_buffer``, ``crop_area``, ``flip``, ``eval_crop``, ``dct_scale``,
-    ``verify``, ``retries``, ``storage_options``, ``return_ids``, ``stream``, ``cache_limit``) are described
-    once on [`ReaderOptions`][pinstorm.pipeline.options.ReaderOptions].
+    ``verify``, ``retries``, ``storage_options``, ``return_ids``, ``stream``, ``cache_limit``, ``max_pixels``)
+    are described once on [`ReaderOptions`][pinstorm.pipeline.options.ReaderOptions].
 
     Args:
         url: The converted dataset: a local folder, an fsspec URL or ``board://<board>/<pin>``.
@@ -458,7 +457,6 @@ def make_dataset(url, *, batch_size: int, image_size=(224, 224), training: bool 
         prefetch_rows: Encoded rows queued ahead of decoding (None: 512).
         state: A position to start from: a ``DatasetPosition.state``, a ``TorchLoader.state_dict()``, or a
             list of them, one per rank (pyarrow engine).
-        max_pixels: Pixels an image may have by its frame header (None: no limit).
 
     Returns:
         A ``tf.data.Dataset`` of ``(images, labels)`` (with ``return_ids``, ``(images, labels, ids)``)

@@ -673,7 +673,7 @@ def make_torch_loader(url, *, batch_size: int, image_size=224, training: bool = 
                       crop_area=READER.crop_area, flip: bool = READER.flip, eval_crop: float = READER.eval_crop,
                       dct_scale: bool = READER.dct_scale, retries: int = READER.retries,
                       storage_options: dict | None = READER.storage_options, verify: bool = READER.verify,
-                      max_pixels: int | None = DEFAULT_MAX_PIXELS, prefetch_factor: int | None = None,
+                      max_pixels: int | None = READER.max_pixels, prefetch_factor: int | None = None,
                       pin_memory: bool = False, multiprocessing_context=None, return_ids: bool = READER.return_ids,
                       dtype=None, decode_threads: int | None = None, decode: str = "cpu", device=None,
                       stream: bool = READER.stream, cache_limit: int | None = READER.cache_limit):
@@ -721,15 +721,14 @@ def make_torch_loader(url, *, batch_size: int, image_size=224, training: bool = 
 
     The options both readers share (``training``, ``shard``, ``num_epochs``, ``shuffle``, ``seed``,
     ``drop_remainder``, ``shuffle_buffer``, ``crop_area``, ``flip``, ``eval_crop``, ``dct_scale``,
-    ``verify``, ``retries``, ``storage_options``, ``return_ids``, ``stream``, ``cache_limit``) are described
-    once on [`ReaderOptions`][pinstorm.pipeline.options.ReaderOptions].
+    ``verify``, ``retries``, ``storage_options``, ``return_ids``, ``stream``, ``cache_limit``, ``max_pixels``)
+    are described once on [`ReaderOptions`][pinstorm.pipeline.options.ReaderOptions].
 
     Args:
         url: The converted dataset: a local folder, an fsspec URL or ``board://<board>/<pin>``.
         batch_size: Rows per batch (per rank under DDP).
         image_size: The delivered images' side, or ``(height, width)``.
         num_workers: DataLoader worker processes (0: everything in the calling process).
-        max_pixels: Pixels a JPEG may decode to, after DCT scaling (None: no limit).
         prefetch_factor: Handed to the DataLoader (with workers).
         pin_memory: Handed to the DataLoader.
         multiprocessing_context: Handed to the DataLoader (e.g. ``"forkserver"``).

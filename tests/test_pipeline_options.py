@@ -63,6 +63,8 @@ def test_the_command_line_flags_default_to_the_options():
     ({"retries": -1}, "retries must be"),
     ({"shuffle_buffer": 0}, "shuffle_buffer must be"),
     ({"storage_options": ["key"]}, "storage_options must be a mapping"),
+    ({"max_pixels": 0}, "max_pixels must be None or a positive integer"),
+    ({"max_pixels": 1.5e6}, "max_pixels must be None or a positive integer"),
 ])
 def test_both_readers_refuse_the_same_mistake_with_the_same_error(digits_url, change, message):
     from pinstorm.pipeline import make_dataset, make_torch_loader
