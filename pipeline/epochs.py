@@ -19,6 +19,7 @@ import numpy as np
 
 from .contracts import DatasetInfo
 from .errors import InvalidPipelineInput, PipelineError
+from .images import UndecodableImage
 from .metadata import check_petastorm_metadata, petastorm_guard, read_info
 from .options import ReaderOptionError, ReaderOptions
 from .storage import Location, locate, locate_stream, petastorm_filesystem
@@ -419,9 +420,7 @@ def check_jpegs(images, location, info, name, rg, handle=None, *, deep=False, ma
     error = CorruptPartError
     if not problems and max_pixels:
         problems = [(i, p) for i, p in enumerate(too_large(image, max_pixels) for image in images) if p]
-        if problems:
-            from .images import UndecodableImage   # (Pillow's module: only where an image is refused)
-            error = UndecodableImage
+        error = UndecodableImage
     if not problems:
         return
     row, problem = problems[0]
