@@ -19,7 +19,7 @@ from .images import UndecodableImage, check_image
 from .info import dataset_info
 from .layout import EmptyClassesWarning, Layout, LayoutError, scan
 from .metadata import DatasetNotFound, IncompleteDatasetError, MalformedDatasetError, UntrustedSchemaError, read_info
-from .options import ReaderOptionError, ReaderOptions
+from .options import DECODES, ReaderOptionError, ReaderOptions
 from .positions import ResumeStateError
 from .reader import DatasetPosition, IncompleteEpochError, dataset_position, make_dataset
 from .repartition import imagenet_partition, repartition
@@ -33,7 +33,7 @@ __all__ = [
     "Layout", "LayoutError", "ConvertResult", "DatasetExistsError", "IncompleteDatasetError",
     "IncompleteEpochError", "UndecodableImage", "check_image", "digits_quirks", "imagenet_size_jpegs",
     "make_imagenet_size_tree", "EmptyClassesWarning", "CorruptPartError", "MissingPartError", "verify_dataset",
-    "MalformedDatasetError", "UntrustedSchemaError", "ReaderOptions", "ReaderOptionError",
+    "MalformedDatasetError", "UntrustedSchemaError", "ReaderOptions", "ReaderOptionError", "DECODES",
     "PipelineError", "InvalidPipelineInput", "DatasetNotFound", "ResumeStateError",
     # for training and tools that read row groups themselves: locate a dataset, read its checked info,
     # open a part and read a row group with every check, cut an epoch into shards

@@ -27,11 +27,9 @@ import numpy as np
 from pinstorm.extras import require
 
 from .images import UndecodableImage
+from .options import DECODES, ReaderOptionError
 
 torch = require("torch", "torch", "pinstorm.pipeline.make_torch_loader")
-
-DECODES = ("cpu", "gpu")
-
 
 class JpegBatch:
     """A batch not yet decoded: each sample's JPEG bytes, its crop window (x, y, w, h at full resolution, and
@@ -121,8 +119,6 @@ def resolve(decode: str, device) -> "torch.device | None":
     in one warning and is the CPU path; ``device="cpu"`` keeps the device path on the CPU (libjpeg-turbo
     standing in for nvJPEG)."""
     if decode not in DECODES:
-        from .options import ReaderOptionError
-
         raise ReaderOptionError(f"decode must be one of {DECODES}, got {decode!r}")
     if decode == "cpu":
         return None

@@ -23,6 +23,9 @@ from .images import DEFAULT_MAX_PIXELS
 # crops sampled before the whole image is taken (tf.image.sample_distorted_bounding_box's default).
 ASPECT_RANGE = (3 / 4, 4 / 3)
 CROP_ATTEMPTS = 10
+# Where `make_torch_loader` decodes JPEGs: "gpu" is on the training device with nvJPEG (`pipeline.device_decode`).
+# Here, not there, so the command line offers them without importing torch.
+DECODES = ("cpu", "gpu")
 
 
 class ReaderOptionError(PipelineError, ValueError):

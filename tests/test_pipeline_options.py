@@ -54,6 +54,24 @@ def test_the_command_line_flags_default_to_the_options():
     assert cli.reader_options(False, None) == {}
 
 
+def test_the_pytorch_flags_offer_what_the_functions_take_and_leave_their_defaults_to_them():
+    pytest.importorskip("tensorflow")
+    from pinstorm.pipeline import DECODES, make_torch_loader
+    from pinstorm.training import cli, train_torch
+    from pinstorm.training.runs import PRECISIONS
+
+    assert _defaults(train_torch)["precision"] in PRECISIONS and _defaults(make_torch_loader)["decode"] in DECODES
+    for command in (cli.train, cli.spark_train_cmd):
+        params = {p.name: p for p in command.params}
+        assert tuple(params["precision"].type.choices) == PRECISIONS
+        assert tuple(params["decode"].type.choices) == DECODES
+        assert params["precision"].default is None and params["decode"].default is None
+    assert cli.torch_only("torch", None, False, None) == {}
+    assert cli.torch_only("torch", "fp16", True, "gpu") == {"precision": "fp16", "compile": True,
+                                                           "input_options": {"decode": "gpu"}}
+    assert cli.torch_only("tensorflow", None, False, None) == {}
+
+
 @pytest.mark.parametrize("change, message", [
     ({"crop_area": (0.0, 1.0)}, "crop_area must satisfy"),
     ({"crop_area": (0.9, 0.5)}, "crop_area must satisfy"),

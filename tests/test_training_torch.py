@@ -244,6 +244,17 @@ def test_train_command_with_framework_torch(digits_parquet, tmp_path):
     assert again.exit_code == 2 and "--overwrite" in again.output
 
 
+def test_train_command_takes_the_gpu_flags_and_says_what_ran(digits_parquet, tmp_path):
+    """--precision, --compile and --decode reach `train_torch`; on a machine without CUDA, GPU decode is the
+    CPU's (said in the summary), and bf16 autocast runs on the CPU when asked for."""
+    outcome = _cli("train", "resnet_small", digits_parquet["train"], "--framework", "torch", "--epochs", "1",
+                   "--steps-per-epoch", "2", "--batch-size", "8", "--image-size", "32", "--width", "0.25",
+                   "--precision", "bf16", "--decode", "gpu", "-o", str(tmp_path / "run"), "--json")
+    assert outcome.exit_code == 0, outcome.output
+    strategy = json.loads(outcome.output.strip().splitlines()[-1])["strategy"]
+    assert strategy["precision"] == "bf16" and strategy["decode"] == "cpu" and strategy["compiled"] is False
+
+
 @pytest.mark.parametrize("args, message", [
     (["mobilenet_v2", "--framework", "torch"], "--framework torch trains alexnet, resnet_small, resnet50"),
     (["alexnet", "--framework", "torch", "--strategy", "mirrored"], "launch one process per device with torchrun"),
@@ -251,6 +262,9 @@ def test_train_command_with_framework_torch(digits_parquet, tmp_path):
     (["alexnet", "--framework", "torch", "--image-size", "0:24,1:32"], "not a progressive schedule"),
     (["alexnet", "--framework", "torch", "--backup-every", "3"], "--backup-every needs --checkpoint-dir"),
     (["resnet_small"], "add --framework torch"),
+    (["alexnet", "--precision", "bf16", "--decode", "gpu"], "--precision, --decode: PyTorch's flags; add --framework torch"),
+    (["alexnet", "--compile"], "--compile: PyTorch's flags; add --framework torch"),
+    (["alexnet", "--framework", "torch", "--decode", "nvjpeg"], "'nvjpeg' is not one of 'cpu', 'gpu'"),
 ])
 def test_train_command_refuses_flags_the_framework_does_not_have(args, message, tmp_path):
     outcome = _cli("train", args[0], str(tmp_path / "data"), *args[1:])
@@ -262,6 +276,7 @@ def test_train_command_refuses_flags_the_framework_does_not_have(args, message, 
     (["mobilenet_v2", "DATA", "--framework", "torch"], "--framework torch trains alexnet, resnet_small, resnet50"),
     (["alexnet", "DATA", "--framework", "torch", "--backup-every", "3"], "--backup-every needs --checkpoint-dir"),
     (["alexnet", "DATA", "--backup-every", "3"], "--backup-every needs --checkpoint-dir"),
+    (["alexnet", "DATA", "--precision", "fp16"], "--precision: PyTorch's flags; add --framework torch"),
 ])
 def test_spark_train_command_refuses_what_the_framework_does_not_have(args, message):
     outcome = _cli("spark-train", *args)

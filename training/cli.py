@@ -13,9 +13,9 @@ from pathlib import Path
 
 import click
 
-from pinstorm.pipeline import ReaderOptions
+from pinstorm.pipeline import DECODES, ReaderOptions
 
-from .runs import DEFAULTS as FIT, OPTIMIZERS
+from .runs import DEFAULTS as FIT, OPTIMIZERS, PRECISIONS
 from .strategy import STRATEGY_KINDS   # a plain tuple: importing it does not load TensorFlow
 
 READER = ReaderOptions()   # the readers' defaults, shown in the flags' help
@@ -75,6 +75,43 @@ def fit_options(command):
     for option in reversed(options):   # decorators apply bottom-up: keep the --help order as listed
         command = option(command)
     return command
+
+
+def torch_options(command):
+    """The PyTorch fit's own flags, one definition for `train` and `spark-train`. Each defaults to None, "as
+    `train_torch` and `make_torch_loader` default", and is refused with --framework tensorflow (`torch_only`)."""
+    options = [
+        click.option("--precision", type=click.Choice(PRECISIONS), default=None,
+                     help="PyTorch: auto (the default) is bf16 autocast on a GPU that has bf16, else fp32; fp16 adds "
+                          "a gradient scaler."),
+        click.option("--compile", "compile_model", is_flag=True, default=None,
+                     help="PyTorch: run the model through torch.compile (the first steps compile)."),
+        click.option("--decode", type=click.Choice(DECODES), default=None,
+                     help="PyTorch: where the JPEGs are decoded (default cpu); gpu: nvJPEG on the training GPU "
+                          "(without one it says so and decodes on the CPU)."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def torch_only(framework: str, precision, compile_model, decode) -> dict:
+    """The `train_torch` arguments the PyTorch flags ask for (only those given); with TensorFlow, a usage error
+    that names them rather than a silent ignore."""
+    given = {"--precision": precision, "--compile": compile_model or None, "--decode": decode}
+    named = [flag for flag, value in given.items() if value is not None]
+    if framework != "torch":
+        if named:
+            raise click.UsageError(f"{', '.join(named)}: PyTorch's flags; add --framework torch")
+        return {}
+    options: dict = {}
+    if precision is not None:
+        options["precision"] = precision
+    if compile_model:
+        options["compile"] = True
+    if decode is not None:
+        options["input_options"] = {"decode": decode}
+    return options
 
 
 def reader_options(no_flip: bool, crop_min: float | None, stream: bool = READER.stream,
@@ -160,13 +197,15 @@ def _log_to_console(verbose: bool) -> None:
 @overwrite_option
 @click.option("--parallel", type=POSITIVE, default=None, help="Parallel image decodes.")
 @fit_options
+@torch_options
 @click.option("--pin", "pin", default=None, metavar="BOARD/NAME",
               help="Pin the finished run (weights, metrics, curves, TensorBoard, lineage) as a new version.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result summary as JSON.")
 @click.option("--verbose", "-v", is_flag=True)
 def train(model, data, framework, validation, epochs, steps_per_epoch, batch_size, image_size, width, kind, devices,
           cross_device_ops, no_fallback, probe_timeout, checkpoint_dir, backup_every, output_dir, overwrite, parallel,
-          learning_rate, optimizer, seed, no_flip, crop_min, stream, cache_limit, pin, as_json, verbose):
+          learning_rate, optimizer, seed, no_flip, crop_min, stream, cache_limit, precision, compile_model, decode, pin,
+          as_json, verbose):
     """Train MODEL on the Parquet dataset DATA (with TF_CONFIG set: one worker of a multi-worker run; with
     --framework torch under torchrun: one rank of a DDP run)."""
     model = model.lower()
@@ -176,9 +215,10 @@ def train(model, data, framework, validation, epochs, steps_per_epoch, batch_siz
             raise click.UsageError("--backup-every needs --checkpoint-dir (where the backups go)")
     elif model not in MODEL_NAMES:
         raise click.UsageError(f"{model} is a PyTorch model: add --framework torch")
+    torch_args = torch_only(framework, precision, compile_model, decode)
     _refuse_finished(output_dir, "**/final.pt" if framework == "torch" else "**/final.weights.h5", overwrite)
     _log_to_console(verbose)
-    input_options = reader_options(no_flip, crop_min, stream, cache_limit)
+    input_options = {**reader_options(no_flip, crop_min, stream, cache_limit), **torch_args.pop("input_options", {})}
     if framework == "torch":
         _train_torch(model, data, validation, epochs=epochs, steps_per_epoch=steps_per_epoch,
                      batch_size=batch_size, image_size=image_size,
@@ -186,7 +226,7 @@ def train(model, data, framework, validation, epochs, steps_per_epoch, batch_siz
                      probe_timeout=probe_timeout, checkpoint_dir=checkpoint_dir, backup_every=backup_every,
                      output_dir=output_dir,
                      num_workers=parallel or 0, learning_rate=learning_rate, optimizer=optimizer, seed=seed,
-                     input_options=input_options, as_json=as_json)
+                     input_options=input_options, as_json=as_json, **torch_args)
         return
     from .strategy import make_strategy, strategy_choice
     from .fit import train as run_training
@@ -322,12 +362,13 @@ def _spark_conf(pairs) -> dict:
               help="Seconds to wait for executors to offer --workers task slots.")
 @click.option("--parallel", type=POSITIVE, default=None, help="Parallel image decodes (and fetches).")
 @fit_options
+@torch_options
 @click.option("--json", "as_json", is_flag=True, help="Print the result (every rank, every attempt) as JSON.")
 @click.option("--verbose", "-v", is_flag=True)
 def spark_train_cmd(model, data, framework, master, workers, partition_board, validation, epochs, batch_size,
                     image_size, width, checkpoint_dir, backup_every, output_dir, overwrite, max_restarts, python,
                     driver_host, conf_pairs, slots_timeout, parallel, learning_rate, optimizer, seed, no_flip,
-                    crop_min, stream, cache_limit, as_json, verbose):
+                    crop_min, stream, cache_limit, precision, compile_model, decode, as_json, verbose):
     """Train MODEL on DATA with --workers workers as one Spark barrier stage (MultiWorkerMirroredStrategy, or
     with --framework torch one DDP rank per task)."""
     model = model.lower()
@@ -338,6 +379,7 @@ def spark_train_cmd(model, data, framework, master, workers, partition_board, va
         raise click.UsageError(f"{model} is a PyTorch model: add --framework torch")
     if backup_every is not None and checkpoint_dir is None:
         raise click.UsageError("--backup-every needs --checkpoint-dir (where the backups go)")
+    torch_args = torch_only(framework, precision, compile_model, decode)
     _refuse_finished(output_dir, "**/final.pt" if with_torch else "**/final.weights.h5", overwrite)
     _log_to_console(verbose)
     if (data is None) == (partition_board is None):
@@ -346,14 +388,14 @@ def spark_train_cmd(model, data, framework, master, workers, partition_board, va
     from .spark import spark_train
     from .spark_session import spark_session
 
-    input_options = reader_options(no_flip, crop_min, stream, cache_limit)
+    input_options = {**reader_options(no_flip, crop_min, stream, cache_limit), **torch_args.pop("input_options", {})}
     args = dict(model_name=model, data=data, validation_data=validation, epochs=epochs, batch_size=batch_size,
                 image_size=image_size, checkpoint_dir=checkpoint_dir, output_dir=output_dir,
                 learning_rate=learning_rate, optimizer=optimizer, seed=seed,
                 model_kwargs={"width": width} if model in ("alexnet", "resnet_small") else {},
                 input_options=input_options)
     if with_torch:
-        args.update(num_workers=parallel or 0, backup_every=backup_every)
+        args.update(num_workers=parallel or 0, backup_every=backup_every, **torch_args)
     else:
         args.update(parallel=parallel, backup_every=backup_every or "epoch", verbose=0)
     if partition_board is not None:

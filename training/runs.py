@@ -20,6 +20,9 @@ from .errors import InvalidTrainingInput
 # The optimisers a run may name, and SGD's momentum (the AlexNet and ResNet papers' 0.9) for both frameworks.
 OPTIMIZERS = ("adam", "sgd")
 SGD_MOMENTUM = 0.9
+# The precisions a PyTorch fit trains in (`train_torch`, `--precision`): "auto" is bf16 autocast on a GPU that
+# has bf16, else fp32. Here, not in torch_fit, so the command line offers them without importing torch.
+PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 RUNS_FOLDER = "runs"
 
 

@@ -44,7 +44,7 @@ from .errors import InvalidTrainingInput, TrainingError
 from .fallback import error_line, fallback_warning, probe_failure, probe_outcome
 from .plots import plot_curves, read_metrics_csv
 from .results import TrainResult
-from .runs import DEFAULTS as FIT, SGD_MOMENTUM, FitOptions, check_optimizer, default_output_dir
+from .runs import DEFAULTS as FIT, PRECISIONS, SGD_MOMENTUM, FitOptions, check_optimizer, default_output_dir
 from .torch_models import build_torch_model
 from pinstorm.boards.safety import secrets
 from pinstorm.progress import progress_bar
@@ -68,8 +68,7 @@ CHECKPOINT_EXTRA_OPCODES = 1 << 15    # the metric history (a float per metric p
 CHECKPOINT_EXTRA_BYTES = 32 << 20     # every rank's input position (JSON; ImageNet's bitmap ~160 kB per epoch)
 _LOADER_OPTIONS = ("flip", "crop_area", "eval_crop", "shuffle_buffer", "dct_scale", "verify", "retries",
                    "storage_options", "max_pixels", "prefetch_factor", "multiprocessing_context", "decode",
-                   "decode_threads", "stream", "cache_limit")
-PRECISIONS = ("auto", "bf16", "fp16", "fp32")
+                   "decode_threads", "device", "stream", "cache_limit")
 
 
 class BackendProbeError(TrainingError, RuntimeError):
@@ -422,7 +421,8 @@ def train_torch(
     (default: on CUDA) stores images and weights NHWC, what tensor cores want; ``compile=True`` runs the
     model through ``torch.compile``; batches come from pinned memory with ``non_blocking`` copies and cuDNN
     picks its fastest kernels (``cudnn.benchmark``). ``input_options={"decode": "gpu"}`` decodes the JPEGs
-    on the training device (`pipeline.device_decode`).
+    on the training GPU (`pipeline.device_decode`); without one it says so and decodes on the CPU
+    (``"device": "cpu"`` beside it runs the device path there, as the tests do).
 
     The options every fit shares (``epochs``, ``batch_size``, ``image_size``, ``num_classes``,
     ``learning_rate``, ``optimizer``, ``model_kwargs``, ``steps_per_epoch``, ``seed``, ``output_dir``,
@@ -554,10 +554,14 @@ def _train(model_name, url, validation_data, *, choice, epochs, batch_size, imag
     step_model = torch.compile(trained) if compiled else trained
     scaler = torch.amp.GradScaler(device.type) if amp == torch.float16 else None
     decode_on_device = options.get("decode") == "gpu"
+    # decode="gpu" decodes on the training GPU; without CUDA no device is named, so the loader says so once and
+    # takes the CPU path. An explicit "device" wins ("cpu": the device path with libjpeg-turbo standing in for
+    # nvJPEG, how it is tested without a GPU, slower than the CPU path)
+    decode_device = options.pop("device", device if cuda else None)
 
     # CPU decode for a GPU: uint8 batches cross to the device and become floats there (a quarter of the
     # bytes over PCIe, and no float conversion on the CPU thread that drives the GPU)
-    loader_device = ({"device": device} if decode_on_device
+    loader_device = ({"device": decode_device} if decode_on_device and decode_device is not None
                      else {"pin_memory": True, "dtype": torch.uint8} if cuda else {})
     loader = pipeline.make_torch_loader(url, batch_size=batch_size, image_size=image_size, training=True,
                                         shard=shard, num_epochs=None, seed=seed, num_workers=num_workers,
@@ -694,7 +698,7 @@ def _train(model_name, url, validation_data, *, choice, epochs, batch_size, imag
         strategy={**(choice.as_dict() if choice else {"kind": "single-process", "device": str(device)}),
                   "precision": {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(amp, "fp32"),
                   "channels_last": channels_last, "compiled": bool(compiled),
-                  "decode": "gpu" if decode_on_device else "cpu"},
+                  "decode": "gpu" if loader.device_decoder is not None else "cpu"},
         output_dir=str(write_dir), metrics_csv=str(metrics_csv), plot_png=str(plot_png) if plot_png else None,
         checkpoint_dir=str(checkpoint_dir) if checkpoint_dir else None, weights_path=str(weights_path),
         num_classes=num_classes, is_chief=rank == 0, input_shards=[list(shard) if shard else None],
