@@ -78,8 +78,8 @@ def fit_options(command):
 
 
 def torch_options(command):
-    """The PyTorch fit's own flags, one definition for `train` and `spark-train`. Each defaults to None, "as
-    `train_torch` and `make_torch_loader` default", and is refused with --framework tensorflow (`torch_only`)."""
+    """The PyTorch fit's own flags, one definition for `train` and `spark-train`. Each defaults to None (then
+    `train_torch`'s and `make_torch_loader`'s own defaults apply) and is refused with TensorFlow (`torch_only`)."""
     options = [
         click.option("--precision", type=click.Choice(PRECISIONS), default=None,
                      help="PyTorch: auto (the default) is bf16 autocast on a GPU that has bf16, else fp32; fp16 adds "
