@@ -29,6 +29,7 @@ def _csv_epochs(path) -> list[int]:
 
 
 @pytest.mark.slow
+@pytest.mark.once
 def test_short_mirrored_fit_learns_and_writes_its_outputs(two_cpu_devices, digits_arrays, tmp_path):
     strategy = make_strategy("mirrored", devices=2, cross_device_ops="nccl")
     train_ds, val_ds = _datasets(digits_arrays)

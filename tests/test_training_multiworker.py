@@ -92,6 +92,7 @@ def test_two_workers_finish_with_identical_weights(processes, digits_parquet, tm
 
 
 @pytest.mark.slow
+@pytest.mark.once
 def test_a_killed_worker_run_resumes_from_the_backup(processes, digits_parquet, tmp_path):
     epochs = 6
     first = _launch(processes, digits_parquet, tmp_path, epochs)

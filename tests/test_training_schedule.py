@@ -128,6 +128,7 @@ def test_a_flattening_model_is_refused():
 
 
 @pytest.mark.slow
+@pytest.mark.once
 def test_train_with_a_schedule(tmp_path):
     """`train(image_size=[(epoch, size), ...])` through fit.py: metrics of every epoch, final model at the last size."""
     import tensorflow as tf
