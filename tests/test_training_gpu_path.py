@@ -85,6 +85,7 @@ def test_the_hybrid_decode_probe_measures_each_feed_and_where_the_time_goes_at_t
     shares = diagnosis["core_shares"]
     assert {"MainThread", "worker processes (cores)"} <= set(shares) and sum(shares.values()) > 0, shares
 
+
 def test_uint8_batches_become_floats_on_the_device_as_the_cpu_path_scales_them():
     """CPU decode for a GPU hands uint8 batches (a quarter of the bytes over PCIe); scaled on the device they
     equal the float32 batches the CPU path makes."""
