@@ -127,6 +127,8 @@ class AlexNet(nn.Module):
 class BasicBlock(nn.Module):
     """Two 3x3 convolutions with batch norm and an identity (or 1x1 projection) shortcut."""
 
+    expansion = 1   # output channels per unit of width
+
     def __init__(self, channels_in: int, channels_out: int, stride: int = 1):
         super().__init__()
         self.body = nn.Sequential(
@@ -148,23 +150,19 @@ def _shortcut(channels_in: int, channels_out: int, stride: int) -> nn.Module:
                          nn.BatchNorm2d(channels_out))
 
 
-class ResNetSmall(nn.Module):
-    """CIFAR-style ResNet-(6n+2): ``blocks`` = n per stage (3 gives ResNet-20), 16/32/64 x ``width`` filters."""
+class _ResNet(nn.Module):
+    """What ResNet-20 and ResNet-50 share: a stem, stages of residual blocks (each later stage's first block
+    strided), global average pooling, a linear classifier, He-initialised convolutions."""
 
-    def __init__(self, num_classes: int = 10, image_size: int = 32, *, width: float = 1.0, blocks: int = 3):
+    def __init__(self, stem: list, stages, block: type, num_classes: int):
+        """`stages`: (width, blocks) each; `block(channels_in, width, stride)` outputs width x ``block.expansion``."""
         super().__init__()
-        if int(image_size) < 8:
-            raise TorchModelError(f"resnet_small needs inputs of at least 8x8 pixels, got {image_size}")
-        if width <= 0 or blocks < 1:
-            raise TorchModelError(f"width and blocks must be positive, got {width}, {blocks}")
-        channels = [max(4, int(round(c * width))) for c in (16, 32, 64)]
-        layers: list[nn.Module] = [nn.Conv2d(3, channels[0], 3, padding=1, bias=False), nn.BatchNorm2d(channels[0]),
-                                   nn.ReLU(inplace=True)]
-        previous = channels[0]
-        for stage, out in enumerate(channels):
-            for block in range(blocks):
-                layers.append(BasicBlock(previous, out, stride=2 if stage and not block else 1))
-                previous = out
+        layers: list[nn.Module] = list(stem)
+        previous = next(m.out_channels for m in stem if isinstance(m, nn.Conv2d))
+        for stage, (width, blocks) in enumerate(stages):
+            for index in range(blocks):
+                layers.append(block(previous, width, stride=2 if stage and not index else 1))
+                previous = width * block.expansion
         self.features = nn.Sequential(*layers)
         self.classifier = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(previous, num_classes))
         for module in self.modules():
@@ -175,12 +173,27 @@ class ResNetSmall(nn.Module):
         return self.classifier(self.features(images))
 
 
+class ResNetSmall(_ResNet):
+    """CIFAR-style ResNet-(6n+2): ``blocks`` = n per stage (3 gives ResNet-20), 16/32/64 x ``width`` filters."""
+
+    def __init__(self, num_classes: int = 10, image_size: int = 32, *, width: float = 1.0, blocks: int = 3):
+        if int(image_size) < 8:
+            raise TorchModelError(f"resnet_small needs inputs of at least 8x8 pixels, got {image_size}")
+        if width <= 0 or blocks < 1:
+            raise TorchModelError(f"width and blocks must be positive, got {width}, {blocks}")
+        channels = [max(4, int(round(c * width))) for c in (16, 32, 64)]
+        stem = [nn.Conv2d(3, channels[0], 3, padding=1, bias=False), nn.BatchNorm2d(channels[0]), nn.ReLU(inplace=True)]
+        super().__init__(stem, [(c, blocks) for c in channels], BasicBlock, num_classes)
+
+
 class Bottleneck(nn.Module):
     """ResNet-50's block: 1x1 reduce, 3x3 (stride here, as torchvision's "v1.5"), 1x1 expand by 4."""
 
+    expansion = 4
+
     def __init__(self, channels_in: int, width: int, stride: int = 1):
         super().__init__()
-        out = width * 4
+        out = width * self.expansion
         self.body = nn.Sequential(
             nn.Conv2d(channels_in, width, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True),
             nn.Conv2d(width, width, 3, stride=stride, padding=1, bias=False), nn.BatchNorm2d(width),
@@ -190,29 +203,16 @@ class Bottleneck(nn.Module):
     forward = BasicBlock.forward
 
 
-class ResNet50(nn.Module):
+class ResNet50(_ResNet):
     """ResNet-50 (He et al. 2016) in torchvision's layout ("v1.5": stride in the 3x3), 25,557,032 parameters
     at 1,000 classes: the field's reference model, used when torchvision is not installed."""
 
     def __init__(self, num_classes: int = 1000, image_size: int = 224):
-        super().__init__()
         if int(image_size) < 32:
             raise TorchModelError(f"resnet50 needs inputs of at least 32x32 pixels, got {image_size}")
-        layers: list[nn.Module] = [nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False), nn.BatchNorm2d(64),
-                                   nn.ReLU(inplace=True), nn.MaxPool2d(3, stride=2, padding=1)]
-        previous = 64
-        for stage, (width, blocks) in enumerate(((64, 3), (128, 4), (256, 6), (512, 3))):
-            for block in range(blocks):
-                layers.append(Bottleneck(previous, width, stride=2 if stage and not block else 1))
-                previous = width * 4
-        self.features = nn.Sequential(*layers)
-        self.classifier = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(previous, num_classes))
-        for module in self.modules():
-            if isinstance(module, nn.Conv2d):
-                nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
-
-    def forward(self, images):
-        return self.classifier(self.features(images))
+        stem = [nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False), nn.BatchNorm2d(64), nn.ReLU(inplace=True),
+                nn.MaxPool2d(3, stride=2, padding=1)]
+        super().__init__(stem, ((64, 3), (128, 4), (256, 6), (512, 3)), Bottleneck, num_classes)
 
 
 def resnet50(num_classes: int = 1000, image_size: int = 224) -> nn.Module:
