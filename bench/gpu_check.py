@@ -14,9 +14,10 @@ numpy and encoded by Pillow, so nothing is downloaded and no scikit-learn is nee
     GPU's own limit;
 (b) the same fed by `make_torch_loader` with CPU decode on 4, 8 and 16 cores (the process and its
     DataLoader workers pinned to that many cores);
-(c) the same with GPU decode (`decode="gpu"`: nvJPEG, batched);
+(c) the same with GPU decode (`decode="gpu"`: nvJPEG, batched), and with both decoding at once
+    (``cpu_share``: the CPU workers decode that share of the batches, `--cpu-share`, default 0.4);
 (d) the decode rate alone: CPU decode on each core count, and GPU decode;
-(e) AlexNet the same ((a), CPU decode on all cores, GPU decode);
+(e) AlexNet the same ((a), CPU decode on all cores, GPU decode, both);
 
 each with its input-stall share (1 - fed / synthetic) and peak GPU memory. Writes
 ``bench/results/gpu/gpu_check.json`` (naming the device, the cores and every setting) and, where matplotlib
@@ -173,10 +174,17 @@ def synthetic(torch, trainer: Trainer, *, batch: int, image_size: int, classes: 
                   seconds=settings.seconds, max_batches=settings.max_batches)
 
 
-def _loader(url, *, batch: int, image_size: int, cores: int | None, decode: str, device, seed: int = 0):
+def _loader(url, *, batch: int, image_size: int, cores: int | None, decode: str, device, seed: int = 0,
+            cpu_share: float = 0.0):
     from pinstorm.pipeline import make_torch_loader
 
     options = dict(batch_size=batch, image_size=image_size, seed=seed, num_epochs=None, drop_remainder=True)
+    if decode == "gpu" and cpu_share:
+        # the workers decode `cpu_share` of the batches whole: all cores but two (the training loop, the
+        # device-decode threads), their batches from pinned memory
+        return make_torch_loader(url, decode="gpu", device=device, cpu_share=cpu_share,
+                                 pin_memory=device.type == "cuda",
+                                 num_workers=max(1, (cores or 3) - 2), **options)
     if decode == "gpu":
         # the workers only read rows and parse headers: half the cores, the rest for the loop and nvJPEG's host part
         return make_torch_loader(url, decode="gpu", device=device, num_workers=max(1, (cores or 2) // 2), **options)
@@ -209,9 +217,10 @@ class _Cores:
             os.sched_setaffinity(0, self.saved)
 
 
-def fed(*, torch, trainer: Trainer, url, batch, image_size, cores, decode, settings) -> dict:
+def fed(*, torch, trainer: Trainer, url, batch, image_size, cores, decode, settings, cpu_share: float = 0.0) -> dict:
     with _Cores(cores):
-        loader = _loader(url, batch=batch, image_size=image_size, cores=cores, decode=decode, device=trainer.device)
+        loader = _loader(url, batch=batch, image_size=image_size, cores=cores, decode=decode, device=trainer.device,
+                         cpu_share=cpu_share)
         batches = iter(loader)
         try:
             result = _timed(torch, trainer.device, batches, lambda b: trainer.step(*b), warmup=settings.warmup,
@@ -309,6 +318,10 @@ def run(settings) -> dict:
             record(model, "fed, cpu decode", attempt(fed, cores=cores, decode="cpu", **common), cores, rate)
         record(model, "fed, gpu decode", attempt(fed, cores=core_counts[-1], decode="gpu", **common),
                core_counts[-1], rate)
+        if settings.cpu_share:   # both decode: the CPU workers `cpu_share` of the batches, the GPU the rest
+            record(model, f"fed, gpu + cpu_share {settings.cpu_share:g}",
+                   attempt(fed, cores=core_counts[-1], decode="gpu", cpu_share=settings.cpu_share, **common),
+                   core_counts[-1], rate)
         del trainer, common
     common = dict(torch=torch, device=device, url=url, batch=batch, image_size=size, settings=settings)
     for cores in core_counts:
@@ -340,13 +353,15 @@ def summary(runs: list[dict]) -> dict:
     for model in {r["model"] for r in runs if r["model"] != "-"}:
         fed_runs = [r for r in runs if r["model"] == model and r["measure"].startswith("fed")]
         good = [r for r in fed_runs if r.get("of_synthetic", 0) >= 0.95]
+        cpu_best = max(1e-9, max((r["images_per_second"] for r in fed_runs if r["measure"] == "fed, cpu decode"),
+                                 default=0))
         out[model] = {
             "synthetic_img_s": rate(model, "synthetic"),
             "best_fed": max((r.get("of_synthetic", 0) for r in fed_runs), default=None),
             "fewest_cores_at_0.95": min((r["cores"] for r in good if r["measure"] == "fed, cpu decode"), default=None),
-            "gpu_decode_vs_cpu_decode_all_cores": (
-                (rate(model, "fed, gpu decode") or 0) / max(1e-9, max(
-                    (r["images_per_second"] for r in fed_runs if r["measure"] == "fed, cpu decode"), default=0))),
+            "gpu_decode_vs_cpu_decode_all_cores": (rate(model, "fed, gpu decode") or 0) / cpu_best,
+            "gpu_with_cpu_share_vs_cpu_decode_all_cores": max(
+                (r["images_per_second"] for r in fed_runs if "cpu_share" in r["measure"]), default=0) / cpu_best,
         }
     return out
 
@@ -386,6 +401,8 @@ def main(argv=None) -> int:
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--cores", type=int, nargs="+", default=[4, 8, 16])
     parser.add_argument("--models", nargs="+", default=["resnet50", "alexnet"])
+    parser.add_argument("--cpu-share", type=float, default=0.4,
+                        help="also fed with GPU decode and this share of the batches decoded on the CPU (0: not)")
     parser.add_argument("--seconds", type=float, default=15.0, help="timed seconds per measurement")
     parser.add_argument("--warmup", type=int, default=5, help="batches before timing")
     parser.add_argument("--max-batches", type=int, default=10_000)

@@ -4,11 +4,11 @@
     python3 bench/gpu_hybrid_probe.py --smoke --out DIR              # the same code paths on the CPU, toy size
 
 AlexNet trains at ~12,900 img/s on synthetic input on one H100, but CPU decode on 16 cores feeds ~6,300 and
-nvJPEG (which shares the SMs with training) ~7,500-9,200. Two loaders over disjoint shards of the same
-dataset -- one decoding on CPU workers, one with ``decode="gpu"`` -- run at once and their batches are
-interleaved in a fixed pattern (``cpu_share`` of the batches from the CPU loader). In one run, interleaved
-rounds of: CPU decode alone (all cores), GPU decode alone, and the hybrid at a few CPU shares and core
-splits. Writes ``gpu_hybrid_probe.json`` (medians of the rounds, and each round).
+nvJPEG (which shares the SMs with training) ~7,500-9,200. ``make_torch_loader(decode="gpu", cpu_share=S)``
+has the loader's CPU workers decode the share S of the batches whole while nvJPEG decodes the rest. First
+where the time goes with GPU decode alone and with a share (`where_time_goes`), then, in interleaved
+rounds: CPU decode alone (all cores), GPU decode alone, and both at a few shares. Writes
+``gpu_hybrid_probe.json`` (medians of the rounds, and each round).
 """
 
 from __future__ import annotations
@@ -27,39 +27,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import gpu_check  # noqa: E402  (beside this file)
-
-
-def interleave(cpu_batches, gpu_batches, pattern: str):
-    """Endless batches taken in turn from the two loaders, by `pattern` ("cg": one each, "cgg": one CPU, two GPU)."""
-    sources = {"c": cpu_batches, "g": gpu_batches}
-    while True:
-        for which in pattern:
-            yield next(sources[which])
-
-
-def hybrid(*, torch, trainer, url, batch, image_size, cpu_workers, gpu_workers, pattern, settings) -> dict:
-    from pinstorm.pipeline import make_torch_loader
-
-    device = trainer.device
-    parts = len(pattern)
-    common = dict(batch_size=batch, image_size=image_size, seed=0, num_epochs=None, drop_remainder=True)
-    # disjoint row groups: each loader reads the shard (of len(pattern)) of its letter's first place; the
-    # epochs are endless, so a loader asked for more batches than its shard holds simply goes round again
-    # forkserver: the second loader's workers must not be forked while the first one's pin-memory and
-    # device threads run (a fork then copies their held locks: the first H100 run hung here)
-    context = "forkserver"
-    cpu = make_torch_loader(url, shard=(pattern.index("c"), parts), num_workers=cpu_workers,
-                            pin_memory=device.type == "cuda", multiprocessing_context=context,
-                            dtype=gpu_check.torch_uint8() if device.type == "cuda" else None,
-                            prefetch_factor=2, **common)
-    gpu = make_torch_loader(url, shard=(pattern.index("g"), parts), decode="gpu", device=device,
-                            num_workers=gpu_workers, multiprocessing_context=context, **common)
-    cpu_it, gpu_it = iter(cpu), iter(gpu)
-    try:
-        return gpu_check._timed(torch, device, interleave(cpu_it, gpu_it, pattern), lambda b: trainer.step(*b),
-                                warmup=settings.warmup, seconds=settings.seconds, max_batches=settings.max_batches)
-    finally:
-        del cpu_it, gpu_it
 
 
 def cpu_seconds() -> dict:
@@ -128,9 +95,9 @@ def gpu_busy(torch, device, batches, trainer, steps: int) -> dict:
             "top_kernels_ms": {name: round(us / 1e3, 2) for name, us in by_name.most_common(12)}}
 
 
-def where_time_goes(*, torch, trainer, url, batch, image_size, cores, settings) -> dict:
-    """AlexNet fed by GPU decode as `gpu_check.fed` feeds it, with each thread's core share over the timed
-    part (`core_shares`) and then the GPU's busy share over a few more steps (`gpu_busy`)."""
+def where_time_goes(*, torch, trainer, url, batch, image_size, cores, settings, cpu_share: float = 0.0) -> dict:
+    """AlexNet fed by GPU decode (with `cpu_share`) as `gpu_check.fed` feeds it, with each thread's core share
+    over the timed part (`core_shares`) and then the GPU's busy share over a few more steps (`gpu_busy`)."""
     marks = {}
 
     def marked(batches):
@@ -141,7 +108,7 @@ def where_time_goes(*, torch, trainer, url, batch, image_size, cores, settings) 
 
     with gpu_check._Cores(cores):
         loader = gpu_check._loader(url, batch=batch, image_size=image_size, cores=cores, decode="gpu",
-                                   device=trainer.device)
+                                   device=trainer.device, cpu_share=cpu_share)
         batches = iter(loader)
         try:
             result = gpu_check._timed(torch, trainer.device, marked(batches), lambda b: trainer.step(*b),
@@ -189,26 +156,25 @@ def main(argv=None) -> int:
     url = convert(scan(work / "tree"), str(work / "ds"), split="train", progress=False).url
     trainer = gpu_check.Trainer(torch, "alexnet", device, image_size=size, classes=classes)
     common = dict(torch=torch, trainer=trainer, url=url, batch=batch, image_size=size, settings=settings)
-    loop = 1   # the training loop's own core
+    shares = (0.5,) if settings.smoke else (0.25, 0.4, 0.55)
     configs = {
         "synthetic": lambda: gpu_check.synthetic(torch, trainer, batch=batch, image_size=size, classes=classes,
                                                  settings=settings),
         "cpu decode": lambda: gpu_check.fed(cores=cpus, decode="cpu", **common),
         "gpu decode": lambda: gpu_check.fed(cores=cpus, decode="gpu", **common),
     }
-    # at toy size one hybrid: each forkserver worker imports torch anew (seconds of CPU each)
-    for pattern in ("cg",) if settings.smoke else ("cg", "ccg", "cgg"):
-        for gpu_workers in (1,) if settings.smoke else (2, 4):
-            cpu_workers = max(1, cpus - loop - gpu_workers)
-            configs[f"hybrid {pattern} cpu_workers={cpu_workers} gpu_workers={gpu_workers}"] = (
-                lambda p=pattern, c=cpu_workers, g=gpu_workers: hybrid(
-                    cpu_workers=c, gpu_workers=g, pattern=p, **common))
-    try:
-        diagnosis = where_time_goes(cores=cpus, **common)
-    except Exception as error:   # noqa: BLE001 - recorded; the rounds still run
-        diagnosis = {"error": f"{type(error).__name__}: {str(error)[:200]}"}
-    print(f"where the time goes, gpu decode: {json.dumps(diagnosis)}", flush=True)
-    save(settings, {"partial": True, "where_time_goes": diagnosis})
+    for share in shares:
+        configs[f"gpu decode, cpu_share {share:g}"] = (
+            lambda s=share: gpu_check.fed(cores=cpus, decode="gpu", cpu_share=s, **common))
+    diagnosis = {}
+    for share in (0.0, shares[len(shares) // 2]):
+        name = f"cpu_share {share:g}"
+        try:
+            diagnosis[name] = where_time_goes(cores=cpus, cpu_share=share, **common)
+        except Exception as error:   # noqa: BLE001 - recorded; the rounds still run
+            diagnosis[name] = {"error": f"{type(error).__name__}: {str(error)[:200]}"}
+        print(f"where the time goes, gpu decode, {name}: {json.dumps(diagnosis[name])}", flush=True)
+        save(settings, {"partial": True, "where_time_goes": diagnosis})
     rounds: dict[str, list[float]] = {name: [] for name in configs}
     for round_ in range(settings.rounds):
         for name, measure in configs.items():

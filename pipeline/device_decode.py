@@ -227,12 +227,17 @@ class DeviceDecoder:
     def __call__(self, batch: JpegBatch):
         return self.finish(self.decode(batch), batch)
 
-    def decode(self, batch: JpegBatch) -> list:
-        """[3, h, w] uint8 images on the device: nvJPEG in one batched call; on the CPU, libjpeg-turbo."""
+    def decode(self, batch):
+        """[3, h, w] uint8 images on the device: nvJPEG in one batched call; on the CPU, libjpeg-turbo. A batch
+        the loader's workers decoded already (a uint8 ``[B, 3, H, W]`` tensor, `cpu_share`) is only copied."""
+        if isinstance(batch, torch.Tensor):
+            return batch.to(self.device, non_blocking=True)
         return self._decode(batch)
 
-    def finish(self, images: list, batch: JpegBatch):
+    def finish(self, images, batch):
         """`images` (from `decode`) cropped to their windows, resized, flipped and scaled: ``[B, 3, H, W]``."""
+        if isinstance(images, torch.Tensor):   # decoded by the workers: cropped, resized and flipped there
+            return images if self.dtype == torch.uint8 else images.float().mul_(1 / 255)
         if self.batched:
             out = self._resized(images, batch.windows, batch.flips)
         else:

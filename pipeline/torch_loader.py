@@ -378,7 +378,7 @@ class ParquetImages(torch.utils.data.IterableDataset):
 
     def __init__(self, source, *, batch_size, image_size, training, num_epochs, shuffle, shuffle_buffer,
                  crop_area, flip, eval_crop, dct_scale, drop_remainder, max_pixels, streams=1, decode_threads=1,
-                 deferred=False):
+                 deferred=False, cpu_share=0.0):
         self.source, self.batch_size, self.size = source, batch_size, image_size
         self.training, self.num_epochs, self.shuffle = training, num_epochs, shuffle
         self.shuffle_buffer = shuffle_buffer
@@ -390,6 +390,7 @@ class ParquetImages(torch.utils.data.IterableDataset):
         self.memory = BatchMemory(keep=PREFETCH_BATCHES + 4)   # batches made here (no workers)
         self.dtype = torch.uint8   # of batches made in the calling process (`TorchLoader` sets it); workers': uint8
         self.deferred = deferred   # decode="gpu": batches of JPEG bytes, windows and flips (`device_decode`)
+        self.cpu_share = cpu_share if deferred else 0.0   # of those, the share decoded here whole (uint8)
 
     def set_epoch(self, epoch: int) -> None:
         """The next pass starts at epoch `epoch`; a position loaded for another epoch is dropped."""
@@ -426,20 +427,21 @@ class ParquetImages(torch.utils.data.IterableDataset):
         stream = split[0] if split else 0
         epoch, count = start.streams.get(stream, (start.epoch, 0))
         end = None if self.num_epochs is None else start.epoch + self.num_epochs
-        images, labels, ids, filled, pending = None, None, None, 0, []
+        images, labels, ids, filled, pending, made = None, None, None, 0, [], 0
         decoder = _Decoder(self._decode_into, self.decode_threads)
         decoding = collections.deque()   # (decodes under way, batch): one decodes while the next is read
         try:
             while end is None or epoch < end:
                 seed = epoch_seed(self.source.base_seed, epoch)
                 for sample, jpeg, label in self._planned_rows(epoch, split, count, start.consumed.get(epoch)):
-                    if images is None and self.deferred:
+                    if images is None and self.deferred and not self._decoded_here(made):
                         images = JpegBatch(self.batch_size)
                         labels = torch.empty((self.batch_size,), dtype=torch.int64)
                         ids = torch.empty((self.batch_size,), dtype=torch.int64)
                     elif images is None:   # workers: uint8, a quarter of float32's memory to hand over
+                        dtype = torch.uint8 if self.deferred else self.dtype
                         images = (_empty((self.batch_size, 3, *self.size), torch.uint8, shared) if shared
-                                  else self.memory.empty((self.batch_size, 3, *self.size), self.dtype))
+                                  else self.memory.empty((self.batch_size, 3, *self.size), dtype))
                         labels = _empty((self.batch_size,), torch.int64, shared)
                         ids = _empty((self.batch_size,), torch.int64, shared)
                     pending.append(decoder.submit(images[filled], jpeg, sample_rng(seed, sample)))
@@ -448,7 +450,7 @@ class ParquetImages(torch.utils.data.IterableDataset):
                     count += 1
                     if filled == self.batch_size:
                         decoding.append((pending, (images, labels, ids, (stream, epoch, count, 0))))
-                        images, filled, pending = None, 0, []
+                        images, filled, pending, made = None, 0, [], made + 1
                         if len(decoding) > 1:
                             handles, batch = decoding.popleft()
                             decoder.wait(handles)
@@ -466,6 +468,11 @@ class ParquetImages(torch.utils.data.IterableDataset):
             decoder.close()
         nothing = torch.empty(0)
         yield nothing, nothing, nothing, (stream, epoch, count, 1)
+
+    def _decoded_here(self, made: int) -> bool:
+        """decode="gpu" with `cpu_share`: whether this stream's batch number `made` (of this pass) is decoded
+        here whole, as ``decode="cpu"`` decodes it: the batches spread evenly, `cpu_share` of them."""
+        return int((made + 1) * self.cpu_share) > int(made * self.cpu_share)
 
     def _planned_rows(self, epoch, split, skip: int, consumed):
         """(sample ID, jpeg, label) of `stream_ids` after its first `skip` (`positions.planned_rows`)."""
@@ -489,7 +496,7 @@ class ParquetImages(torch.utils.data.IterableDataset):
             window = train_window(width, height, rng, self.crop_area)
         else:
             window = eval_window(width, height, self.size, self.eval_crop)
-        if self.deferred:   # decoded on the device (`device_decode`): the same window and flip, drawn here
+        if not isinstance(planes, torch.Tensor):   # a `JpegBatch` place: decoded on the device (`device_decode`)
             check_pixels(width, height, self.max_pixels, where)
             ratio = dct_ratio(window, self.size, self.dct_scale)
             planes.fill(jpeg, full_size_window(window, ratio, width, height), ratio,
@@ -607,7 +614,7 @@ class TorchLoader(torch.utils.data.DataLoader):
                     for pixels, jpegs, labels, ids, tag, done in ahead:
                         if cuda:
                             resizing.wait_event(done)
-                            for image in pixels:
+                            for image in ([pixels] if isinstance(pixels, torch.Tensor) else pixels):
                                 image.record_stream(resizing)
                         images, labels = decoder.finish(pixels, jpegs), labels.to(decoder.device, non_blocking=True)
                         del pixels   # freed here (after the resize, for the allocator's streams)
@@ -676,7 +683,7 @@ def make_torch_loader(url, *, batch_size: int, image_size=224, training: bool = 
                       max_pixels: int | None = READER.max_pixels, prefetch_factor: int | None = None,
                       pin_memory: bool = False, multiprocessing_context=None, return_ids: bool = READER.return_ids,
                       dtype=None, decode_threads: int | None = None, decode: str = "cpu", device=None,
-                      stream: bool = READER.stream, cache_limit: int | None = READER.cache_limit):
+                      cpu_share: float = 0.0, stream: bool = READER.stream, cache_limit: int | None = READER.cache_limit):
     """A ``torch.utils.data.DataLoader`` (`TorchLoader`) of ``(images, labels)`` batches from a converted dataset.
 
     images: float32 ``[B, 3, H, W]`` in [0, 1]; labels: int64 ``[B]`` class indexes. The arguments
@@ -712,6 +719,11 @@ def make_torch_loader(url, *, batch_size: int, image_size=224, training: bool = 
       rows, check headers and pixels and draw the same windows and flips as ``decode="cpu"``
       (`pipeline.device_decode`). Without CUDA or torchvision it warns once and decodes on the CPU;
       ``device="cpu"`` runs the device path on the CPU (libjpeg-turbo standing in for nvJPEG).
+      `cpu_share`: the share of each stream's batches its worker decodes whole on the CPU, as ``decode="cpu"``
+      does, while the device decodes the rest: where neither the CPU cores nor the GPU (which trains too)
+      decodes as fast as the model trains, both decode at once. Every sample still comes once an epoch,
+      with the same window and flip; a CPU-decoded batch is copied to the device (``pin_memory=True``
+      makes that copy asynchronous). Give it enough `num_workers` for the CPU's part.
 
     * `stream`, `cache_limit`: as `make_dataset`'s (a bounded part cache shared by every worker and rank on
       the machine).
@@ -737,6 +749,7 @@ def make_torch_loader(url, *, batch_size: int, image_size=224, training: bool = 
             without workers, 1 per worker process).
         decode: ``"cpu"``, or ``"gpu"`` to decode, crop and resize on `device` (batches arrive there).
         device: Where ``decode="gpu"`` decodes (None: ``"cuda"``).
+        cpu_share: With ``decode="gpu"``, the share of batches (0 to 1) decoded on the CPU instead.
 
     Returns:
         A `TorchLoader` (a ``torch.utils.data.DataLoader`` that can ``state_dict()`` and resume).
@@ -752,6 +765,12 @@ def make_torch_loader(url, *, batch_size: int, image_size=224, training: bool = 
     if decode_threads is not None and (not isinstance(decode_threads, (int, np.integer)) or decode_threads < 1):
         raise ReaderOptionError(f"decode_threads must be a positive integer or None, got {decode_threads!r}")
     target = resolve_decode(decode, device)   # None: decode on the CPU
+    if isinstance(cpu_share, bool) or not isinstance(cpu_share, (int, float, np.integer, np.floating)) \
+            or not 0 <= cpu_share <= 1:
+        raise ReaderOptionError(f"cpu_share must be a number from 0 to 1, got {cpu_share!r}")
+    if cpu_share and decode != "gpu":
+        raise ReaderOptionError(f"cpu_share={cpu_share} splits decode='gpu' between the CPU and the device; "
+                                f"decode={decode!r} decodes everything on the CPU")
     source = open_epochs(url, shard, shuffle=shuffle, seed=seed, retries=retries, storage_options=storage_options,
                          verify=verify, stream=stream, cache_limit=cache_limit)
     refuse_tabular(source.info, source.location.url, "make_torch_loader")
@@ -760,7 +779,7 @@ def make_torch_loader(url, *, batch_size: int, image_size=224, training: bool = 
                             crop_area=crop_area, flip=flip, eval_crop=eval_crop, dct_scale=dct_scale,
                             drop_remainder=drop_remainder, max_pixels=max_pixels, streams=max(1, int(num_workers)),
                             decode_threads=default_decode_threads(num_workers) if decode_threads is None
-                            else decode_threads, deferred=target is not None)
+                            else decode_threads, deferred=target is not None, cpu_share=float(cpu_share))
     extra = {} if num_workers == 0 else {"prefetch_factor": prefetch_factor,
                                          "multiprocessing_context": multiprocessing_context}
     return TorchLoader(dataset, return_ids=return_ids, dtype=dtype, device=target, num_workers=int(num_workers),

@@ -63,6 +63,29 @@ def test_uint8_batches_and_workers(photos):
     assert sorted(int(i) for b in with_workers for i in b[2]) == list(range(24))
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_cpu_share_decodes_that_share_of_the_batches_on_the_cpu_exactly_as_decode_cpu(photos, workers):
+    """`cpu_share=0.5`: every other batch of each stream is decoded by the workers whole, pixel for pixel what
+    ``decode="cpu"`` gives; the rest on the device; the same rows, labels and IDs, each sample once."""
+    options = dict(batch_size=4, image_size=64, seed=2, num_workers=workers, dct_scale=False, return_ids=True)
+    cpu = list(make_torch_loader(photos, **options))
+    split = list(make_torch_loader(photos, decode="gpu", device="cpu", cpu_share=0.5, **options))
+    assert len(cpu) == len(split) == (6 if workers == 0 else 7)   # two streams: 12 + 12 rows, the last partial
+    for (images, labels, ids), (split_images, split_labels, split_ids) in zip(cpu, split):
+        assert torch.equal(labels, split_labels) and torch.equal(ids, split_ids)
+        assert split_images.dtype == torch.float32 and float((images - split_images).abs().max()) <= 1.01 / 255
+    exact = [torch.equal(a[0], b[0]) for a, b in zip(cpu, split)]
+    # batch 1 of each stream (then 3, 5, ...) is the CPU's; streams are taken in turn
+    assert exact == ([False, True] * 3 if workers == 0 else [False, False, True, True, False, False, True])
+    cpu_uint8 = list(make_torch_loader(photos, dtype=torch.uint8, **options))
+    whole = list(make_torch_loader(photos, decode="gpu", device="cpu", cpu_share=1, dtype=torch.uint8, **options))
+    assert all(torch.equal(a[0], b[0]) and b[0].dtype == torch.uint8 for a, b in zip(cpu_uint8, whole))
+    with pytest.raises(ReaderOptionError, match="cpu_share must be a number from 0 to 1"):
+        make_torch_loader(photos, batch_size=4, decode="gpu", device="cpu", cpu_share=1.5)
+    with pytest.raises(ReaderOptionError, match="splits decode='gpu'"):
+        make_torch_loader(photos, batch_size=4, cpu_share=0.5)
+
+
 def test_without_cuda_gpu_decode_says_so_once_and_decodes_on_the_cpu(photos):
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")

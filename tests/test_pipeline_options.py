@@ -66,9 +66,11 @@ def test_the_pytorch_flags_offer_what_the_functions_take_and_leave_their_default
         assert tuple(params["precision"].type.choices) == PRECISIONS
         assert tuple(params["decode"].type.choices) == DECODES
         assert params["precision"].default is None and params["decode"].default is None
+        assert params["cpu_share"].default is None and _defaults(make_torch_loader)["cpu_share"] == 0
     assert cli.torch_only("torch", None, False, None) == {}
     assert cli.torch_only("torch", "fp16", True, "gpu") == {"precision": "fp16", "compile": True,
                                                            "input_options": {"decode": "gpu"}}
+    assert cli.torch_only("torch", None, False, "gpu", 0.4) == {"input_options": {"decode": "gpu", "cpu_share": 0.4}}
     assert cli.torch_only("tensorflow", None, False, None) == {}
 
 

@@ -22,10 +22,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_bf16_channels_last_and_device_decode_train_on_the_cpu(digits_parquet, tmp_path):
     """The device path inside `train_torch`, on the CPU (``"device": "cpu"``: libjpeg-turbo standing in for
-    nvJPEG); without that, ``decode="gpu"`` on a machine with no CUDA says so and takes the CPU path."""
+    nvJPEG; a third of the batches decoded whole by the CPU, `cpu_share`); without that, ``decode="gpu"`` on a
+    machine with no CUDA says so and takes the CPU path."""
     result = train_torch("resnet_small", digits_parquet["train"], digits_parquet["val"], epochs=1, batch_size=8,
                          image_size=32, seed=0, steps_per_epoch=3, output_dir=tmp_path / "run", precision="bf16",
-                         channels_last=True, input_options={"decode": "gpu", "device": "cpu", "flip": False})
+                         channels_last=True, input_options={"decode": "gpu", "device": "cpu", "cpu_share": 1 / 3,
+                                                            "flip": False})
     assert {k: result.strategy[k] for k in ("precision", "channels_last", "compiled", "decode")} == {
         "precision": "bf16", "channels_last": True, "compiled": False, "decode": "gpu"}
     assert set(result.val_metrics) == {"loss", "accuracy"} and result.images_per_second > 0
@@ -55,7 +57,8 @@ def test_the_prepared_gpu_check_runs_its_code_paths_at_toy_size(tmp_path):
     data = json.loads((tmp_path / "gpu_check_smoke.json").read_text())
     measures = {(r["model"], r["measure"]) for r in data["runs"]}
     assert {("resnet50", "synthetic"), ("resnet50", "fed, cpu decode"), ("resnet50", "fed, gpu decode"),
-            ("alexnet", "fed, gpu decode"), ("-", "decode alone, cpu"), ("-", "decode alone, gpu")} <= measures
+            ("alexnet", "fed, gpu decode"), ("alexnet", "fed, gpu + cpu_share 0.4"), ("-", "decode alone, cpu"),
+            ("-", "decode alone, gpu")} <= measures
     assert not [r for r in data["runs"] if "error" in r], data["runs"]
     assert all(r["images_per_second"] > 0 for r in data["runs"])
     assert data["summary"]["resnet50"]["synthetic_img_s"] > 0 and data["device"]
@@ -71,19 +74,20 @@ def test_the_gpu_decode_probe_times_each_part_at_toy_size(tmp_path):
 
 
 def test_the_hybrid_decode_probe_measures_each_feed_and_where_the_time_goes_at_toy_size(tmp_path):
-    """The probe a lent GPU runs next (CPU and GPU decode at once): its code paths, and its diagnosis (each
-    thread's core share; on a CPU no GPU busy share, said so)."""
+    """The probe a lent GPU runs next (CPU and GPU decode at once, `cpu_share`): its code paths, and its
+    diagnosis with and without a share (each thread's core share; on a CPU no GPU busy share, said so)."""
     done = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_hybrid_probe.py"), "--smoke", "--rounds", "1",
                            "--seconds", "1", "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     data = json.loads((tmp_path / "gpu_hybrid_probe.json").read_text())
     medians = data["medians_img_s"]
-    assert {"synthetic", "cpu decode", "gpu decode"} < set(medians) and any(n.startswith("hybrid") for n in medians)
+    assert set(medians) == {"synthetic", "cpu decode", "gpu decode", "gpu decode, cpu_share 0.5"}
     assert all(rate > 0 for rate in medians.values()), medians
-    diagnosis = data["where_time_goes"]
-    assert diagnosis["images_per_second"] > 0 and diagnosis["gpu_busy"] is None
-    shares = diagnosis["core_shares"]
-    assert {"MainThread", "worker processes (cores)"} <= set(shares) and sum(shares.values()) > 0, shares
+    assert set(data["where_time_goes"]) == {"cpu_share 0", "cpu_share 0.5"}
+    for diagnosis in data["where_time_goes"].values():
+        assert diagnosis["images_per_second"] > 0 and diagnosis["gpu_busy"] is None, diagnosis
+        shares = diagnosis["core_shares"]
+        assert {"MainThread", "worker processes (cores)"} <= set(shares) and sum(shares.values()) > 0, shares
 
 
 def test_uint8_batches_become_floats_on_the_device_as_the_cpu_path_scales_them():

@@ -249,7 +249,7 @@ def test_train_command_takes_the_gpu_flags_and_says_what_ran(digits_parquet, tmp
     CPU's (said in the summary), and bf16 autocast runs on the CPU when asked for."""
     outcome = _cli("train", "resnet_small", digits_parquet["train"], "--framework", "torch", "--epochs", "1",
                    "--steps-per-epoch", "2", "--batch-size", "8", "--image-size", "32", "--width", "0.25",
-                   "--precision", "bf16", "--decode", "gpu", "-o", str(tmp_path / "run"), "--json")
+                   "--precision", "bf16", "--decode", "gpu", "--cpu-share", "0.5", "-o", str(tmp_path / "run"), "--json")
     assert outcome.exit_code == 0, outcome.output
     strategy = json.loads(outcome.output.strip().splitlines()[-1])["strategy"]
     assert strategy["precision"] == "bf16" and strategy["decode"] == "cpu" and strategy["compiled"] is False
@@ -265,6 +265,8 @@ def test_train_command_takes_the_gpu_flags_and_says_what_ran(digits_parquet, tmp
     (["alexnet", "--precision", "bf16", "--decode", "gpu"], "--precision, --decode: PyTorch's flags; add --framework torch"),
     (["alexnet", "--compile"], "--compile: PyTorch's flags; add --framework torch"),
     (["alexnet", "--framework", "torch", "--decode", "nvjpeg"], "'nvjpeg' is not one of 'cpu', 'gpu'"),
+    (["alexnet", "--framework", "torch", "--cpu-share", "0.5"], "--cpu-share splits the decode"),
+    (["alexnet", "--framework", "torch", "--decode", "gpu", "--cpu-share", "2"], "not in the range 0<=x<=1"),
 ])
 def test_train_command_refuses_flags_the_framework_does_not_have(args, message, tmp_path):
     outcome = _cli("train", args[0], str(tmp_path / "data"), *args[1:])

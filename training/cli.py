@@ -89,16 +89,20 @@ def torch_options(command):
         click.option("--decode", type=click.Choice(DECODES), default=None,
                      help="PyTorch: where the JPEGs are decoded (default cpu); gpu: nvJPEG on the training GPU "
                           "(without one it says so and decodes on the CPU)."),
+        click.option("--cpu-share", type=click.FloatRange(0, 1), default=None,
+                     help="PyTorch, with --decode gpu: the share of the batches the loader's CPU workers decode "
+                          "instead (both decode at once)."),
     ]
     for option in reversed(options):
         command = option(command)
     return command
 
 
-def torch_only(framework: str, precision, compile_model, decode) -> dict:
+def torch_only(framework: str, precision, compile_model, decode, cpu_share=None) -> dict:
     """The `train_torch` arguments the PyTorch flags ask for (only those given); with TensorFlow, a usage error
     that names them rather than a silent ignore."""
-    given = {"--precision": precision, "--compile": compile_model or None, "--decode": decode}
+    given = {"--precision": precision, "--compile": compile_model or None, "--decode": decode,
+             "--cpu-share": cpu_share}
     named = [flag for flag, value in given.items() if value is not None]
     if framework != "torch":
         if named:
@@ -109,8 +113,12 @@ def torch_only(framework: str, precision, compile_model, decode) -> dict:
         options["precision"] = precision
     if compile_model:
         options["compile"] = True
+    if cpu_share is not None and decode != "gpu":
+        raise click.UsageError("--cpu-share splits the decode between the CPU and the GPU: add --decode gpu")
     if decode is not None:
         options["input_options"] = {"decode": decode}
+    if cpu_share is not None:
+        options["input_options"]["cpu_share"] = cpu_share
     return options
 
 
@@ -204,8 +212,8 @@ def _log_to_console(verbose: bool) -> None:
 @click.option("--verbose", "-v", is_flag=True)
 def train(model, data, framework, validation, epochs, steps_per_epoch, batch_size, image_size, width, kind, devices,
           cross_device_ops, no_fallback, probe_timeout, checkpoint_dir, backup_every, output_dir, overwrite, parallel,
-          learning_rate, optimizer, seed, no_flip, crop_min, stream, cache_limit, precision, compile_model, decode, pin,
-          as_json, verbose):
+          learning_rate, optimizer, seed, no_flip, crop_min, stream, cache_limit, precision, compile_model, decode,
+          cpu_share, pin, as_json, verbose):
     """Train MODEL on the Parquet dataset DATA (with TF_CONFIG set: one worker of a multi-worker run; with
     --framework torch under torchrun: one rank of a DDP run)."""
     model = model.lower()
@@ -215,7 +223,7 @@ def train(model, data, framework, validation, epochs, steps_per_epoch, batch_siz
             raise click.UsageError("--backup-every needs --checkpoint-dir (where the backups go)")
     elif model not in MODEL_NAMES:
         raise click.UsageError(f"{model} is a PyTorch model: add --framework torch")
-    torch_args = torch_only(framework, precision, compile_model, decode)
+    torch_args = torch_only(framework, precision, compile_model, decode, cpu_share)
     _refuse_finished(output_dir, "**/final.pt" if framework == "torch" else "**/final.weights.h5", overwrite)
     _log_to_console(verbose)
     input_options = {**reader_options(no_flip, crop_min, stream, cache_limit), **torch_args.pop("input_options", {})}
@@ -368,7 +376,7 @@ def _spark_conf(pairs) -> dict:
 def spark_train_cmd(model, data, framework, master, workers, partition_board, validation, epochs, batch_size,
                     image_size, width, checkpoint_dir, backup_every, output_dir, overwrite, max_restarts, python,
                     driver_host, conf_pairs, slots_timeout, parallel, learning_rate, optimizer, seed, no_flip,
-                    crop_min, stream, cache_limit, precision, compile_model, decode, as_json, verbose):
+                    crop_min, stream, cache_limit, precision, compile_model, decode, cpu_share, as_json, verbose):
     """Train MODEL on DATA with --workers workers as one Spark barrier stage (MultiWorkerMirroredStrategy, or
     with --framework torch one DDP rank per task)."""
     model = model.lower()
@@ -379,7 +387,7 @@ def spark_train_cmd(model, data, framework, master, workers, partition_board, va
         raise click.UsageError(f"{model} is a PyTorch model: add --framework torch")
     if backup_every is not None and checkpoint_dir is None:
         raise click.UsageError("--backup-every needs --checkpoint-dir (where the backups go)")
-    torch_args = torch_only(framework, precision, compile_model, decode)
+    torch_args = torch_only(framework, precision, compile_model, decode, cpu_share)
     _refuse_finished(output_dir, "**/final.pt" if with_torch else "**/final.weights.h5", overwrite)
     _log_to_console(verbose)
     if (data is None) == (partition_board is None):

@@ -68,7 +68,7 @@ CHECKPOINT_EXTRA_OPCODES = 1 << 15    # the metric history (a float per metric p
 CHECKPOINT_EXTRA_BYTES = 32 << 20     # every rank's input position (JSON; ImageNet's bitmap ~160 kB per epoch)
 _LOADER_OPTIONS = ("flip", "crop_area", "eval_crop", "shuffle_buffer", "dct_scale", "verify", "retries",
                    "storage_options", "max_pixels", "prefetch_factor", "multiprocessing_context", "decode",
-                   "decode_threads", "device", "stream", "cache_limit")
+                   "decode_threads", "device", "cpu_share", "stream", "cache_limit")
 
 
 class BackendProbeError(TrainingError, RuntimeError):
@@ -561,7 +561,9 @@ def _train(model_name, url, validation_data, *, choice, epochs, batch_size, imag
 
     # CPU decode for a GPU: uint8 batches cross to the device and become floats there (a quarter of the
     # bytes over PCIe, and no float conversion on the CPU thread that drives the GPU)
-    loader_device = ({"device": decode_device} if decode_on_device and decode_device is not None
+    # (with a `cpu_share`, the batches the workers decode cross from pinned memory)
+    loader_device = ({"device": decode_device, "pin_memory": cuda and bool(options.get("cpu_share"))}
+                     if decode_on_device and decode_device is not None
                      else {"pin_memory": True, "dtype": torch.uint8} if cuda else {})
     loader = pipeline.make_torch_loader(url, batch_size=batch_size, image_size=image_size, training=True,
                                         shard=shard, num_epochs=None, seed=seed, num_workers=num_workers,
