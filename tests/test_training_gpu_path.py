@@ -28,8 +28,8 @@ def test_bf16_channels_last_and_device_decode_train_on_the_cpu(digits_parquet, t
                          image_size=32, seed=0, steps_per_epoch=3, output_dir=tmp_path / "run", precision="bf16",
                          channels_last=True, input_options={"decode": "gpu", "device": "cpu", "cpu_share": 1 / 3,
                                                             "flip": False})
-    assert {k: result.strategy[k] for k in ("precision", "channels_last", "compiled", "decode")} == {
-        "precision": "bf16", "channels_last": True, "compiled": False, "decode": "gpu"}
+    assert {k: result.strategy[k] for k in ("precision", "channels_last", "compiled", "decode", "cpu_share")} == {
+        "precision": "bf16", "channels_last": True, "compiled": False, "decode": "gpu", "cpu_share": 1 / 3}
     assert set(result.val_metrics) == {"loss", "accuracy"} and result.images_per_second > 0
     if not torch.cuda.is_available():
         with pytest.warns(UserWarning, match="decode='gpu': no CUDA device here; decoding on the CPU"):
