@@ -319,7 +319,6 @@ def test_train_command_under_torchrun_is_one_ddp_rank_each(digits_parquet, tmp_p
 
 
 @pytest.mark.slow
-@pytest.mark.once   # CI's costliest test (~85 CPU-s): the modern run has test_small_demo_with_torch_learns
 def test_demo_with_torch_reaches_090(tmp_path):
     from pinstorm.training.demo import run_demo
 
