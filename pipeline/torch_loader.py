@@ -434,7 +434,7 @@ class ParquetImages(torch.utils.data.IterableDataset):
             while end is None or epoch < end:
                 seed = epoch_seed(self.source.base_seed, epoch)
                 for sample, jpeg, label in self._planned_rows(epoch, split, count, start.consumed.get(epoch)):
-                    if images is None and self.deferred and not self._decoded_here(made):
+                    if images is None and self.deferred and not self._decoded_here(made, stream):
                         images = JpegBatch(self.batch_size)
                         labels = torch.empty((self.batch_size,), dtype=torch.int64)
                         ids = torch.empty((self.batch_size,), dtype=torch.int64)
@@ -469,10 +469,12 @@ class ParquetImages(torch.utils.data.IterableDataset):
         nothing = torch.empty(0)
         yield nothing, nothing, nothing, (stream, epoch, count, 1)
 
-    def _decoded_here(self, made: int) -> bool:
-        """decode="gpu" with `cpu_share`: whether this stream's batch number `made` (of this pass) is decoded
-        here whole, as ``decode="cpu"`` decodes it: the batches spread evenly, `cpu_share` of them."""
-        return int((made + 1) * self.cpu_share) > int(made * self.cpu_share)
+    def _decoded_here(self, made: int, stream: int) -> bool:
+        """decode="gpu" with `cpu_share`: whether `stream`'s batch number `made` (of this pass) is decoded here
+        whole, as ``decode="cpu"`` decodes it: `cpu_share` of the batches, spread evenly, each stream's pattern
+        shifted by its number, so that the workers' slow (CPU-decoded) batches do not all fall in one turn."""
+        place = made + stream
+        return int((place + 1) * self.cpu_share) > int(place * self.cpu_share)
 
     def _planned_rows(self, epoch, split, skip: int, consumed):
         """(sample ID, jpeg, label) of `stream_ids` after its first `skip` (`positions.planned_rows`)."""
