@@ -31,7 +31,7 @@ import gpu_check  # noqa: E402  (beside this file)
 
 def cpu_seconds() -> dict:
     """CPU seconds so far: of each thread of this process (by native id), and of all its descendant
-    processes together (the DataLoader workers, forkserver's included), from /proc."""
+    processes together (the DataLoader workers), from /proc."""
     ticks = os.sysconf("SC_CLK_TCK")
 
     def used(stat_path) -> tuple[int, float] | None:
