@@ -15,7 +15,7 @@ import click
 
 from pinstorm.pipeline import DECODES, ReaderOptions
 
-from .runs import DEFAULTS as FIT, OPTIMIZERS, PRECISIONS
+from .runs import DEFAULTS as FIT, LR_SCHEDULES, OPTIMIZERS, PRECISIONS
 from .strategy import STRATEGY_KINDS   # a plain tuple: importing it does not load TensorFlow
 
 READER = ReaderOptions()   # the readers' defaults, shown in the flags' help
@@ -62,6 +62,15 @@ def fit_options(command):
     options = [
         click.option("--learning-rate", type=POSITIVE_FLOAT, default=FIT.learning_rate, show_default=True),
         click.option("--optimizer", type=click.Choice(OPTIMIZERS), default=FIT.optimizer, show_default=True),
+        click.option("--lr-schedule", type=click.Choice(LR_SCHEDULES), default=FIT.lr_schedule, show_default=True,
+                     help="cosine: to zero at the last step; step: /10 at 1/3, 2/3 and 8/9 of the epochs."),
+        click.option("--warmup-epochs", type=click.FloatRange(0), default=FIT.warmup_epochs, show_default=True,
+                     help="Epochs over which the learning rate rises linearly to --learning-rate."),
+        click.option("--weight-decay", type=click.FloatRange(0), default=FIT.weight_decay, show_default=True,
+                     help="sgd: L2 on the gradient (1e-4 for ResNet); adam: decoupled (AdamW). Not on biases "
+                          "or normalisation."),
+        click.option("--label-smoothing", type=click.FloatRange(0, 1, max_open=True), default=FIT.label_smoothing,
+                     show_default=True, help="Share of each target spread over all classes (0.1 for ImageNet)."),
         click.option("--seed", type=int, default=None),
         click.option("--no-flip", is_flag=True, help="No random left-right flips (for digits, text, ...)."),
         click.option("--crop-min", type=click.FloatRange(0, 1, min_open=True), default=None,
@@ -212,8 +221,8 @@ def _log_to_console(verbose: bool) -> None:
 @click.option("--verbose", "-v", is_flag=True)
 def train(model, data, framework, validation, epochs, steps_per_epoch, batch_size, image_size, width, kind, devices,
           cross_device_ops, no_fallback, probe_timeout, checkpoint_dir, backup_every, output_dir, overwrite, parallel,
-          learning_rate, optimizer, seed, no_flip, crop_min, stream, cache_limit, precision, compile_model, decode,
-          cpu_share, pin, as_json, verbose):
+          learning_rate, optimizer, lr_schedule, warmup_epochs, weight_decay, label_smoothing, seed, no_flip, crop_min,
+          stream, cache_limit, precision, compile_model, decode, cpu_share, pin, as_json, verbose):
     """Train MODEL on the Parquet dataset DATA (with TF_CONFIG set: one worker of a multi-worker run; with
     --framework torch under torchrun: one rank of a DDP run)."""
     model = model.lower()
@@ -227,14 +236,16 @@ def train(model, data, framework, validation, epochs, steps_per_epoch, batch_siz
     _refuse_finished(output_dir, "**/final.pt" if framework == "torch" else "**/final.weights.h5", overwrite)
     _log_to_console(verbose)
     input_options = {**reader_options(no_flip, crop_min, stream, cache_limit), **torch_args.pop("input_options", {})}
+    recipe = dict(learning_rate=learning_rate, optimizer=optimizer, lr_schedule=lr_schedule,
+                  warmup_epochs=warmup_epochs, weight_decay=weight_decay, label_smoothing=label_smoothing)
     if framework == "torch":
         _train_torch(model, data, validation, epochs=epochs, steps_per_epoch=steps_per_epoch,
                      batch_size=batch_size, image_size=image_size,
                      width=width, pin=pin, backend=cross_device_ops.lower(), fallback=not no_fallback,
                      probe_timeout=probe_timeout, checkpoint_dir=checkpoint_dir, backup_every=backup_every,
                      output_dir=output_dir,
-                     num_workers=parallel or 0, learning_rate=learning_rate, optimizer=optimizer, seed=seed,
-                     input_options=input_options, as_json=as_json, **torch_args)
+                     num_workers=parallel or 0, seed=seed, input_options=input_options, as_json=as_json,
+                     **recipe, **torch_args)
         return
     from .strategy import make_strategy, strategy_choice
     from .fit import train as run_training
@@ -247,8 +258,8 @@ def train(model, data, framework, validation, epochs, steps_per_epoch, batch_siz
     result = run_training(model, data, validation, strategy=strategy, epochs=epochs,
                           steps_per_epoch=steps_per_epoch, batch_size=batch_size,
                           image_size=image_size, parallel=parallel, checkpoint_dir=checkpoint_dir,
-                          output_dir=output_dir, learning_rate=learning_rate, optimizer=optimizer, seed=seed,
-                          model_kwargs=model_kwargs, input_options=input_options, pin=pin,
+                          output_dir=output_dir, seed=seed, model_kwargs=model_kwargs, input_options=input_options,
+                          pin=pin, **recipe,
                           backup_every=backup_every or "epoch",
                           verbose=0 if as_json else 2)   # --json: stdout carries only the summary
     if as_json:
@@ -375,8 +386,9 @@ def _spark_conf(pairs) -> dict:
 @click.option("--verbose", "-v", is_flag=True)
 def spark_train_cmd(model, data, framework, master, workers, partition_board, validation, epochs, batch_size,
                     image_size, width, checkpoint_dir, backup_every, output_dir, overwrite, max_restarts, python,
-                    driver_host, conf_pairs, slots_timeout, parallel, learning_rate, optimizer, seed, no_flip,
-                    crop_min, stream, cache_limit, precision, compile_model, decode, cpu_share, as_json, verbose):
+                    driver_host, conf_pairs, slots_timeout, parallel, learning_rate, optimizer, lr_schedule,
+                    warmup_epochs, weight_decay, label_smoothing, seed, no_flip, crop_min, stream, cache_limit,
+                    precision, compile_model, decode, cpu_share, as_json, verbose):
     """Train MODEL on DATA with --workers workers as one Spark barrier stage (MultiWorkerMirroredStrategy, or
     with --framework torch one DDP rank per task)."""
     model = model.lower()
@@ -399,7 +411,8 @@ def spark_train_cmd(model, data, framework, master, workers, partition_board, va
     input_options = {**reader_options(no_flip, crop_min, stream, cache_limit), **torch_args.pop("input_options", {})}
     args = dict(model_name=model, data=data, validation_data=validation, epochs=epochs, batch_size=batch_size,
                 image_size=image_size, checkpoint_dir=checkpoint_dir, output_dir=output_dir,
-                learning_rate=learning_rate, optimizer=optimizer, seed=seed,
+                learning_rate=learning_rate, optimizer=optimizer, lr_schedule=lr_schedule,
+                warmup_epochs=warmup_epochs, weight_decay=weight_decay, label_smoothing=label_smoothing, seed=seed,
                 model_kwargs={"width": width} if model in ("alexnet", "resnet_small") else {},
                 input_options=input_options)
     if with_torch:

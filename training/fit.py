@@ -26,9 +26,9 @@ tf = tensorflow()   # imported without its start-up noise (see keras_env)
 import tf_keras as keras
 
 from .errors import InvalidTrainingInput, TrainingError
-from . import multiworker, resume
+from . import keras_recipe, multiworker, resume
 from .results import TrainResult
-from .runs import DEFAULTS as FIT, SGD_MOMENTUM, FitOptions, check_optimizer, default_output_dir
+from .runs import DEFAULTS as FIT, FitOptions, default_output_dir
 from .inputs import is_data_map, map_classes, resolve_input
 from .models import build_model
 from .plots import plot_curves, read_metrics_csv
@@ -142,6 +142,10 @@ def train(
     pin: str | tuple | None = FIT.pin,
     lineage: dict | None = FIT.lineage,
     backup_every: int | str = "epoch",
+    lr_schedule: str = FIT.lr_schedule,
+    warmup_epochs: float = FIT.warmup_epochs,
+    weight_decay: float = FIT.weight_decay,
+    label_smoothing: float = FIT.label_smoothing,
 ) -> TrainResult:
     """Fit ``model_name`` on ``data``; return the history and the final validation metrics.
 
@@ -172,7 +176,8 @@ def train(
 
     The options every fit shares (``epochs``, ``batch_size``, ``image_size``, ``num_classes``,
     ``learning_rate``, ``optimizer``, ``model_kwargs``, ``steps_per_epoch``, ``seed``, ``output_dir``,
-    ``checkpoint_dir``, ``input_options``, ``pin``, ``lineage``) are described once on [`FitOptions`][pinstorm.training.runs.FitOptions].
+    ``checkpoint_dir``, ``input_options``, ``pin``, ``lineage``, ``lr_schedule``, ``warmup_epochs``,
+    ``weight_decay``, ``label_smoothing``) are described once on [`FitOptions`][pinstorm.training.runs.FitOptions].
 
     Args:
         model_name: The model to build: ``"alexnet"``, ``"resnet50"`` or ``"mobilenet_v2"`` (`build_model`).
@@ -196,7 +201,7 @@ def train(
     wall_started, started_at = time.perf_counter(), datetime.now(timezone.utc)
     if data is None:
         raise InvalidTrainingInput("train() needs data: a Parquet URL, a data map or a tf.data.Dataset")
-    FitOptions.pick(locals())   # the checks every fit shares (training/runs.py)
+    recipe = FitOptions.pick(locals())   # the checks every fit shares, and its learning rates (training/runs.py)
     sizes = ImageSizeSchedule(image_size, epochs)   # an int, or progressive resizing [(epoch, size), ...]
     image_size = sizes.final
     strategy = strategy or make_strategy("auto")
@@ -248,6 +253,9 @@ def train(
             raise InvalidTrainingInput("training and validation data label different classes; convert both with the "
                                        "same `classes`")
     steps = steps_per_epoch or train_input.steps
+    if recipe.scheduled and not steps:
+        raise InvalidTrainingInput(f"lr_schedule={lr_schedule!r} with warmup_epochs={warmup_epochs} needs the steps "
+                                   "of an epoch: give steps_per_epoch with a tf.data.Dataset")
     if seed is not None:
         _seed_python_and_numpy(seed)
 
@@ -262,9 +270,8 @@ def train(
                 model = build_model(model_name, (size, size, 3), num_classes, **(model_kwargs or {}))
             finally:
                 keras.mixed_precision.set_global_policy(previous_policy)
-            model.compile(optimizer=_optimizer(optimizer, learning_rate),
-                          loss=keras.losses.SparseCategoricalCrossentropy(),
-                          metrics=["accuracy"])
+            model.compile(optimizer=keras_recipe.optimizer(recipe, steps, model),
+                          loss=keras_recipe.loss(recipe, num_classes), metrics=["accuracy"])
             _make_step_variables(model)
         return model
     model = compiled_model(image_size)
@@ -277,6 +284,8 @@ def train(
     if checkpoint_dir is not None:
         fit_callbacks.insert(0, _backup_callback(checkpoint_dir, backup_every, strategy, train_input, global_batch,
                                                  train_options if keeps_position else None, saved_input, rank))
+    if recipe.scheduled:   # before the CSVLogger, which writes what the epoch's logs hold when it runs
+        fit_callbacks.insert(0, keras_recipe.LearningRateLog(recipe, steps))
     fit_callbacks += list(callbacks or [])
     progress = _EpochProgress()
     if chief:
@@ -334,7 +343,9 @@ def train(
             validation_data=validation_data, train_url=train_input.url, val_url=val_input.url if val_input else None,
             arguments={"epochs": epochs, "batch_size": batch_size,
                        "image_size": sizes.as_list() if sizes.progressive else image_size,
-                       "learning_rate": learning_rate, "optimizer": optimizer, "steps_per_epoch": steps_per_epoch,
+                       "learning_rate": learning_rate, "optimizer": optimizer, "lr_schedule": lr_schedule,
+                       "warmup_epochs": warmup_epochs, "weight_decay": weight_decay,
+                       "label_smoothing": label_smoothing, "steps_per_epoch": steps_per_epoch,
                        "mixed_precision": mixed_precision, "seed": seed, "parallel": parallel,
                        "input_options": dict(input_options or {}), "output_dir": str(output_dir),
                        "checkpoint_dir": str(checkpoint_dir) if checkpoint_dir else None},
@@ -371,12 +382,6 @@ def _make_step_variables(model) -> None:
         model.compiled_metrics.build(y_pred, tf.zeros((1,), tf.int64))
     except (AttributeError, NotImplementedError):
         pass
-
-
-def _optimizer(name: str, learning_rate: float):
-    if check_optimizer(name) == "sgd":
-        return keras.optimizers.SGD(learning_rate, momentum=SGD_MOMENTUM)
-    return keras.optimizers.Adam(learning_rate)
 
 
 def alexnet_train(

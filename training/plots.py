@@ -32,17 +32,18 @@ def _has_values(values) -> bool:
 
 
 def plot_curves(metrics: dict[str, list[float]], png_path, title: str = "training") -> Path:
-    """Loss and accuracy per epoch (train and validation) into ``png_path``, written atomically."""
+    """Loss and accuracy per epoch (train and validation), and the learning rate where it was scheduled,
+    into ``png_path``, written atomically."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     epochs = [int(e) + 1 for e in metrics.get("epoch", range(len(metrics.get("loss", []))))]
-    panels = [name for name in ("loss", "accuracy") if _has_values(metrics.get(name, []))]
+    panels = [name for name in ("loss", "accuracy", "learning_rate") if _has_values(metrics.get(name, []))]
     figure, axes = plt.subplots(1, max(1, len(panels)), figsize=(5 * max(1, len(panels)), 3.6), squeeze=False)
     for axis, name in zip(axes[0], panels):
-        axis.plot(epochs, metrics[name], marker="o", label=f"train {name}")
+        axis.plot(epochs, metrics[name], marker="o", label=name if name == "learning_rate" else f"train {name}")
         if _has_values(metrics.get(f"val_{name}", [])):
             axis.plot(epochs, metrics[f"val_{name}"], marker="s", label=f"validation {name}")
         axis.set_xlabel("epoch")

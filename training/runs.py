@@ -7,6 +7,7 @@ both fits and the command line read the same rules.
 from __future__ import annotations
 
 import dataclasses
+import math
 import numbers
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -23,6 +24,11 @@ SGD_MOMENTUM = 0.9
 # The precisions a PyTorch fit trains in (`train_torch`, `--precision`): "auto" is bf16 autocast on a GPU that
 # has bf16, else fp32. Here, not in torch_fit, so the command line offers them without importing torch.
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
+# How the learning rate moves over a fit (after any warm-up): held, a cosine to zero at the last step, or
+# divided by 10 at a third, two thirds and eight ninths of the epochs (the ResNet papers' 30, 60, 80 of 90).
+LR_SCHEDULES = ("constant", "cosine", "step")
+STEP_DECAY_AT = (1 / 3, 2 / 3, 8 / 9)
+STEP_DECAY = 0.1
 RUNS_FOLDER = "runs"
 
 
@@ -60,6 +66,15 @@ class FitOptions:
             ``(board, "name")`` (a ``Board``) or ``"name"`` (the default board); see `training.experiments`.
         lineage: A JSON-able dict added to the pinned run's lineage record (e.g. the pins the data came
             from).
+        lr_schedule: ``"constant"``, ``"cosine"`` (to zero at the last step) or ``"step"`` (divided by 10
+            at a third, two thirds and eight ninths of the epochs); see `learning_rate_at`.
+        warmup_epochs: Epochs (a fraction too) over which the rate rises linearly, step by step, to
+            ``learning_rate`` before the schedule (0: none; large global batches want ~5, Goyal et al.).
+        weight_decay: With ``"sgd"``, L2 added to the gradient (the ResNet recipe's 1e-4); with ``"adam"``,
+            decoupled decay (AdamW). Only weights of more than one dimension decay, not biases or
+            normalisation scales and shifts (`decays`). 0: none.
+        label_smoothing: The share of each target spread evenly over all classes, in [0, 1) (0.1 is the
+            common choice for ImageNet).
     """
 
     epochs: int = 10
@@ -76,6 +91,10 @@ class FitOptions:
     input_options: Mapping[str, Any] | None = None
     pin: Any = None
     lineage: Mapping[str, Any] | None = None
+    lr_schedule: str = "constant"
+    warmup_epochs: float = 0.0
+    weight_decay: float = 0.0
+    label_smoothing: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size"):
@@ -92,6 +111,43 @@ class FitOptions:
                 or not self.learning_rate > 0:
             raise InvalidTrainingInput(f"learning_rate must be a positive number, got {self.learning_rate!r}")
         object.__setattr__(self, "optimizer", check_optimizer(self.optimizer))
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise InvalidTrainingInput(f"lr_schedule must be one of {LR_SCHEDULES}, got {self.lr_schedule!r}")
+        for name, fits, bounds in (("warmup_epochs", lambda v: v <= self.epochs, f"from 0 to epochs ({self.epochs})"),
+                                   ("weight_decay", lambda v: True, "of at least 0"),
+                                   ("label_smoothing", lambda v: v < 1, "in [0, 1)")):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (value >= 0 and fits(value)):
+                raise InvalidTrainingInput(f"{name} must be a number {bounds}, got {value!r}")
+
+    @property
+    def scheduled(self) -> bool:
+        """Whether the learning rate changes during the fit (a schedule or a warm-up)."""
+        return self.lr_schedule != "constant" or self.warmup_epochs > 0
+
+    def learning_rate_at(self, step, steps_per_epoch: int, ops=None):
+        """The learning rate of a training step: the one rule both frameworks follow. The warm-up takes step
+        ``s`` to ``learning_rate * (s + 1) / warmup_steps``; then the schedule.
+
+        Args:
+            step: The step, 0-based, counted over the whole fit (a number, or a step tensor with `ops`).
+            steps_per_epoch: Steps in an epoch (the warm-up and the step decay count epochs).
+            ops: The math to compute it with: `PYTHON_MATH` (None) for a number; TensorFlow's for a step
+                tensor inside the compiled step (`keras_recipe`).
+        """
+        ops = ops or PYTHON_MATH
+        s = ops.as_float(step)
+        rate = self.learning_rate
+        warmup = round(self.warmup_epochs * steps_per_epoch)
+        if warmup:
+            rate = rate * ops.minimum((s + 1) / warmup, 1.0)
+        if self.lr_schedule == "cosine":
+            done = ops.minimum(ops.maximum((s - warmup) / max(self.epochs * steps_per_epoch - warmup, 1), 0.0), 1.0)
+            rate = rate * 0.5 * (1 + ops.cos(math.pi * done))
+        elif self.lr_schedule == "step":
+            for fraction in STEP_DECAY_AT:
+                rate = rate * (1 - (1 - STEP_DECAY) * ops.reached(s, round(fraction * self.epochs) * steps_per_epoch))
+        return rate
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
@@ -115,6 +171,24 @@ def check_optimizer(name: str) -> str:
     return lowered
 
 
+class PYTHON_MATH:  # noqa: N801 - a namespace, named as the constant it is
+    """`FitOptions.learning_rate_at`'s math on Python numbers."""
+    as_float = staticmethod(float)
+    minimum = staticmethod(min)
+    maximum = staticmethod(max)
+    cos = staticmethod(math.cos)
+
+    @staticmethod
+    def reached(step, milestone) -> float:
+        return 1.0 if step >= milestone else 0.0
+
+
+def decays(shape) -> bool:
+    """Whether `weight_decay` applies to a parameter of this shape: weights of convolutions and dense layers,
+    not biases or normalisation scales and shifts (the "no bias decay" of Goyal et al., 2017)."""
+    return len(shape) > 1
+
+
 def default_output_dir(model_name: str) -> Path:
     """``runs/<model>-<UTC time>``: a new folder per run, named in the pins version-time format."""
 
@@ -127,5 +201,5 @@ def _is_int(value: Any) -> bool:
 
 DEFAULTS = FitOptions()
 
-__all__ = ["DEFAULTS", "FitOptions", "OPTIMIZERS", "RUNS_FOLDER", "SGD_MOMENTUM", "check_optimizer",
-           "default_output_dir"]
+__all__ = ["DEFAULTS", "FitOptions", "LR_SCHEDULES", "OPTIMIZERS", "PYTHON_MATH", "RUNS_FOLDER", "SGD_MOMENTUM",
+           "check_optimizer", "decays", "default_output_dir"]

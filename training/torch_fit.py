@@ -44,7 +44,7 @@ from .errors import InvalidTrainingInput, TrainingError
 from .fallback import error_line, fallback_warning, probe_failure, probe_outcome
 from .plots import plot_curves, read_metrics_csv
 from .results import TrainResult
-from .runs import DEFAULTS as FIT, PRECISIONS, SGD_MOMENTUM, FitOptions, check_optimizer, default_output_dir
+from .runs import DEFAULTS as FIT, PRECISIONS, SGD_MOMENTUM, FitOptions, decays, default_output_dir
 from .torch_models import build_torch_model
 from pinstorm.boards.safety import secrets
 from pinstorm.progress import progress_bar
@@ -305,10 +305,18 @@ def load_checkpoint(checkpoint_dir, *, tensors: int | None = None) -> dict | Non
     return state
 
 
-def _optimizer(name: str, parameters, learning_rate: float):
-    if check_optimizer(name) == "sgd":
-        return torch.optim.SGD(parameters, lr=learning_rate, momentum=SGD_MOMENTUM)
-    return torch.optim.Adam(parameters, lr=learning_rate)
+def _optimizer(recipe: FitOptions, model):
+    """SGD with momentum (`weight_decay` as L2 on the gradient) or Adam (AdamW with a `weight_decay`), the
+    decay only on the parameters `decays` names."""
+    parameters = list(model.parameters())
+    if recipe.weight_decay:
+        parameters = [{"params": [p for p in parameters if decays(p.shape)], "weight_decay": recipe.weight_decay},
+                      {"params": [p for p in parameters if not decays(p.shape)], "weight_decay": 0.0}]
+    if recipe.optimizer == "sgd":
+        return torch.optim.SGD(parameters, lr=recipe.learning_rate, momentum=SGD_MOMENTUM)
+    if recipe.weight_decay:
+        return torch.optim.AdamW(parameters, lr=recipe.learning_rate)
+    return torch.optim.Adam(parameters, lr=recipe.learning_rate)
 
 
 def _shard_rows(info: pipeline.DatasetInfo, world: int) -> list[int]:
@@ -390,6 +398,10 @@ def train_torch(
     precision: str = "auto",
     channels_last: bool | None = None,
     compile: bool = False,
+    lr_schedule: str = FIT.lr_schedule,
+    warmup_epochs: float = FIT.warmup_epochs,
+    weight_decay: float = FIT.weight_decay,
+    label_smoothing: float = FIT.label_smoothing,
 ) -> TrainResult:
     """Train ``model_name`` (``alexnet``, ``resnet_small``) with PyTorch on the Parquet dataset ``data``.
 
@@ -426,7 +438,8 @@ def train_torch(
 
     The options every fit shares (``epochs``, ``batch_size``, ``image_size``, ``num_classes``,
     ``learning_rate``, ``optimizer``, ``model_kwargs``, ``steps_per_epoch``, ``seed``, ``output_dir``,
-    ``checkpoint_dir``, ``input_options``, ``pin``, ``lineage``) are described once on [`FitOptions`][pinstorm.training.runs.FitOptions].
+    ``checkpoint_dir``, ``input_options``, ``pin``, ``lineage``, ``lr_schedule``, ``warmup_epochs``,
+    ``weight_decay``, ``label_smoothing``) are described once on [`FitOptions`][pinstorm.training.runs.FitOptions].
 
     Args:
         model_name: The model to build: ``"alexnet"``, ``"resnet_small"`` or ``"resnet50"`` (`build_torch_model`).
@@ -455,7 +468,7 @@ def train_torch(
     wall_started, started_at = time.perf_counter(), datetime.now(timezone.utc)
     if data is None or not isinstance(data, (str, os.PathLike)):
         raise InvalidTrainingInput("train_torch needs data as a Parquet dataset URL or folder (convert it first)")
-    FitOptions.pick(locals())   # the checks every fit shares (training/runs.py)
+    recipe = FitOptions.pick(locals())   # the checks every fit shares, and its learning rates (training/runs.py)
     if precision not in PRECISIONS:
         raise InvalidTrainingInput(f"precision must be one of {PRECISIONS}, got {precision!r}")
     if pin is not None:   # a bad target fails now, not after the fit
@@ -470,12 +483,12 @@ def train_torch(
     try:
         result = _train(model_name, os.fspath(data), validation_data, choice=choice, epochs=epochs,
                       batch_size=batch_size, image_size=int(image_size), num_classes=num_classes,
-                      learning_rate=learning_rate, optimizer=optimizer, model_kwargs=dict(model_kwargs or {}),
+                      model_kwargs=dict(model_kwargs or {}),
                       seed=seed, output_dir=output_dir, checkpoint_dir=checkpoint_dir,
                       input_options=dict(input_options or {}), num_workers=num_workers,
                       steps_per_epoch=steps_per_epoch, threads=threads, callbacks=list(callbacks or []),
                       backup_every=int(backup_every) if backup_every else None, on_batch=on_batch,
-                      precision=precision, channels_last=channels_last, compiled=compile)
+                      precision=precision, channels_last=channels_last, compiled=compile, recipe=recipe)
     finally:
         if own_group and dist.is_initialized():
             dist.destroy_process_group()
@@ -486,7 +499,8 @@ def train_torch(
             result, pin, model_name=model_name, image_size=int(image_size), model_kwargs=dict(model_kwargs or {}),
             data=data, validation_data=validation_data, arguments={
                 "epochs": epochs, "batch_size": batch_size, "learning_rate": learning_rate, "optimizer": optimizer,
-                "steps_per_epoch": steps_per_epoch, "seed": seed, "num_workers": num_workers, "backend": backend,
+                "lr_schedule": lr_schedule, "warmup_epochs": warmup_epochs, "weight_decay": weight_decay,
+                "label_smoothing": label_smoothing, "steps_per_epoch": steps_per_epoch, "seed": seed, "num_workers": num_workers, "backend": backend,
                 "input_options": dict(input_options or {}), "output_dir": result.output_dir,
                 "checkpoint_dir": str(checkpoint_dir) if checkpoint_dir else None},
             started_at=started_at, wall_started=wall_started, lineage=lineage)
@@ -494,9 +508,9 @@ def train_torch(
 
 
 def _train(model_name, url, validation_data, *, choice, epochs, batch_size, image_size, num_classes,
-           learning_rate, optimizer, model_kwargs, seed, output_dir, checkpoint_dir, input_options, num_workers,
-           steps_per_epoch, threads, callbacks, backup_every, on_batch, precision="fp32",
-           channels_last=None, compiled=False) -> TrainResult:
+           model_kwargs, seed, output_dir, checkpoint_dir, input_options, num_workers, steps_per_epoch, threads,
+           callbacks, backup_every, on_batch, recipe: FitOptions, precision="fp32", channels_last=None,
+           compiled=False) -> TrainResult:
     distributed = choice is not None
     rank, world = (choice.rank, choice.world_size) if distributed else (0, 1)
     device = _device_for(choice.backend) if distributed else torch.device("cuda" if torch.cuda.is_available()
@@ -537,7 +551,7 @@ def _train(model_name, url, validation_data, *, choice, epochs, batch_size, imag
     channels_last = cuda if channels_last is None else bool(channels_last)
     layout = torch.channels_last if channels_last else torch.contiguous_format
     model = build_torch_model(model_name, num_classes, image_size, **model_kwargs).to(device, memory_format=layout)
-    optim = _optimizer(optimizer, model.parameters(), learning_rate)
+    optim = _optimizer(recipe, model)
     state = load_checkpoint(checkpoint_dir, tensors=checkpoint_tensors(model)) if checkpoint_dir else None
     initial_epoch, history, partial = 0, {}, None
     if state is not None:
@@ -626,9 +640,14 @@ def _train(model_name, url, validation_data, *, choice, epochs, batch_size, imag
                 images = _to_device(images, device, layout)
                 labels = labels.to(device, non_blocking=True)
                 optim.zero_grad(set_to_none=True)
+                if recipe.scheduled:   # a function of the step alone, so a resumed run goes on with the same rates
+                    rate = recipe.learning_rate_at(epoch * steps + step, steps)
+                    for group in optim.param_groups:
+                        group["lr"] = rate
                 with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
                     logits = step_model(images)
-                    loss = torch.nn.functional.cross_entropy(logits.float(), labels)
+                    loss = torch.nn.functional.cross_entropy(logits.float(), labels,
+                                                             label_smoothing=recipe.label_smoothing)
                 if scaler is not None:
                     scaler.scale(loss).backward()
                     scaler.step(optim)
@@ -651,6 +670,8 @@ def _train(model_name, url, validation_data, *, choice, epochs, batch_size, imag
             epoch_seconds.append(time.perf_counter() - epoch_started)
             loss_sum, correct, count = _sum_across(sums.tolist(), distributed)
             logs = {"loss": loss_sum / count, "accuracy": correct / count}
+            if recipe.scheduled:   # the rate of the epoch's last step, as TensorFlow's fit logs it
+                logs["learning_rate"] = recipe.learning_rate_at((epoch + 1) * steps - 1, steps)
             if val_loader is not None:
                 logs.update({f"val_{k}": v for k, v in
                              _evaluate(model, val_loader, device, distributed and val_sharded, amp, layout).items()})

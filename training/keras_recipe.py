@@ -1,0 +1,110 @@
+"""The training recipe of a Keras fit (`train`): optimiser, learning-rate schedule, weight decay and label
+smoothing as `FitOptions` names them, so a TensorFlow run follows the rules `train_torch` follows
+(training/runs.py holds them; this module only says them in tf-keras's terms).
+"""
+
+from __future__ import annotations
+
+from .keras_env import tensorflow  # must precede TensorFlow
+
+tf = tensorflow()
+import tf_keras as keras
+
+from .runs import SGD_MOMENTUM, FitOptions, decays
+
+
+class _TensorFlowMath:
+    """`FitOptions.learning_rate_at`'s math on a step tensor, inside the compiled step."""
+    minimum, maximum, cos = staticmethod(tf.minimum), staticmethod(tf.maximum), staticmethod(tf.cos)
+
+    @staticmethod
+    def as_float(step):
+        return tf.cast(step, tf.float32)
+
+    @staticmethod
+    def reached(step, milestone):
+        return tf.cast(step >= milestone, tf.float32)
+
+
+class LearningRates(keras.optimizers.schedules.LearningRateSchedule):
+    """The rate of each step from the optimiser's step counter, which a backup restores with the weights: a
+    resumed or progressively resized fit goes on with the rates an uninterrupted one would have used."""
+
+    def __init__(self, recipe: FitOptions, steps_per_epoch: int):
+        self.recipe, self.steps_per_epoch = recipe, int(steps_per_epoch)
+
+    def __call__(self, step):
+        return self.recipe.learning_rate_at(step, self.steps_per_epoch, _TensorFlowMath)
+
+    def get_config(self) -> dict:
+        return {"learning_rate": self.recipe.learning_rate, "lr_schedule": self.recipe.lr_schedule,
+                "warmup_epochs": self.recipe.warmup_epochs, "steps_per_epoch": self.steps_per_epoch}
+
+
+class _SGDWithL2(keras.optimizers.SGD):
+    """SGD whose `weight_decay` is L2 on the gradient (through the momentum, as torch's SGD and the ResNet
+    recipe have it), not Keras's decoupled decay; only for the weights `decays` names. The gradient here
+    is the replicas' sum already, so the decay is added once."""
+
+    def __init__(self, learning_rate, *, l2: float, **kwargs):
+        super().__init__(learning_rate, **kwargs)
+        self.l2 = float(l2)
+
+    def update_step(self, gradient, variable):
+        if decays(variable.shape):
+            gradient = gradient + self.l2 * tf.cast(variable, gradient.dtype)
+        return super().update_step(gradient, variable)
+
+
+def optimizer(recipe: FitOptions, steps_per_epoch: int, model: keras.Model) -> keras.optimizers.Optimizer:
+    """SGD with momentum (and L2) or Adam (AdamW with a decay), at a fixed rate or `LearningRates`."""
+    rate = LearningRates(recipe, steps_per_epoch) if recipe.scheduled else recipe.learning_rate
+    if recipe.optimizer == "sgd":
+        if recipe.weight_decay:
+            return _SGDWithL2(rate, momentum=SGD_MOMENTUM, l2=recipe.weight_decay)
+        return keras.optimizers.SGD(rate, momentum=SGD_MOMENTUM)
+    if not recipe.weight_decay:
+        return keras.optimizers.Adam(rate)
+    adamw = keras.optimizers.AdamW(rate, weight_decay=recipe.weight_decay)
+    adamw.exclude_from_weight_decay(var_list=[v for v in model.trainable_variables if not decays(v.shape)])
+    return adamw
+
+
+class _SmoothedCrossentropy(keras.losses.Loss):
+    """Sparse labels against the model's probabilities, each target smoothed (`label_smoothing`): tf-keras's
+    sparse loss has no smoothing, so the labels become one-hot first."""
+
+    def __init__(self, num_classes: int, smoothing: float, name: str = "smoothed_crossentropy"):
+        super().__init__(name=name)
+        self.num_classes, self.smoothing = int(num_classes), float(smoothing)
+
+    def call(self, y_true, y_pred):
+        targets = tf.one_hot(tf.cast(tf.reshape(y_true, [-1]), tf.int32), self.num_classes, dtype=y_pred.dtype)
+        return keras.losses.categorical_crossentropy(targets, y_pred, label_smoothing=self.smoothing)
+
+    def get_config(self) -> dict:
+        return {**super().get_config(), "num_classes": self.num_classes, "smoothing": self.smoothing}
+
+
+def loss(recipe: FitOptions, num_classes: int) -> keras.losses.Loss:
+    """The training loss: sparse cross-entropy, smoothed where `label_smoothing` asks."""
+    if recipe.label_smoothing:
+        return _SmoothedCrossentropy(num_classes, recipe.label_smoothing)
+    return keras.losses.SparseCategoricalCrossentropy()
+
+
+class LearningRateLog(keras.callbacks.Callback):
+    """Adds ``learning_rate`` (that of the epoch's last step, by the optimiser's step counter) to each epoch's
+    logs, as `train_torch` does."""
+
+    def __init__(self, recipe: FitOptions, steps_per_epoch: int):
+        super().__init__()
+        self.recipe, self.steps_per_epoch = recipe, int(steps_per_epoch)
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is not None:
+            last = int(keras.backend.get_value(self.model.optimizer.iterations)) - 1
+            logs["learning_rate"] = float(self.recipe.learning_rate_at(last, self.steps_per_epoch))
+
+
+__all__ = ["LearningRateLog", "LearningRates", "loss", "optimizer"]
