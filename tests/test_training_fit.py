@@ -86,7 +86,8 @@ def test_parquet_fit_reads_the_pipeline_and_learns(two_cpu_devices, digits_parqu
     assert result.num_classes == 10
     assert result.steps_per_epoch == digits_parquet["rows"] // 16
     assert result.input_shards == [None]                               # one worker reads every row
-    assert set(result.history) == {"loss", "accuracy", "val_loss", "val_accuracy"}
+    assert set(result.history) == {"loss", "accuracy", "top5_accuracy", "val_loss", "val_accuracy", "val_top5_accuracy"}
+    assert all(t >= a for t, a in zip(result.history["val_top5_accuracy"], result.history["val_accuracy"]))
     # 40 balanced validation digits, chance 0.1: P(>= 20 right by luck) ~ 1e-9
     assert digits_parquet["val_rows"] == 40
     assert result.val_metrics["accuracy"] >= 0.5, result.history["val_accuracy"]

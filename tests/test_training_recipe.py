@@ -127,6 +127,17 @@ def test_train_torch_follows_the_schedule_and_logs_its_rates(digits_parquet, mon
     assert all(np.isfinite(result.history["loss"]))
 
 
+def test_torch_top5_counts_a_label_among_the_five_highest_outputs():
+    torch = pytest.importorskip("torch")
+    from pinstorm.training.torch_fit import _metrics, _step_sums
+
+    logits = torch.tensor([[9., 8., 7., 6., 5., 4.], [9., 8., 7., 6., 5., 4.], [0., 1., 2., 3., 4., 5.]])
+    labels = torch.tensor([0, 3, 0])   # top-1; fourth highest; sixth of six
+    sums = _step_sums(torch.tensor(3.0), logits, labels, top_k=True).tolist()
+    assert _metrics(sums) == pytest.approx({"loss": 1.0, "accuracy": 1 / 3, "top5_accuracy": 2 / 3})
+    assert set(_metrics(_step_sums(torch.tensor(3.0), logits, labels, top_k=False).tolist())) == {"loss", "accuracy"}
+
+
 # --------------------------------------------------------------------------- TensorFlow
 
 def test_keras_sgd_decay_is_l2_on_the_gradient_and_adamw_spares_biases():

@@ -85,12 +85,13 @@ def test_train_writes_what_train_writes_and_learns(digits_parquet, tmp_path):
                          image_size=32, model_kwargs=LEARNS, learning_rate=3e-3, seed=0, output_dir=tmp_path / "run",
                          input_options=DIGITS)
     assert result.epochs == [0, 1, 2] and result.steps_per_epoch == digits_parquet["rows"] // 8
-    assert set(result.val_metrics) == {"loss", "accuracy"} and result.val_metrics["accuracy"] > 0.2   # chance: 0.1
-    assert set(result.history) == {"loss", "accuracy", "val_loss", "val_accuracy"}
+    assert set(result.val_metrics) == {"loss", "accuracy", "top5_accuracy"} and result.val_metrics["accuracy"] > 0.2
+    assert set(result.history) == {"loss", "accuracy", "top5_accuracy", "val_loss", "val_accuracy", "val_top5_accuracy"}
+    assert all(t >= a for t, a in zip(result.history["val_top5_accuracy"], result.history["val_accuracy"]))
     assert result.history["loss"][-1] < result.history["loss"][0]
     assert result.strategy["kind"] == "single-process" and result.images_per_second > 0
     lines = open(result.metrics_csv).read().splitlines()
-    assert lines[0] == "epoch,accuracy,loss,val_accuracy,val_loss" and len(lines) == 4
+    assert lines[0] == "epoch,accuracy,loss,top5_accuracy,val_accuracy,val_loss,val_top5_accuracy" and len(lines) == 4
     assert os.path.getsize(result.plot_png) > 0
     weights = torch.load(result.weights_path, weights_only=True)
     assert all(torch.equal(weights[k], v) for k, v in result.model.state_dict().items())
@@ -238,7 +239,7 @@ def test_train_command_with_framework_torch(digits_parquet, tmp_path):
     assert outcome.exit_code == 0, outcome.output
     summary = json.loads(outcome.output)
     assert summary["framework"] == "torch" and summary["epochs"] == [0]
-    assert set(summary["val_metrics"]) == {"loss", "accuracy"}
+    assert set(summary["val_metrics"]) == {"loss", "accuracy", "top5_accuracy"}
     assert (tmp_path / "run" / "final.pt").exists()
     again = _cli("train", "alexnet", digits_parquet["train"], "--framework", "torch", "-o", str(tmp_path / "run"))
     assert again.exit_code == 2 and "--overwrite" in again.output

@@ -60,7 +60,7 @@ def test_the_cli_pins_a_torch_run_and_it_loads_back(digits_parquet, board, tmp_p
     assert lineage["model"]["framework"] == "torch" and lineage["model"]["kwargs"] == {"width": 0.125}
     assert lineage["model"]["parameters"] == sum(p.numel() for p in build_torch_model(
         "alexnet", 10, 32, width=0.125).parameters())
-    assert lineage["packages"]["torch"] and set(lineage["val_metrics"]) == {"loss", "accuracy"}
+    assert lineage["packages"]["torch"] and set(lineage["val_metrics"]) == {"loss", "accuracy", "top5_accuracy"}
     assert lineage["steps_per_epoch"] == 3 and lineage["arguments"]["steps_per_epoch"] == 3   # --steps-per-epoch
 
     model = load_experiment(f"{board}/digits-torch")

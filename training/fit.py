@@ -271,7 +271,7 @@ def train(
             finally:
                 keras.mixed_precision.set_global_policy(previous_policy)
             model.compile(optimizer=keras_recipe.optimizer(recipe, steps, model),
-                          loss=keras_recipe.loss(recipe, num_classes), metrics=["accuracy"])
+                          loss=keras_recipe.loss(recipe, num_classes), metrics=keras_recipe.metrics(num_classes))
             _make_step_variables(model)
         return model
     model = compiled_model(image_size)

@@ -1,5 +1,5 @@
-"""The training recipe of a Keras fit (`train`): optimiser, learning-rate schedule, weight decay and label
-smoothing as `FitOptions` names them, so a TensorFlow run follows the rules `train_torch` follows
+"""The training recipe of a Keras fit (`train`): optimiser, learning-rate schedule, weight decay, label
+smoothing and the metrics as `FitOptions` names them, so a TensorFlow run follows the rules `train_torch` follows
 (training/runs.py holds them; this module only says them in tf-keras's terms).
 """
 
@@ -10,7 +10,7 @@ from .keras_env import tensorflow  # must precede TensorFlow
 tf = tensorflow()
 import tf_keras as keras
 
-from .runs import SGD_MOMENTUM, FitOptions, decays
+from .runs import SGD_MOMENTUM, TOP_K, FitOptions, decays, reports_top_k
 
 
 class _TensorFlowMath:
@@ -93,6 +93,13 @@ def loss(recipe: FitOptions, num_classes: int) -> keras.losses.Loss:
     return keras.losses.SparseCategoricalCrossentropy()
 
 
+def metrics(num_classes: int) -> list:
+    """Accuracy, and top-5 accuracy (``top5_accuracy``) where `reports_top_k`, as `train_torch` reports them."""
+    if not reports_top_k(num_classes):
+        return ["accuracy"]
+    return ["accuracy", keras.metrics.SparseTopKCategoricalAccuracy(k=TOP_K, name="top5_accuracy")]
+
+
 class LearningRateLog(keras.callbacks.Callback):
     """Adds ``learning_rate`` (that of the epoch's last step, by the optimiser's step counter) to each epoch's
     logs, as `train_torch` does."""
@@ -107,4 +114,4 @@ class LearningRateLog(keras.callbacks.Callback):
             logs["learning_rate"] = float(self.recipe.learning_rate_at(last, self.steps_per_epoch))
 
 
-__all__ = ["LearningRateLog", "LearningRates", "loss", "optimizer"]
+__all__ = ["LearningRateLog", "LearningRates", "loss", "metrics", "optimizer"]

@@ -183,6 +183,15 @@ class PYTHON_MATH:  # noqa: N801 - a namespace, named as the constant it is
         return 1.0 if step >= milestone else 0.0
 
 
+TOP_K = 5   # top-5 accuracy, ImageNet's second figure
+
+
+def reports_top_k(num_classes: int) -> bool:
+    """Whether a fit reports ``top5_accuracy`` (and ``val_top5_accuracy``): with more than `TOP_K` classes,
+    where it is not always 1."""
+    return int(num_classes) > TOP_K
+
+
 def decays(shape) -> bool:
     """Whether `weight_decay` applies to a parameter of this shape: weights of convolutions and dense layers,
     not biases or normalisation scales and shifts (the "no bias decay" of Goyal et al., 2017)."""
@@ -201,5 +210,5 @@ def _is_int(value: Any) -> bool:
 
 DEFAULTS = FitOptions()
 
-__all__ = ["DEFAULTS", "FitOptions", "LR_SCHEDULES", "OPTIMIZERS", "PYTHON_MATH", "RUNS_FOLDER", "SGD_MOMENTUM",
-           "check_optimizer", "decays", "default_output_dir"]
+__all__ = ["DEFAULTS", "FitOptions", "LR_SCHEDULES", "OPTIMIZERS", "PYTHON_MATH", "RUNS_FOLDER", "SGD_MOMENTUM", "TOP_K",
+           "check_optimizer", "decays", "default_output_dir", "reports_top_k"]

@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import json
+import math
 import os
 import random
 import threading
@@ -44,7 +45,8 @@ from .errors import InvalidTrainingInput, TrainingError
 from .fallback import error_line, fallback_warning, probe_failure, probe_outcome
 from .plots import plot_curves, read_metrics_csv
 from .results import TrainResult
-from .runs import DEFAULTS as FIT, PRECISIONS, SGD_MOMENTUM, FitOptions, decays, default_output_dir
+from .runs import (DEFAULTS as FIT, PRECISIONS, SGD_MOMENTUM, TOP_K, FitOptions, decays, default_output_dir,
+                   reports_top_k)
 from .torch_models import build_torch_model
 from pinstorm.boards.safety import secrets
 from pinstorm.progress import progress_bar
@@ -349,21 +351,36 @@ def _to_device(images, device, layout):
     return images.float().mul_(1 / 255) if images.dtype == torch.uint8 else images
 
 
-def _evaluate(model, loader, device, distributed: bool, amp=None, layout=None) -> dict[str, float]:
-    """Mean loss and accuracy over every row ``loader`` yields (summed over ranks when each read a shard)."""
+def _step_sums(loss_sum, logits, labels, top_k: bool):
+    """A step's metric sums, on the device: loss, correct, samples and, with `top_k`, correct in the top 5."""
+    sums = [loss_sum.detach().double(), (logits.argmax(1) == labels).sum().double(),
+            torch.tensor(float(len(labels)), dtype=torch.float64, device=logits.device)]
+    if top_k:
+        sums.append((logits.topk(TOP_K, 1).indices == labels[:, None]).any(1).sum().double())
+    return torch.stack(sums)
+
+
+def _metrics(sums: list[float]) -> dict[str, float]:
+    """Mean loss, accuracy and (with a fourth sum) top-5 accuracy from `_step_sums` totals."""
+    loss_sum, correct, count, *top = sums
+    count = max(count, 1)
+    return {"loss": loss_sum / count, "accuracy": correct / count,
+            **({"top5_accuracy": top[0] / count} if top else {})}
+
+
+def _evaluate(model, loader, device, distributed: bool, amp=None, layout=None, top_k: bool = False) -> dict[str, float]:
+    """Mean loss, accuracy (and top-5) over every row ``loader`` yields (summed over ranks when each read a shard)."""
     model.eval()
-    sums = torch.zeros(3, dtype=torch.float64, device=device)
+    sums = torch.zeros(4 if top_k else 3, dtype=torch.float64, device=device)
     with torch.no_grad():
         for images, labels in loader:
             images = _to_device(images, device, layout)
             labels = labels.to(device, non_blocking=True)
             with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
                 logits = model(images).float()
-            sums += torch.stack([torch.nn.functional.cross_entropy(logits, labels, reduction="sum").double(),
-                                 (logits.argmax(1) == labels).sum().double(),
-                                 torch.tensor(float(len(labels)), dtype=torch.float64, device=device)])
-    loss_sum, correct, count = _sum_across(sums.tolist(), distributed)
-    return {"loss": loss_sum / max(count, 1), "accuracy": correct / max(count, 1)}
+            sums += _step_sums(torch.nn.functional.cross_entropy(logits, labels, reduction="sum"), logits, labels,
+                               top_k)
+    return _metrics(_sum_across(sums.tolist(), distributed))
 
 
 # --------------------------------------------------------------------------- the entry point
@@ -530,6 +547,7 @@ def _train(model_name, url, validation_data, *, choice, epochs, batch_size, imag
     num_classes = num_classes or int(info.num_classes)
     if num_classes != int(info.num_classes):
         raise InvalidTrainingInput(f"num_classes={num_classes} but {url} has {info.num_classes} classes")
+    top_k = reports_top_k(num_classes)
     options = {k: v for k, v in input_options.items() if k != "shard"}
     unknown = sorted(set(options) - set(_LOADER_OPTIONS))
     if unknown:
@@ -626,9 +644,12 @@ def _train(model_name, url, validation_data, *, choice, epochs, batch_size, imag
             trained.train()
             epoch_started = time.perf_counter()
             # loss, correct, count summed on the device: read once an epoch (or backup), not once a step
-            sums = torch.zeros(3, dtype=torch.float64, device=device)
+            sums = torch.zeros(4 if top_k else 3, dtype=torch.float64, device=device)
             if partial and epoch == initial_epoch and rank == 0:   # the epoch's sums before the backup
-                sums += torch.tensor([float(v) for v in partial["sums"]], dtype=torch.float64, device=device)
+                saved = [float(v) for v in partial["sums"]][:len(sums)]
+                # a backup of a version without top-5 sums: this epoch's top-5 accuracy is not known
+                saved += [math.nan] * (len(sums) - len(saved))
+                sums += torch.tensor(saved, dtype=torch.float64, device=device)
             first = first_step if epoch == initial_epoch else 0
             advance = shown.enter_context(   # the epoch's progress on rank 0: a bar, or log lines (pinstorm.progress)
                 progress_bar(f"epoch {epoch + 1}/{epochs}", steps - first, unit="steps",
@@ -656,9 +677,7 @@ def _train(model_name, url, validation_data, *, choice, epochs, batch_size, imag
                     loss.backward()
                     optim.step()
                 with torch.no_grad():
-                    sums += torch.stack([loss.detach().double() * len(labels),
-                                         (logits.argmax(1) == labels).sum().double(),
-                                         torch.tensor(float(len(labels)), dtype=torch.float64, device=device)])
+                    sums += _step_sums(loss * len(labels), logits, labels, top_k)
                 if on_batch is not None:
                     on_batch(epoch, step, ids[0])
                 if backup_every and (step + 1) % backup_every == 0 and step + 1 < steps:
@@ -668,19 +687,20 @@ def _train(model_name, url, validation_data, *, choice, epochs, batch_size, imag
                 advance(1)
             shown.close()
             epoch_seconds.append(time.perf_counter() - epoch_started)
-            loss_sum, correct, count = _sum_across(sums.tolist(), distributed)
-            logs = {"loss": loss_sum / count, "accuracy": correct / count}
+            logs = _metrics(_sum_across(sums.tolist(), distributed))
             if recipe.scheduled:   # the rate of the epoch's last step, as TensorFlow's fit logs it
                 logs["learning_rate"] = recipe.learning_rate_at((epoch + 1) * steps - 1, steps)
             if val_loader is not None:
                 logs.update({f"val_{k}": v for k, v in
-                             _evaluate(model, val_loader, device, distributed and val_sharded, amp, layout).items()})
+                             _evaluate(model, val_loader, device, distributed and val_sharded, amp, layout,
+                                       top_k).items()})
             for name, value in logs.items():
                 history.setdefault(name, []).append(float(value))
             _write_csv(metrics_csv, history)
             if backup_every:   # with the input position: the next epoch goes on where the stream is
                 _backup(checkpoint_dir, rank, distributed, model=model, optim=optim, epoch=epoch + 1, step=0,
-                        world=world, history=history, model_name=model_name, loader=loader, sums=[0.0, 0.0, 0.0])
+                        world=world, history=history, model_name=model_name, loader=loader,
+                        sums=[0.0] * len(sums))
             elif checkpoint_dir is not None and rank == 0:
                 checkpoint_dir.mkdir(parents=True, exist_ok=True)
                 _save({"format": CHECKPOINT_FORMAT, "epoch": epoch + 1, "model": model.state_dict(),
@@ -699,8 +719,8 @@ def _train(model_name, url, validation_data, *, choice, epochs, batch_size, imag
 
     val_metrics = {}
     if val_loader is not None:
-        val_metrics = ({"loss": history["val_loss"][-1], "accuracy": history["val_accuracy"][-1]}
-                       if ran else _evaluate(model, val_loader, device, distributed and val_sharded))
+        val_metrics = ({name[len("val_"):]: values[-1] for name, values in history.items() if name.startswith("val_")}
+                       if ran else _evaluate(model, val_loader, device, distributed and val_sharded, top_k=top_k))
     weights_path = write_dir / WEIGHTS_FILE
     _save(model.state_dict(), weights_path)
     plot_png = None
