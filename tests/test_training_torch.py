@@ -260,7 +260,6 @@ def test_train_command_takes_the_gpu_flags_and_says_what_ran(digits_parquet, tmp
     (["mobilenet_v2", "--framework", "torch"], "--framework torch trains alexnet, resnet_small, resnet50"),
     (["alexnet", "--framework", "torch", "--strategy", "mirrored"], "launch one process per device with torchrun"),
     (["alexnet", "--framework", "torch", "--cross-device-ops", "ring"], "one of auto, nccl, gloo"),
-    (["alexnet", "--framework", "torch", "--image-size", "0:24,1:32"], "not a progressive schedule"),
     (["alexnet", "--framework", "torch", "--backup-every", "3"], "--backup-every needs --checkpoint-dir"),
     (["resnet_small"], "add --framework torch"),
     (["alexnet", "--precision", "bf16", "--decode", "gpu"], "--precision, --decode: PyTorch's flags; add --framework torch"),

@@ -227,7 +227,7 @@ def train(model, data, framework, validation, epochs, steps_per_epoch, batch_siz
     --framework torch under torchrun: one rank of a DDP run)."""
     model = model.lower()
     if framework == "torch":
-        _check_torch_arguments(model, image_size, kind, devices, cross_device_ops)
+        _check_torch_arguments(model, kind, devices, cross_device_ops)
         if backup_every is not None and checkpoint_dir is None:
             raise click.UsageError("--backup-every needs --checkpoint-dir (where the backups go)")
     elif model not in MODEL_NAMES:
@@ -271,12 +271,10 @@ def train(model, data, framework, validation, epochs, steps_per_epoch, batch_siz
         click.echo(f"pinned as {result.experiment['pin']} version {result.experiment['version']}")
 
 
-def _check_torch_arguments(model, image_size, kind, devices, cross_device_ops) -> None:
+def _check_torch_arguments(model, kind, devices, cross_device_ops) -> None:
     """The TensorFlow-only flags, refused with --framework torch rather than ignored."""
     if model not in TORCH_MODELS:
         raise click.UsageError(f"--framework torch trains {', '.join(TORCH_MODELS)}, not {model}")
-    if not isinstance(image_size, int):
-        raise click.UsageError("--framework torch takes one --image-size, not a progressive schedule")
     if kind != "auto" or devices is not None:
         raise click.UsageError("--strategy and --devices are TensorFlow's: with --framework torch, launch one process "
                                "per device with torchrun (each becomes a DDP rank)")

@@ -46,9 +46,9 @@ class FitOptions:
         epochs: Passes over the training data.
         batch_size: Images per step per replica (TensorFlow) or per rank (PyTorch); the global batch is
             that times the replicas or ranks.
-        image_size: Square side in pixels the reader crops and resizes to; for `train`, also a
-            progressive-resizing schedule ``[(0, 128), (6, 192), (12, 224)]`` of ``(epoch, size)``
-            (models with global pooling; `training.schedule`).
+        image_size: Square side in pixels the reader crops and resizes to, or a progressive-resizing
+            schedule ``[(0, 128), (6, 192), (12, 224)]`` of ``(epoch, size)`` (models with global pooling;
+            `training.image_sizes`).
         num_classes: Output classes (None: the dataset's number of classes).
         learning_rate: The optimiser's learning rate, a positive number.
         optimizer: ``"adam"`` or ``"sgd"`` (momentum 0.9).

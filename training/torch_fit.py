@@ -45,6 +45,7 @@ from .errors import InvalidTrainingInput, TrainingError
 from .fallback import error_line, fallback_warning, probe_failure, probe_outcome
 from .plots import plot_curves, read_metrics_csv
 from .results import TrainResult
+from .image_sizes import ImageSizes
 from .runs import (DEFAULTS as FIT, PRECISIONS, SGD_MOMENTUM, TOP_K, FitOptions, decays, default_output_dir,
                    reports_top_k)
 from .torch_models import build_torch_model
@@ -337,6 +338,18 @@ def _autocast_dtype(precision: str, device):
     return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
 
 
+def _check_portable(model, model_name: str, num_classes: int, sizes: ImageSizes, model_kwargs: dict) -> None:
+    """Progressive resizing trains one set of weights at every size: refused, before any work, for a model
+    whose weights' shapes depend on the image size (dense layers after a flatten)."""
+    shapes = [tuple(p.shape) for p in model.parameters()]
+    for phase in sizes.phases:
+        if phase.size != sizes.final and [tuple(p.shape) for p in build_torch_model(
+                model_name, num_classes, phase.size, **model_kwargs).parameters()] != shapes:
+            raise InvalidTrainingInput(f"{model_name}'s weights depend on the image size ({phase.size} against "
+                                       f"{sizes.final} px): progressive resizing needs a model with global "
+                                       "pooling (resnet_small, resnet50)")
+
+
 def _sum_across(values: list[float], distributed: bool) -> list[float]:
     if not distributed:
         return values
@@ -392,7 +405,7 @@ def train_torch(
     *,
     epochs: int = FIT.epochs,
     batch_size: int = FIT.batch_size,
-    image_size: int = FIT.image_size,
+    image_size: int | list = FIT.image_size,
     num_classes: int | None = FIT.num_classes,
     learning_rate: float = FIT.learning_rate,
     optimizer: str = FIT.optimizer,
@@ -486,6 +499,7 @@ def train_torch(
     if data is None or not isinstance(data, (str, os.PathLike)):
         raise InvalidTrainingInput("train_torch needs data as a Parquet dataset URL or folder (convert it first)")
     recipe = FitOptions.pick(locals())   # the checks every fit shares, and its learning rates (training/runs.py)
+    sizes = ImageSizes(image_size, epochs)   # an int, or progressive resizing [(epoch, size), ...]
     if precision not in PRECISIONS:
         raise InvalidTrainingInput(f"precision must be one of {PRECISIONS}, got {precision!r}")
     if pin is not None:   # a bad target fails now, not after the fit
@@ -499,7 +513,7 @@ def train_torch(
     choice = init_distributed(backend, probe_timeout=probe_timeout, fallback=fallback) if distributed else None
     try:
         result = _train(model_name, os.fspath(data), validation_data, choice=choice, epochs=epochs,
-                      batch_size=batch_size, image_size=int(image_size), num_classes=num_classes,
+                      batch_size=batch_size, sizes=sizes, num_classes=num_classes,
                       model_kwargs=dict(model_kwargs or {}),
                       seed=seed, output_dir=output_dir, checkpoint_dir=checkpoint_dir,
                       input_options=dict(input_options or {}), num_workers=num_workers,
@@ -513,9 +527,11 @@ def train_torch(
         from . import experiments
 
         result.experiment = experiments.pin_fit(
-            result, pin, model_name=model_name, image_size=int(image_size), model_kwargs=dict(model_kwargs or {}),
+            result, pin, model_name=model_name, image_size=sizes.final, model_kwargs=dict(model_kwargs or {}),
             data=data, validation_data=validation_data, arguments={
-                "epochs": epochs, "batch_size": batch_size, "learning_rate": learning_rate, "optimizer": optimizer,
+                "epochs": epochs, "batch_size": batch_size,
+                "image_size": sizes.as_list() if sizes.progressive else sizes.final,
+                "learning_rate": learning_rate, "optimizer": optimizer,
                 "lr_schedule": lr_schedule, "warmup_epochs": warmup_epochs, "weight_decay": weight_decay,
                 "label_smoothing": label_smoothing, "steps_per_epoch": steps_per_epoch, "seed": seed, "num_workers": num_workers, "backend": backend,
                 "input_options": dict(input_options or {}), "output_dir": result.output_dir,
@@ -524,7 +540,7 @@ def train_torch(
     return result
 
 
-def _train(model_name, url, validation_data, *, choice, epochs, batch_size, image_size, num_classes,
+def _train(model_name, url, validation_data, *, choice, epochs, batch_size, sizes: ImageSizes, num_classes,
            model_kwargs, seed, output_dir, checkpoint_dir, input_options, num_workers, steps_per_epoch, threads,
            callbacks, backup_every, on_batch, recipe: FitOptions, precision="fp32", channels_last=None,
            compiled=False) -> TrainResult:
@@ -568,7 +584,10 @@ def _train(model_name, url, validation_data, *, choice, epochs, batch_size, imag
     amp = _autocast_dtype(precision, device)
     channels_last = cuda if channels_last is None else bool(channels_last)
     layout = torch.channels_last if channels_last else torch.contiguous_format
-    model = build_torch_model(model_name, num_classes, image_size, **model_kwargs).to(device, memory_format=layout)
+    model = build_torch_model(model_name, num_classes, sizes.final, **model_kwargs)
+    if sizes.progressive:
+        _check_portable(model, model_name, num_classes, sizes, model_kwargs)
+    model = model.to(device, memory_format=layout)
     optim = _optimizer(recipe, model)
     state = load_checkpoint(checkpoint_dir, tensors=checkpoint_tensors(model)) if checkpoint_dir else None
     initial_epoch, history, partial = 0, {}, None
@@ -597,11 +616,16 @@ def _train(model_name, url, validation_data, *, choice, epochs, batch_size, imag
     loader_device = ({"device": decode_device, "pin_memory": cuda and bool(options.get("cpu_share"))}
                      if decode_on_device and decode_device is not None
                      else {"pin_memory": True, "dtype": torch.uint8} if cuda else {})
-    loader = pipeline.make_torch_loader(url, batch_size=batch_size, image_size=image_size, training=True,
-                                        shard=shard, num_epochs=None, seed=seed, num_workers=num_workers,
-                                        drop_remainder=True, return_ids=on_batch is not None, **loader_device,
-                                        **options)
-    loader.dataset.set_epoch(initial_epoch)
+
+    def training_loader(size: int, epoch: int):   # endless, from `epoch`; one per phase of a progressive schedule
+        made = pipeline.make_torch_loader(url, batch_size=batch_size, image_size=size, training=True, shard=shard,
+                                          num_epochs=None, seed=seed, num_workers=num_workers, drop_remainder=True,
+                                          return_ids=on_batch is not None, **loader_device, **options)
+        made.dataset.set_epoch(epoch)
+        return made
+
+    size = sizes.size_at(initial_epoch)
+    loader = training_loader(size, initial_epoch)
     first_step = 0
     if partial:   # the samples every rank had received, so the epoch goes on with exactly the rest
         positions = json.loads(partial["positions"])
@@ -613,7 +637,7 @@ def _train(model_name, url, validation_data, *, choice, epochs, batch_size, imag
             positions = positions[rank]
         loader.load_state_dict(positions)
         first_step = min(steps, int(partial["step"]) * int(partial["world"]) // world)
-    val_loader, val_sharded = None, False
+    val_loader, val_sharded, validation_loader = None, False, None
     if validation_data is not None:
         val_info = pipeline.dataset_info(os.fspath(validation_data), storage_options=options.get("storage_options"))
         if val_info.classes and info.classes and list(val_info.classes) != list(info.classes):
@@ -625,9 +649,12 @@ def _train(model_name, url, validation_data, *, choice, epochs, batch_size, imag
                                                                   "cache_limit")}
         if decode_on_device:
             eval_options.update(decode="gpu")
-        val_loader = pipeline.make_torch_loader(os.fspath(validation_data), batch_size=batch_size,
-                                                image_size=image_size, training=False, shard=val_shard,
-                                                num_epochs=1, shuffle=False, **loader_device, **eval_options)
+
+        def validation_loader(size: int):   # every row once, at the phase's size
+            return pipeline.make_torch_loader(os.fspath(validation_data), batch_size=batch_size, image_size=size,
+                                              training=False, shard=val_shard, num_epochs=1, shuffle=False,
+                                              **loader_device, **eval_options)
+        val_loader = validation_loader(size)
         val_sharded = val_shard is not None
 
     metrics_csv = write_dir / "metrics.csv"
@@ -641,6 +668,16 @@ def _train(model_name, url, validation_data, *, choice, epochs, batch_size, imag
         torch.set_rng_state(partial["rng"])
     try:
         for epoch in range(initial_epoch, epochs):
+            if sizes.size_at(epoch) != size:   # a new phase: loaders at its size, the stream going on where it was
+                position = loader.state_dict()   # (an epoch of `steps_per_epoch` may end mid-pass)
+                del batches   # ends the last phase's workers
+                size = sizes.size_at(epoch)
+                loader = training_loader(size, epoch)
+                loader.load_state_dict(position)
+                with torch.random.fork_rng(devices=[]):   # as a resumed run, which sets the saved state after it
+                    batches = iter(loader)
+                val_loader = validation_loader(size) if validation_loader else None
+                log.info("epoch %d: images of %d px", epoch + 1, size)
             trained.train()
             epoch_started = time.perf_counter()
             # loss, correct, count summed on the device: read once an epoch (or backup), not once a step
