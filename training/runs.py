@@ -210,5 +210,5 @@ def _is_int(value: Any) -> bool:
 
 DEFAULTS = FitOptions()
 
-__all__ = ["DEFAULTS", "FitOptions", "LR_SCHEDULES", "OPTIMIZERS", "PYTHON_MATH", "RUNS_FOLDER", "SGD_MOMENTUM", "TOP_K",
-           "check_optimizer", "decays", "default_output_dir", "reports_top_k"]
+__all__ = ["DEFAULTS", "FitOptions", "LR_SCHEDULES", "OPTIMIZERS", "PYTHON_MATH", "RUNS_FOLDER", "SGD_MOMENTUM",
+           "TOP_K", "check_optimizer", "decays", "default_output_dir", "reports_top_k"]

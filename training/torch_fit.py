@@ -533,7 +533,8 @@ def train_torch(
                 "image_size": sizes.as_list() if sizes.progressive else sizes.final,
                 "learning_rate": learning_rate, "optimizer": optimizer,
                 "lr_schedule": lr_schedule, "warmup_epochs": warmup_epochs, "weight_decay": weight_decay,
-                "label_smoothing": label_smoothing, "steps_per_epoch": steps_per_epoch, "seed": seed, "num_workers": num_workers, "backend": backend,
+                "label_smoothing": label_smoothing, "steps_per_epoch": steps_per_epoch, "seed": seed,
+                "num_workers": num_workers, "backend": backend,
                 "input_options": dict(input_options or {}), "output_dir": result.output_dir,
                 "checkpoint_dir": str(checkpoint_dir) if checkpoint_dir else None},
             started_at=started_at, wall_started=wall_started, lineage=lineage)
