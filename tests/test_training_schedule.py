@@ -12,6 +12,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from pinstorm.training import TrainingError  # noqa: E402
+from pinstorm.training.runs import FitOptions  # noqa: E402
 from pinstorm.training.schedule import ImageSizeSchedule, Phase, saved_epoch  # noqa: E402
 
 
@@ -130,7 +131,8 @@ def test_a_flattening_model_is_refused():
 @pytest.mark.slow
 @pytest.mark.once
 def test_train_with_a_schedule(tmp_path):
-    """`train(image_size=[(epoch, size), ...])` through fit.py: metrics of every epoch, final model at the last size."""
+    """`train(image_size=[(epoch, size), ...])` through fit.py: metrics of every epoch, final model at the last size,
+    the learning-rate schedule going on across the phases."""
     import tensorflow as tf
 
     from pinstorm.training import train
@@ -138,11 +140,17 @@ def test_train_with_a_schedule(tmp_path):
     rng = np.random.default_rng(1)
     images, labels = rng.random((32, 48, 48, 3), np.float32), rng.integers(0, 3, 32).astype(np.int32)
     data = tf.data.Dataset.from_tensor_slices((images, labels))
+    # with the training recipe: the rates logged are the rule's for the optimiser's step, which the phases carry
+    recipe = dict(learning_rate=0.05, optimizer="sgd", lr_schedule="step", warmup_epochs=0.5, weight_decay=1e-4,
+                  label_smoothing=0.1)
     result = train("mobilenet_v2", data, data, epochs=3, batch_size=8, image_size=[(0, 32), (2, 40)], num_classes=3,
                    model_kwargs={"alpha": 0.35}, steps_per_epoch=2, output_dir=tmp_path / "run",
-                   strategy=tf.distribute.OneDeviceStrategy("/cpu:0"), verbose=0)   # no backup: carried in memory
+                   strategy=tf.distribute.OneDeviceStrategy("/cpu:0"), verbose=0, **recipe)   # no backup: in memory
     assert result.epochs == [0, 1, 2] and result.model.input_shape[1:3] == (40, 40)
     assert len(result.history["loss"]) == 3 and "accuracy" in result.val_metrics
+    expected = FitOptions(epochs=3, **recipe)
+    assert result.history["learning_rate"] == pytest.approx([expected.learning_rate_at(2 * e + 1, 2) for e in range(3)])
+    assert result.history["learning_rate"] == pytest.approx([0.05, 0.005, 0.0005])
     with open(result.metrics_csv, newline="") as handle:
         assert [int(row["epoch"]) for row in csv.DictReader(handle)] == [0, 1, 2]
     with pytest.raises(TrainingError, match="global pooling"):
