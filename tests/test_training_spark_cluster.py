@@ -64,6 +64,7 @@ def _kill_a_task_after_the_first_backup(cluster, backup: Path, killed: list, sto
         killed.append(pids[-1])
 
 
+@pytest.mark.once
 def test_cli_partitions_from_the_board_and_a_killed_worker_resumes(cluster, digits_board_url, tmp_path):
     """Run first: the command line (its own driver process) needs the cluster's cores to itself."""
     url, val_url, layout = digits_board_url

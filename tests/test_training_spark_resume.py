@@ -69,6 +69,7 @@ def _mid_epoch_probe(folder: str, checkpoint_dir: str, marker: str, kill_at: tup
 
 
 @pytest.mark.slow
+@pytest.mark.once
 def test_a_relaunch_after_a_worker_died_mid_epoch_resumes_at_the_last_backup(spark, digits_parquet, tmp_path):
     from pinstorm.training.spark import spark_train
 
