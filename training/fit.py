@@ -97,12 +97,11 @@ def _has_backup(checkpoint_dir: Path | None) -> bool:
     return bool(checkpoint_dir) and tf.train.latest_checkpoint(str(checkpoint_dir / "chief")) is not None
 
 
-def _backup_callback(checkpoint_dir: Path, backup_every, strategy, train_input, global_batch, options, saved, rank):
-    """``BackupAndRestore`` every `backup_every` steps (or epoch); with `options` (a Parquet input's), one that
-    also saves the input's position (`resume.ResumeState`), which this worker's pipeline started at `saved`."""
+def _input_position(strategy, train_input, global_batch, options):
+    """(`DatasetPosition` of this worker's Parquet pipeline built with `options`, the batches it delivers per
+    step), or None: several pipelines (shards) on this worker, whose positions are not kept."""
     if options is None or len(train_input.shards) != 1:
-        return keras.callbacks.BackupAndRestore(backup_dir=str(checkpoint_dir), save_freq=backup_every)
-
+        return None
     replicas = strategy.num_replicas_in_sync
     local = len(getattr(strategy.extended, "worker_devices", ())) or replicas   # the replicas this pipeline feeds
     position = dataset_position(train_input.url, batch_size=global_batch // replicas, shard=train_input.shards[0],
@@ -110,8 +109,19 @@ def _backup_callback(checkpoint_dir: Path, backup_every, strategy, train_input, 
                                 shuffle_buffer=options.get("shuffle_buffer"), num_epochs=None, drop_remainder=True,
                                 state=options.get("state"), storage_options=options.get("storage_options"),
                                 stream=options.get("stream", False))
+    return position, local
+
+
+def _backup_callback(checkpoint_dir: Path, backup_every, tracked, saved, rank, last: bool = True):
+    """``BackupAndRestore`` every `backup_every` steps (or epoch); with `tracked` (`_input_position`), one that
+    also saves the input's position (`resume.ResumeState`), which this worker's pipeline started at `saved`.
+    `last`: it deletes the backup when the fit ends (not between two phases of a schedule)."""
+    if tracked is None:
+        return keras.callbacks.BackupAndRestore(backup_dir=str(checkpoint_dir), save_freq=backup_every,
+                                                delete_checkpoint=last)
+    position, local = tracked
     return resume.ResumeState(checkpoint_dir, positions=[position], batches_per_step=local, save_freq=backup_every,
-                              origin=saved["steps"] if saved else 0, rank=rank)
+                              origin=saved["steps"] if saved else 0, rank=rank, delete_checkpoint=last)
 
 
 # --------------------------------------------------------------------------- entry points
@@ -222,12 +232,13 @@ def train(
     common = dict(strategy=strategy, global_batch=global_batch, image_size=image_size, parallel=parallel,
                   seed=seed, cache_dir=cache_dir, input_options=dict(input_options or {}))
     rank = multiworker.task_rank(config)
-    keeps_position = (checkpoint_dir is not None and not sizes.progressive and not isinstance(data, tf.data.Dataset)
+    # a Parquet stream's position is kept for a backup to resume at, and for the phases of a schedule to go on
+    keeps_position = ((checkpoint_dir is not None or sizes.progressive) and not isinstance(data, tf.data.Dataset)
                       and common["input_options"].get("engine", "pyarrow") == "pyarrow")
     saved_input = None
     if keeps_position:   # the data seed must be known to compute positions; a saved state carries its own
-        saved_input = resume.load_state(checkpoint_dir, rank)
-        if saved_input is None and _has_backup(checkpoint_dir):
+        saved_input = resume.load_state(checkpoint_dir, rank) if checkpoint_dir else None
+        if saved_input is None and _has_backup(checkpoint_dir) and not (sizes.progressive and seed is not None):
             log.warning("%s: no input position saved with this backup; the data restarts at its beginning",
                         checkpoint_dir)
         train_options = dict(common["input_options"])
@@ -281,9 +292,9 @@ def train(
     throughput = _Throughput(global_batch)
     fit_callbacks = [throughput, keras.callbacks.CSVLogger(str(metrics_csv), append=resumed),
                      keras.callbacks.TensorBoard(log_dir=str(write_dir / "tensorboard"), profile_batch=0)]
-    if checkpoint_dir is not None:
-        fit_callbacks.insert(0, _backup_callback(checkpoint_dir, backup_every, strategy, train_input, global_batch,
-                                                 train_options if keeps_position else None, saved_input, rank))
+    tracked = _input_position(strategy, train_input, global_batch, train_options) if keeps_position else None
+    if checkpoint_dir is not None and not sizes.progressive:   # a schedule makes one per phase
+        fit_callbacks.insert(0, _backup_callback(checkpoint_dir, backup_every, tracked, saved_input, rank))
     if recipe.scheduled:   # before the CSVLogger, which writes what the epoch's logs hold when it runs
         fit_callbacks.insert(0, keras_recipe.LearningRateLog(recipe, steps))
     fit_callbacks += list(callbacks or [])
@@ -294,13 +305,23 @@ def train(
     started = time.perf_counter()
     try:
         if sizes.progressive:   # one fit per phase, at its size (training/schedule.py)
+            def phase_data(size, step):
+                """The training data at `size`, starting at the run's `step` where its position is kept."""
+                options = common["input_options"]
+                if tracked is not None and step is not None:   # the position counts from the saved step, or 0
+                    position, local = tracked
+                    origin = saved_input["steps"] if saved_input else 0
+                    options = {**train_options, "state": position.state((step - origin) * local)}
+                return resolve_input(data, role="train", num_classes=num_classes, classes=None,
+                                     **{**common, "image_size": size, "input_options": options}).dataset
+
             model, history = sizes.fit(
-                compiled_model, lambda n: resolve_input(data, role="train", num_classes=num_classes, classes=None,
-                                                        **{**common, "image_size": n}).dataset,
+                compiled_model, phase_data,
                 validation_data=(lambda n: resolve_input(validation_data, role="val", num_classes=num_classes,
                                                          classes=train_classes, **{**common, "image_size": n}).dataset)
                 if val_input else None, epochs=epochs, steps_per_epoch=steps, callbacks=fit_callbacks,
-                checkpoint_dir=checkpoint_dir, verbose=verbose)
+                checkpoint_dir=checkpoint_dir, verbose=verbose,
+                backup=lambda last: _backup_callback(checkpoint_dir, backup_every, tracked, saved_input, rank, last))
         else:
             history = model.fit(train_input.dataset, epochs=epochs, steps_per_epoch=steps,
                                 validation_data=val_input.dataset if val_input else None,

@@ -41,6 +41,19 @@ def saved_counters(checkpoint_dir) -> tuple[int, int] | None:
             int(tf.train.load_variable(latest, "ckpt_saved_batch/.ATTRIBUTES/VARIABLE_VALUE")))
 
 
+def resume_point(checkpoint_dir, steps_per_epoch: int | None) -> tuple[int, int] | None:
+    """(epoch, step in it) where a fit restored from the backup in `checkpoint_dir` starts, or None (no
+    backup), as tf-keras decides it (worker_training_state.maybe_load_initial_counters_from_ckpt): only
+    backups every N steps save a batch (>= 0), and one saved at an epoch's last step resumes at the next."""
+    counters = saved_counters(checkpoint_dir)
+    if counters is None or counters[0] < 0:
+        return None
+    epoch, batch = counters
+    if batch >= 0 and (steps_per_epoch is None or batch < steps_per_epoch - 1):
+        return epoch, batch + 1
+    return epoch + 1, 0
+
+
 def steps_done(epoch: int, batch: int, steps_per_epoch: int, every_step: bool) -> int:
     """Steps before the one a restored run starts at, as tf-keras computes it from the saved (`epoch`, `batch`)
     (worker_training_state.maybe_load_initial_counters_from_ckpt): the step after `batch` with an integer
@@ -94,8 +107,8 @@ class ResumeState(keras.callbacks.BackupAndRestore):
     """
 
     def __init__(self, backup_dir, *, positions, batches_per_step: int, save_freq="epoch", origin: int = 0,
-                 rank: int = 0):
-        super().__init__(backup_dir=str(backup_dir), save_freq=save_freq)
+                 rank: int = 0, delete_checkpoint: bool = True):
+        super().__init__(backup_dir=str(backup_dir), save_freq=save_freq, delete_checkpoint=delete_checkpoint)
         self.positions, self.batches_per_step, self.origin = list(positions), int(batches_per_step), int(origin)
         self.path = state_path(backup_dir, rank)
 
