@@ -64,10 +64,10 @@ test: $(STAMP) test-servers  ## the whole test suite in the full environment (wh
 	$(call compile_own,$(VENV))
 	$(BIN)/pytest -q -ra --durations=15 $(XDIST) tests
 
-# test-modern leaves out the tests marked `once` (pyproject's markers): the five costliest end-to-end runs
-# (a mirrored fit, a schedule, a killed multi-worker run, a Spark relaunch after a death mid-epoch and a
-# standalone cluster losing a worker: ~200 of its ~1,100 s in CI), whose outcome the environment does not
-# change; the reader, Spark, its barrier stages and the rest of training run in both.
+# test-modern leaves out the tests marked `once` (pyproject's markers): the costliest end-to-end runs (a
+# mirrored fit, a progressive schedule and its resume, a killed multi-worker run, a Spark relaunch after a
+# death mid-epoch, a standalone cluster losing a worker: ~230 of its ~1,100 s in CI), whose outcome the
+# environment does not change; the reader, Spark, its barrier stages and the rest of training run in both.
 test-modern: $(MODERN_STAMP) test-servers  ## the suite on numpy 2 and a current pyarrow (petastorm tests skip)
 	$(call compile_own,$(MODERN))
 	$(MODERN)/bin/pytest -q -ra --durations=15 -m "not once" $(XDIST) tests

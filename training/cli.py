@@ -101,17 +101,20 @@ def torch_options(command):
         click.option("--cpu-share", type=click.FloatRange(0, 1), default=None,
                      help="PyTorch, with --decode gpu: the share of the batches the loader's CPU workers decode "
                           "instead (both decode at once)."),
+        click.option("--accumulate-batches", type=POSITIVE, default=None, metavar="N",
+                     help="PyTorch: each optimizer step sums the gradients of N batches (global batch: "
+                          "batch size x ranks x N)."),
     ]
     for option in reversed(options):
         command = option(command)
     return command
 
 
-def torch_only(framework: str, precision, compile_model, decode, cpu_share=None) -> dict:
+def torch_only(framework: str, precision, compile_model, decode, cpu_share=None, accumulate_batches=None) -> dict:
     """The `train_torch` arguments the PyTorch flags ask for (only those given); with TensorFlow, a usage error
     that names them rather than a silent ignore."""
     given = {"--precision": precision, "--compile": compile_model or None, "--decode": decode,
-             "--cpu-share": cpu_share}
+             "--cpu-share": cpu_share, "--accumulate-batches": accumulate_batches}
     named = [flag for flag, value in given.items() if value is not None]
     if framework != "torch":
         if named:
@@ -122,6 +125,8 @@ def torch_only(framework: str, precision, compile_model, decode, cpu_share=None)
         options["precision"] = precision
     if compile_model:
         options["compile"] = True
+    if accumulate_batches is not None:
+        options["accumulate_batches"] = accumulate_batches
     if cpu_share is not None and decode != "gpu":
         raise click.UsageError("--cpu-share splits the decode between the CPU and the GPU: add --decode gpu")
     if decode is not None:
@@ -222,7 +227,7 @@ def _log_to_console(verbose: bool) -> None:
 def train(model, data, framework, validation, epochs, steps_per_epoch, batch_size, image_size, width, kind, devices,
           cross_device_ops, no_fallback, probe_timeout, checkpoint_dir, backup_every, output_dir, overwrite, parallel,
           learning_rate, optimizer, lr_schedule, warmup_epochs, weight_decay, label_smoothing, seed, no_flip, crop_min,
-          stream, cache_limit, precision, compile_model, decode, cpu_share, pin, as_json, verbose):
+          stream, cache_limit, precision, compile_model, decode, cpu_share, accumulate_batches, pin, as_json, verbose):
     """Train MODEL on the Parquet dataset DATA (with TF_CONFIG set: one worker of a multi-worker run; with
     --framework torch under torchrun: one rank of a DDP run)."""
     model = model.lower()
@@ -232,7 +237,7 @@ def train(model, data, framework, validation, epochs, steps_per_epoch, batch_siz
             raise click.UsageError("--backup-every needs --checkpoint-dir (where the backups go)")
     elif model not in MODEL_NAMES:
         raise click.UsageError(f"{model} is a PyTorch model: add --framework torch")
-    torch_args = torch_only(framework, precision, compile_model, decode, cpu_share)
+    torch_args = torch_only(framework, precision, compile_model, decode, cpu_share, accumulate_batches)
     _refuse_finished(output_dir, "**/final.pt" if framework == "torch" else "**/final.weights.h5", overwrite)
     _log_to_console(verbose)
     input_options = {**reader_options(no_flip, crop_min, stream, cache_limit), **torch_args.pop("input_options", {})}
@@ -386,7 +391,7 @@ def spark_train_cmd(model, data, framework, master, workers, partition_board, va
                     image_size, width, checkpoint_dir, backup_every, output_dir, overwrite, max_restarts, python,
                     driver_host, conf_pairs, slots_timeout, parallel, learning_rate, optimizer, lr_schedule,
                     warmup_epochs, weight_decay, label_smoothing, seed, no_flip, crop_min, stream, cache_limit,
-                    precision, compile_model, decode, cpu_share, as_json, verbose):
+                    precision, compile_model, decode, cpu_share, accumulate_batches, as_json, verbose):
     """Train MODEL on DATA with --workers workers as one Spark barrier stage (MultiWorkerMirroredStrategy, or
     with --framework torch one DDP rank per task)."""
     model = model.lower()
@@ -397,7 +402,7 @@ def spark_train_cmd(model, data, framework, master, workers, partition_board, va
         raise click.UsageError(f"{model} is a PyTorch model: add --framework torch")
     if backup_every is not None and checkpoint_dir is None:
         raise click.UsageError("--backup-every needs --checkpoint-dir (where the backups go)")
-    torch_args = torch_only(framework, precision, compile_model, decode, cpu_share)
+    torch_args = torch_only(framework, precision, compile_model, decode, cpu_share, accumulate_batches)
     _refuse_finished(output_dir, "**/final.pt" if with_torch else "**/final.weights.h5", overwrite)
     _log_to_console(verbose)
     if (data is None) == (partition_board is None):

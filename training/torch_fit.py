@@ -258,7 +258,7 @@ def _save(obj, path: Path) -> None:
 
 
 def _backup(checkpoint_dir: Path, rank: int, distributed: bool, *, model, optim, epoch: int, step: int, world: int,
-            history: dict, model_name: str, loader, sums: list[float]) -> None:
+            history: dict, model_name: str, loader, sums: list[float], accumulate: int = 1) -> None:
     """A checkpoint at `step` of `epoch` (0: its start) with every rank's input position (gathered), the
     epoch's summed metrics so far and torch's random state; rank 0 writes it, the ranks wait until it is
     whole."""
@@ -271,7 +271,7 @@ def _backup(checkpoint_dir: Path, rank: int, distributed: bool, *, model, optim,
         checkpoint_dir.mkdir(parents=True, exist_ok=True)
         _save({"format": CHECKPOINT_FORMAT, "epoch": epoch, "model": model.state_dict(),
                "optimizer": optim.state_dict(), "history": history, "model_name": model_name,
-               "partial": {"step": step, "world": world, "sums": [float(v) for v in sums],
+               "partial": {"step": step, "world": world, "accumulate": accumulate, "sums": [float(v) for v in sums],
                            "positions": json.dumps(positions), "rng": torch.get_rng_state()}},
               checkpoint_dir / CHECKPOINT_FILE)
     if distributed:
@@ -432,6 +432,7 @@ def train_torch(
     warmup_epochs: float = FIT.warmup_epochs,
     weight_decay: float = FIT.weight_decay,
     label_smoothing: float = FIT.label_smoothing,
+    accumulate_batches: int = 1,
 ) -> TrainResult:
     """Train ``model_name`` (``alexnet``, ``resnet_small``) with PyTorch on the Parquet dataset ``data``.
 
@@ -466,6 +467,12 @@ def train_torch(
     on the training GPU (`pipeline.device_decode`); without one it says so and decodes on the CPU
     (``"device": "cpu"`` beside it runs the device path there, as the tests do).
 
+    ``accumulate_batches=N``: each optimizer step sums the gradients of N batches a rank (DDP all-reduces
+    only the last one's), so the global batch is ``batch_size * ranks * N`` where memory holds only
+    ``batch_size`` images: a reference recipe's batch of 1,024 on one GPU. Steps, ``steps_per_epoch``,
+    ``backup_every`` and the learning-rate schedule count optimizer steps; ``on_batch`` gets a step's
+    samples from all N batches.
+
     The options every fit shares (``epochs``, ``batch_size``, ``image_size``, ``num_classes``,
     ``learning_rate``, ``optimizer``, ``model_kwargs``, ``steps_per_epoch``, ``seed``, ``output_dir``,
     ``checkpoint_dir``, ``input_options``, ``pin``, ``lineage``, ``lr_schedule``, ``warmup_epochs``,
@@ -490,6 +497,7 @@ def train_torch(
             ``"fp16"`` (with a gradient scaler) or ``"fp32"``.
         channels_last: Store images and weights NHWC (None: on CUDA).
         compile: Run the model through ``torch.compile``.
+        accumulate_batches: Batches (a rank's) whose gradients make one optimizer step.
 
     Returns:
         A `TrainResult` (its ``model`` the trained ``torch.nn.Module``).
@@ -502,6 +510,9 @@ def train_torch(
     sizes = ImageSizes(image_size, epochs)   # an int, or progressive resizing [(epoch, size), ...]
     if precision not in PRECISIONS:
         raise InvalidTrainingInput(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if isinstance(accumulate_batches, bool) or not isinstance(accumulate_batches, int) or accumulate_batches < 1:
+        raise InvalidTrainingInput(f"accumulate_batches must be a positive number of batches, got "
+                                   f"{accumulate_batches!r}")
     if pin is not None:   # a bad target fails now, not after the fit
         from .experiments import check_target
         check_target(pin)
@@ -519,7 +530,8 @@ def train_torch(
                       input_options=dict(input_options or {}), num_workers=num_workers,
                       steps_per_epoch=steps_per_epoch, threads=threads, callbacks=list(callbacks or []),
                       backup_every=int(backup_every) if backup_every else None, on_batch=on_batch,
-                      precision=precision, channels_last=channels_last, compiled=compile, recipe=recipe)
+                      precision=precision, channels_last=channels_last, compiled=compile, recipe=recipe,
+                      accumulate=accumulate_batches)
     finally:
         if own_group and dist.is_initialized():
             dist.destroy_process_group()
@@ -533,7 +545,8 @@ def train_torch(
                 "image_size": sizes.as_list() if sizes.progressive else sizes.final,
                 "learning_rate": learning_rate, "optimizer": optimizer,
                 "lr_schedule": lr_schedule, "warmup_epochs": warmup_epochs, "weight_decay": weight_decay,
-                "label_smoothing": label_smoothing, "steps_per_epoch": steps_per_epoch, "seed": seed,
+                "label_smoothing": label_smoothing, "accumulate_batches": accumulate_batches,
+                "steps_per_epoch": steps_per_epoch, "seed": seed,
                 "num_workers": num_workers, "backend": backend,
                 "input_options": dict(input_options or {}), "output_dir": result.output_dir,
                 "checkpoint_dir": str(checkpoint_dir) if checkpoint_dir else None},
@@ -544,7 +557,7 @@ def train_torch(
 def _train(model_name, url, validation_data, *, choice, epochs, batch_size, sizes: ImageSizes, num_classes,
            model_kwargs, seed, output_dir, checkpoint_dir, input_options, num_workers, steps_per_epoch, threads,
            callbacks, backup_every, on_batch, recipe: FitOptions, precision="fp32", channels_last=None,
-           compiled=False) -> TrainResult:
+           compiled=False, accumulate: int = 1) -> TrainResult:
     distributed = choice is not None
     rank, world = (choice.rank, choice.world_size) if distributed else (0, 1)
     device = _device_for(choice.backend) if distributed else torch.device("cuda" if torch.cuda.is_available()
@@ -571,10 +584,11 @@ def _train(model_name, url, validation_data, *, choice, epochs, batch_size, size
         raise InvalidTrainingInput(f"unknown input_options {unknown}; make_torch_loader takes {list(_LOADER_OPTIONS)}")
     shard = input_options["shard"] if "shard" in input_options else ((rank, world) if world > 1 else None)
     rows = [int(info.rows)] if shard is None else _shard_rows(info, world)
-    steps = steps_per_epoch or min(rows) // batch_size
+    steps = steps_per_epoch or min(rows) // (batch_size * accumulate)   # optimizer steps, of `accumulate` batches
     if steps < 1:
-        raise InvalidTrainingInput(f"{url}: the smallest shard has {min(rows)} rows, fewer than one batch of "
-                                   f"{batch_size}; lower batch_size")
+        one_step = (f"one batch of {batch_size}; lower batch_size" if accumulate == 1 else
+                    f"one step of {accumulate} batches of {batch_size}; lower batch_size or accumulate_batches")
+        raise InvalidTrainingInput(f"{url}: the smallest shard has {min(rows)} rows, fewer than {one_step}")
 
     if seed is not None:
         random.seed(seed)
@@ -637,7 +651,9 @@ def _train(model_name, url, validation_data, *, choice, epochs, batch_size, size
                                            f"{partial['world']} ranks, not {world}")
             positions = positions[rank]
         loader.load_state_dict(positions)
-        first_step = min(steps, int(partial["step"]) * int(partial["world"]) // world)
+        # in images a rank had trained (the world or the accumulation may differ from the backed-up run's)
+        first_step = max(0, min(steps, int(partial["step"]) * int(partial["world"]) * int(partial.get("accumulate", 1))
+                                // (world * accumulate)))
     val_loader, val_sharded, validation_loader = None, False, None
     if validation_data is not None:
         val_info = pipeline.dataset_info(os.fspath(validation_data), storage_options=options.get("storage_options"))
@@ -693,35 +709,41 @@ def _train(model_name, url, validation_data, *, choice, epochs, batch_size, size
                 progress_bar(f"epoch {epoch + 1}/{epochs}", steps - first, unit="steps",
                              enabled=None if rank == 0 else False))
             for step in range(first, steps):
-                waited = time.perf_counter()
-                images, labels, *ids = next(batches)
-                input_seconds += time.perf_counter() - waited   # the input stall: the model waits for a batch
-                images = _to_device(images, device, layout)
-                labels = labels.to(device, non_blocking=True)
                 optim.zero_grad(set_to_none=True)
                 if recipe.scheduled:   # a function of the step alone, so a resumed run goes on with the same rates
                     rate = recipe.learning_rate_at(epoch * steps + step, steps)
                     for group in optim.param_groups:
                         group["lr"] = rate
-                with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
-                    logits = step_model(images)
-                    loss = torch.nn.functional.cross_entropy(logits.float(), labels,
-                                                             label_smoothing=recipe.label_smoothing)
+                step_ids = []
+                for batch in range(accumulate):
+                    waited = time.perf_counter()
+                    images, labels, *ids = next(batches)
+                    input_seconds += time.perf_counter() - waited   # the input stall: the model waits for a batch
+                    images = _to_device(images, device, layout)
+                    labels = labels.to(device, non_blocking=True)
+                    # DDP all-reduces the gradients at the step's last batch only; the others add to them locally
+                    syncs = batch == accumulate - 1 or not distributed
+                    with contextlib.nullcontext() if syncs else trained.no_sync():
+                        with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
+                            logits = step_model(images)
+                            loss = torch.nn.functional.cross_entropy(logits.float(), labels,
+                                                                     label_smoothing=recipe.label_smoothing)
+                        share = loss if accumulate == 1 else loss / accumulate   # the step's mean over its batches
+                        (share if scaler is None else scaler.scale(share)).backward()
+                    with torch.no_grad():
+                        sums += _step_sums(loss * len(labels), logits, labels, top_k)
+                    step_ids += ids
                 if scaler is not None:
-                    scaler.scale(loss).backward()
                     scaler.step(optim)
                     scaler.update()
                 else:
-                    loss.backward()
                     optim.step()
-                with torch.no_grad():
-                    sums += _step_sums(loss * len(labels), logits, labels, top_k)
                 if on_batch is not None:
-                    on_batch(epoch, step, ids[0])
+                    on_batch(epoch, step, step_ids[0] if accumulate == 1 else torch.cat(step_ids))
                 if backup_every and (step + 1) % backup_every == 0 and step + 1 < steps:
                     _backup(checkpoint_dir, rank, distributed, model=model, optim=optim, epoch=epoch, step=step + 1,
                             world=world, history=history, model_name=model_name, loader=loader,
-                            sums=_sum_across(sums.tolist(), distributed))
+                            sums=_sum_across(sums.tolist(), distributed), accumulate=accumulate)
                 advance(1)
             shown.close()
             epoch_seconds.append(time.perf_counter() - epoch_started)
@@ -738,7 +760,7 @@ def _train(model_name, url, validation_data, *, choice, epochs, batch_size, size
             if backup_every:   # with the input position: the next epoch goes on where the stream is
                 _backup(checkpoint_dir, rank, distributed, model=model, optim=optim, epoch=epoch + 1, step=0,
                         world=world, history=history, model_name=model_name, loader=loader,
-                        sums=[0.0] * len(sums))
+                        sums=[0.0] * len(sums), accumulate=accumulate)
             elif checkpoint_dir is not None and rank == 0:
                 checkpoint_dir.mkdir(parents=True, exist_ok=True)
                 _save({"format": CHECKPOINT_FORMAT, "epoch": epoch + 1, "model": model.state_dict(),
@@ -764,17 +786,18 @@ def _train(model_name, url, validation_data, *, choice, epochs, batch_size, size
     plot_png = None
     if metrics_csv.exists():
         plot_png = plot_curves(read_metrics_csv(metrics_csv), write_dir / "curves.png",
-                               title=f"{model_name} (torch): {world} process(es), global batch {batch_size * world}")
+                               title=f"{model_name} (torch): {world} process(es), global batch "
+                                     f"{batch_size * world * accumulate}")
     if distributed:
         dist.barrier()   # every rank is past its last read of the checkpoint before rank 0 removes it
     if checkpoint_dir is not None and rank == 0:
         (checkpoint_dir / CHECKPOINT_FILE).unlink(missing_ok=True)
     train_seconds = sum(epoch_seconds)
-    images = steps * batch_size * world * len(ran)
+    images = steps * batch_size * world * accumulate * len(ran)
     return TrainResult(
         history={k: v[len(v) - len(ran):] for k, v in history.items()}, val_metrics=val_metrics, model=model,
         epochs=ran,
-        initial_epoch=ran[0] if ran else epochs, global_batch_size=batch_size * world, replicas=world,
+        initial_epoch=ran[0] if ran else epochs, global_batch_size=batch_size * world * accumulate, replicas=world,
         steps_per_epoch=steps, seconds=fit_seconds, images_per_second=images / train_seconds if train_seconds else 0.0,
         strategy={**(choice.as_dict() if choice else {"kind": "single-process", "device": str(device)}),
                   "precision": {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(amp, "fp32"),
