@@ -13,23 +13,10 @@ pytest_plugins = ["conftest_training"]
 torch = pytest.importorskip("torch")
 
 from pinstorm.training.torch_fit import TrainingError, load_checkpoint, train_torch  # noqa: E402
-from training_support import finish, rendezvous_store  # noqa: E402
+from training_support import Killed, batch_recorder, finish, rendezvous_store  # noqa: E402
 
 NO_DROPOUT = dict(width=0.125, normalization=None, dropout=0.0)   # no batch statistics, no random masks
 DIGITS = {"flip": True, "crop_area": (0.6, 1.0)}                  # per-sample crops and flips: batching-free
-
-
-class Killed(Exception):
-    """Raised from ``on_batch``: the run stops after a step, as a crash would."""
-
-
-def _recorder(seen: list, kill_at: tuple[int, int] | None = None):
-    def on_batch(epoch, step, ids):
-        seen.append((epoch, step, ids.tolist()))
-        if (epoch, step) == kill_at:
-            raise Killed(f"killed after step {step} of epoch {epoch}")
-
-    return on_batch
 
 
 def test_two_accumulated_batches_train_as_one_batch_twice_as_large(digits_parquet, tmp_path):
@@ -37,17 +24,19 @@ def test_two_accumulated_batches_train_as_one_batch_twice_as_large(digits_parque
                 learning_rate=0.05, optimizer="sgd", lr_schedule="cosine", weight_decay=1e-4)
     large, accumulated = [], []
     one = train_torch("alexnet", digits_parquet["train"], batch_size=8, output_dir=str(tmp_path / "one"),
-                      on_batch=_recorder(large), **args)
+                      on_batch=batch_recorder(large), **args)
     two = train_torch("alexnet", digits_parquet["train"], batch_size=4, accumulate_batches=2,
-                      output_dir=str(tmp_path / "two"), on_batch=_recorder(accumulated), **args)
+                      output_dir=str(tmp_path / "two"), on_batch=batch_recorder(accumulated), **args)
     assert accumulated == large and len(large) == 8               # each step: the same 8 samples, in order
     assert two.global_batch_size == one.global_batch_size == 8 and two.steps_per_epoch == 4
     assert two.history["loss"] == pytest.approx(one.history["loss"], rel=1e-5)
     assert two.history["learning_rate"] == one.history["learning_rate"]   # the schedule counts optimizer steps
     for name, value in one.model.state_dict().items():
         torch.testing.assert_close(two.model.state_dict()[name], value, rtol=1e-4, atol=1e-6, msg=name)
-    moved = train_torch("alexnet", digits_parquet["train"], batch_size=4, output_dir=str(tmp_path / "four"), **args)
-    assert not torch.allclose(moved.model.state_dict()["classifier.7.weight"], one.model.state_dict()["classifier.7.weight"])
+    # the comparison can tell: steps of 4 samples end elsewhere
+    four = train_torch("alexnet", digits_parquet["train"], batch_size=4, output_dir=str(tmp_path / "four"), **args)
+    last = "classifier.7.weight"
+    assert not torch.allclose(four.model.state_dict()[last], one.model.state_dict()[last])
 
 
 def test_an_epoch_counts_steps_of_the_accumulated_batches(digits_parquet, tmp_path):
@@ -68,15 +57,15 @@ def test_a_run_killed_mid_epoch_resumes_at_the_step_after_its_backup(digits_parq
                 model_kwargs=dict(NO_DROPOUT, dropout=0.5))   # dropout: the random state resumes too
     whole: list = []
     uninterrupted = train_torch("alexnet", digits_parquet["train"], output_dir=str(tmp_path / "whole"),
-                                on_batch=_recorder(whole), **args)
+                                on_batch=batch_recorder(whole), **args)
     resumable = dict(args, output_dir=str(tmp_path / "run"), checkpoint_dir=str(tmp_path / "ckpt"), backup_every=2)
     killed: list = []
     with pytest.raises(Killed):
-        train_torch("alexnet", digits_parquet["train"], on_batch=_recorder(killed, (1, 4)), **resumable)
+        train_torch("alexnet", digits_parquet["train"], on_batch=batch_recorder(killed, (1, 4)), **resumable)
     saved = load_checkpoint(tmp_path / "ckpt")
     assert (saved["epoch"], saved["partial"]["step"], saved["partial"]["accumulate"]) == (1, 4, 2)
     resumed: list = []
-    result = train_torch("alexnet", digits_parquet["train"], on_batch=_recorder(resumed), **resumable)
+    result = train_torch("alexnet", digits_parquet["train"], on_batch=batch_recorder(resumed), **resumable)
     assert resumed[0][:2] == (1, 4) and resumed == whole[len(whole) - len(resumed):]
     for name, value in uninterrupted.model.state_dict().items():
         assert torch.equal(result.model.state_dict()[name], value), name

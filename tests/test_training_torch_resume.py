@@ -19,7 +19,7 @@ pytest_plugins = ["conftest_training"]
 torch = pytest.importorskip("torch")
 
 from pinstorm.training.torch_fit import TrainingError, load_checkpoint, train_torch  # noqa: E402
-from training_support import rendezvous_store, stderr_of  # noqa: E402
+from training_support import Killed, batch_recorder, rendezvous_store, stderr_of  # noqa: E402
 
 MODEL = dict(width=0.125, normalization=None, dropout=0.5)   # dropout: the random state must resume too
 DIGITS = {"flip": True, "crop_area": (0.6, 1.0)}             # crops and flips: the input position must too
@@ -146,21 +146,6 @@ def test_a_checkpoint_pickle_beyond_its_bounds_is_a_training_error_naming_the_bo
 
 # --------------------------------------------------------------------------- the sample IDs (issue 20, part 3)
 
-class Killed(Exception):
-    """Raised from ``on_batch``: the run stops after a step, as a crash would."""
-
-
-def _recorder(seen: list, kill_at: tuple[int, int] | None = None):
-    """An ``on_batch`` that keeps (epoch, step, ids) and raises ``Killed`` after step ``kill_at``."""
-
-    def on_batch(epoch, step, ids):
-        seen.append((epoch, step, ids.tolist()))
-        if (epoch, step) == kill_at:
-            raise Killed(f"killed after step {step} of epoch {epoch}")
-
-    return on_batch
-
-
 def _digest(seen: list) -> str:
     return hashlib.sha256(np.asarray([i for _, _, ids in seen for i in ids], dtype=np.int64).tobytes()).hexdigest()
 
@@ -172,16 +157,16 @@ def test_the_resumed_run_trains_on_exactly_the_samples_the_killed_one_had_not(di
     killed + resumed ID sequence hashes as the uninterrupted one's."""
     args = dict(epochs=2, batch_size=8, image_size=32, model_kwargs=MODEL, seed=3, input_options=DIGITS)
     whole: list = []
-    train_torch("alexnet", digits_parquet["train"], output_dir=str(tmp_path / "whole"), on_batch=_recorder(whole),
-                **args)
+    train_torch("alexnet", digits_parquet["train"], output_dir=str(tmp_path / "whole"),
+                on_batch=batch_recorder(whole), **args)
     resumable = dict(args, output_dir=str(tmp_path / "run"), checkpoint_dir=str(tmp_path / "ckpt"), backup_every=3)
     killed: list = []
     with pytest.raises(Killed):
-        train_torch("alexnet", digits_parquet["train"], on_batch=_recorder(killed, kill_at), **resumable)
+        train_torch("alexnet", digits_parquet["train"], on_batch=batch_recorder(killed, kill_at), **resumable)
     saved = load_checkpoint(tmp_path / "ckpt")
     assert (saved["epoch"], saved["partial"]["step"]) == backup_at
     resumed: list = []
-    train_torch("alexnet", digits_parquet["train"], on_batch=_recorder(resumed), **resumable)
+    train_torch("alexnet", digits_parquet["train"], on_batch=batch_recorder(resumed), **resumable)
 
     assert resumed[0][:2] == backup_at                                  # not the epoch's start
     trained_before = [entry for entry in killed if entry[:2] < backup_at]
@@ -227,7 +212,7 @@ def test_two_ranks_backed_up_mid_epoch_resume_on_one_with_every_remaining_sample
 
     resumed: list = []
     result = train_torch("alexnet", digits_parquet["train"], checkpoint_dir=str(tmp_path / "ckpt"),
-                         on_batch=_recorder(resumed), **dict(args, epochs=2))
+                         on_batch=batch_recorder(resumed), **dict(args, epochs=2))
     assert result.replicas == 1 and resumed[0][:2] == (0, 6)           # the two ranks' 3 steps each, done
     rest = [i for _, _, ids in resumed for i in ids][:digits_parquet["rows"] - len(before)]
     assert sorted(before + rest) == list(range(digits_parquet["rows"]))   # every sample of the epoch once

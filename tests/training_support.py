@@ -82,3 +82,18 @@ def rendezvous_store():
         yield dict(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port), TORCHELASTIC_USE_AGENT_STORE="True")
     finally:
         del store
+
+
+class Killed(Exception):
+    """Raised from ``on_batch``: the run stops after a step, as a crash would."""
+
+
+def batch_recorder(seen: list, kill_at: tuple[int, int] | None = None):
+    """A `train_torch` ``on_batch`` that keeps (epoch, step, ids) and raises ``Killed`` after step ``kill_at``."""
+
+    def on_batch(epoch, step, ids):
+        seen.append((epoch, step, ids.tolist()))
+        if (epoch, step) == kill_at:
+            raise Killed(f"killed after step {step} of epoch {epoch}")
+
+    return on_batch
