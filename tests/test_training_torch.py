@@ -246,17 +246,17 @@ def test_train_command_with_framework_torch(digits_parquet, tmp_path):
 
 
 def test_train_command_takes_the_gpu_flags_and_says_what_ran(digits_parquet, tmp_path):
-    """--precision, --compile, --decode and --accumulate-batches reach `train_torch`; on a machine without CUDA,
+    """--precision, --compile, --decode, --accumulate-batches and --ema-decay reach `train_torch`; without CUDA,
     GPU decode is the CPU's (said in the summary), and bf16 autocast runs on the CPU when asked for."""
     outcome = _cli("train", "resnet_small", digits_parquet["train"], "--framework", "torch", "--epochs", "1",
                    "--steps-per-epoch", "2", "--batch-size", "8", "--image-size", "32", "--width", "0.25",
                    "--precision", "bf16", "--decode", "gpu", "--cpu-share", "0.5", "--accumulate-batches", "2",
-                   "-o", str(tmp_path / "run"), "--json")
+                   "--ema-decay", "0.99", "-o", str(tmp_path / "run"), "--json")
     assert outcome.exit_code == 0, outcome.output
     summary = json.loads(outcome.output.strip().splitlines()[-1])
     strategy = summary["strategy"]
     assert strategy["precision"] == "bf16" and strategy["decode"] == "cpu" and strategy["compiled"] is False
-    assert summary["global_batch_size"] == 16
+    assert summary["global_batch_size"] == 16 and summary["ema_weights_path"].endswith("final-ema.pt")
 
 
 @pytest.mark.parametrize("args, message", [
@@ -269,6 +269,8 @@ def test_train_command_takes_the_gpu_flags_and_says_what_ran(digits_parquet, tmp
     (["alexnet", "--compile"], "--compile: PyTorch's flags; add --framework torch"),
     (["alexnet", "--accumulate-batches", "4"], "--accumulate-batches: PyTorch's flags; add --framework torch"),
     (["alexnet", "--framework", "torch", "--accumulate-batches", "0"], "not in the range x>=1"),
+    (["alexnet", "--ema-decay", "0.999"], "--ema-decay: PyTorch's flags; add --framework torch"),
+    (["alexnet", "--framework", "torch", "--ema-decay", "1"], "not in the range 0<x<1"),
     (["alexnet", "--framework", "torch", "--decode", "nvjpeg"], "'nvjpeg' is not one of 'cpu', 'gpu'"),
     (["alexnet", "--framework", "torch", "--cpu-share", "0.5"], "--cpu-share splits the decode"),
     (["alexnet", "--framework", "torch", "--decode", "gpu", "--cpu-share", "2"], "not in the range 0<=x<=1"),

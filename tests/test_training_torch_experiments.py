@@ -74,15 +74,17 @@ def test_the_cli_pins_a_torch_run_and_it_loads_back(digits_parquet, board, tmp_p
 
 
 def test_train_torch_pins_as_train_does(digits_parquet, board, tmp_path):
-    """`train_torch(pin=..., lineage=...)` pins in Python as `train(pin=...)` does; a bad target fails before the fit."""
+    """`train_torch(pin=..., lineage=...)` pins in Python as `train(pin=...)` does (the weights' moving average
+    too, where one was kept); a bad target fails before the fit."""
     from pinstorm.training import train_torch
 
     result = train_torch("alexnet", digits_parquet["train"], epochs=1, batch_size=8, image_size=32, seed=0,
                          model_kwargs={"width": 0.125}, steps_per_epoch=2, output_dir=tmp_path / "run",
-                         pin=f"{board}/py-torch", lineage={"note": "python"})
-    assert result.experiment["pin"] == f"{board}/py-torch"
+                         pin=f"{board}/py-torch", lineage={"note": "python"}, ema_decay=0.9)
+    assert result.experiment["pin"] == f"{board}/py-torch" and "final-ema.pt" in result.experiment["files"]
     lineage = experiment_lineage(f"{board}/py-torch")
     assert lineage["lineage"] == {"note": "python"} and lineage["arguments"]["steps_per_epoch"] == 2
+    assert lineage["arguments"]["ema_decay"] == 0.9 and "final-ema.pt" in lineage["files"]
     assert lineage["data"]["rows"] == digits_parquet["rows"]
     assert all(torch.equal(load_experiment(f"{board}/py-torch").state_dict()[k], v)
                for k, v in result.model.state_dict().items())

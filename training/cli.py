@@ -104,17 +104,21 @@ def torch_options(command):
         click.option("--accumulate-batches", type=POSITIVE, default=None, metavar="N",
                      help="PyTorch: each optimizer step sums the gradients of N batches (global batch: "
                           "batch size x ranks x N)."),
+        click.option("--ema-decay", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=None,
+                     metavar="D", help="PyTorch: also keep a moving average of the weights with this decay a step "
+                                       "(e.g. 0.9998), validated each epoch and saved as final-ema.pt."),
     ]
     for option in reversed(options):
         command = option(command)
     return command
 
 
-def torch_only(framework: str, precision, compile_model, decode, cpu_share=None, accumulate_batches=None) -> dict:
+def torch_only(framework: str, precision, compile_model, decode, cpu_share=None, accumulate_batches=None,
+               ema_decay=None) -> dict:
     """The `train_torch` arguments the PyTorch flags ask for (only those given); with TensorFlow, a usage error
     that names them rather than a silent ignore."""
     given = {"--precision": precision, "--compile": compile_model or None, "--decode": decode,
-             "--cpu-share": cpu_share, "--accumulate-batches": accumulate_batches}
+             "--cpu-share": cpu_share, "--accumulate-batches": accumulate_batches, "--ema-decay": ema_decay}
     named = [flag for flag, value in given.items() if value is not None]
     if framework != "torch":
         if named:
@@ -127,6 +131,8 @@ def torch_only(framework: str, precision, compile_model, decode, cpu_share=None,
         options["compile"] = True
     if accumulate_batches is not None:
         options["accumulate_batches"] = accumulate_batches
+    if ema_decay is not None:
+        options["ema_decay"] = ema_decay
     if cpu_share is not None and decode != "gpu":
         raise click.UsageError("--cpu-share splits the decode between the CPU and the GPU: add --decode gpu")
     if decode is not None:
@@ -227,7 +233,8 @@ def _log_to_console(verbose: bool) -> None:
 def train(model, data, framework, validation, epochs, steps_per_epoch, batch_size, image_size, width, kind, devices,
           cross_device_ops, no_fallback, probe_timeout, checkpoint_dir, backup_every, output_dir, overwrite, parallel,
           learning_rate, optimizer, lr_schedule, warmup_epochs, weight_decay, label_smoothing, seed, no_flip, crop_min,
-          stream, cache_limit, precision, compile_model, decode, cpu_share, accumulate_batches, pin, as_json, verbose):
+          stream, cache_limit, precision, compile_model, decode, cpu_share, accumulate_batches, ema_decay, pin, as_json,
+          verbose):
     """Train MODEL on the Parquet dataset DATA (with TF_CONFIG set: one worker of a multi-worker run; with
     --framework torch under torchrun: one rank of a DDP run)."""
     model = model.lower()
@@ -237,7 +244,7 @@ def train(model, data, framework, validation, epochs, steps_per_epoch, batch_siz
             raise click.UsageError("--backup-every needs --checkpoint-dir (where the backups go)")
     elif model not in MODEL_NAMES:
         raise click.UsageError(f"{model} is a PyTorch model: add --framework torch")
-    torch_args = torch_only(framework, precision, compile_model, decode, cpu_share, accumulate_batches)
+    torch_args = torch_only(framework, precision, compile_model, decode, cpu_share, accumulate_batches, ema_decay)
     _refuse_finished(output_dir, "**/final.pt" if framework == "torch" else "**/final.weights.h5", overwrite)
     _log_to_console(verbose)
     input_options = {**reader_options(no_flip, crop_min, stream, cache_limit), **torch_args.pop("input_options", {})}
@@ -391,7 +398,7 @@ def spark_train_cmd(model, data, framework, master, workers, partition_board, va
                     image_size, width, checkpoint_dir, backup_every, output_dir, overwrite, max_restarts, python,
                     driver_host, conf_pairs, slots_timeout, parallel, learning_rate, optimizer, lr_schedule,
                     warmup_epochs, weight_decay, label_smoothing, seed, no_flip, crop_min, stream, cache_limit,
-                    precision, compile_model, decode, cpu_share, accumulate_batches, as_json, verbose):
+                    precision, compile_model, decode, cpu_share, accumulate_batches, ema_decay, as_json, verbose):
     """Train MODEL on DATA with --workers workers as one Spark barrier stage (MultiWorkerMirroredStrategy, or
     with --framework torch one DDP rank per task)."""
     model = model.lower()
@@ -402,7 +409,7 @@ def spark_train_cmd(model, data, framework, master, workers, partition_board, va
         raise click.UsageError(f"{model} is a PyTorch model: add --framework torch")
     if backup_every is not None and checkpoint_dir is None:
         raise click.UsageError("--backup-every needs --checkpoint-dir (where the backups go)")
-    torch_args = torch_only(framework, precision, compile_model, decode, cpu_share, accumulate_batches)
+    torch_args = torch_only(framework, precision, compile_model, decode, cpu_share, accumulate_batches, ema_decay)
     _refuse_finished(output_dir, "**/final.pt" if with_torch else "**/final.weights.h5", overwrite)
     _log_to_console(verbose)
     if (data is None) == (partition_board is None):

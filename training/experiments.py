@@ -37,6 +37,7 @@ from pinstorm.boards.errors import InvalidPinName
 from pinstorm.boards.safety.names import check_pin_name
 
 from .errors import TrainingError
+from .runs import EMA_WEIGHTS_FILE
 
 log = secrets.logger("pinstorm.training")
 
@@ -272,7 +273,7 @@ def pin_run(result, target, lineage: dict) -> ExperimentRecord:
         staging.mkdir()
         weights = TORCH_WEIGHTS_FILE if getattr(result, "framework", "tensorflow") == "torch" else WEIGHTS_FILE
         for source, file in ((result.weights_path, weights), (result.metrics_csv, METRICS_FILE),
-                             (result.plot_png, CURVES_FILE)):
+                             (result.plot_png, CURVES_FILE), (result.ema_weights_path, EMA_WEIGHTS_FILE)):
             if source and Path(source).is_file():
                 shutil.copyfile(source, staging / file)
         tensorboard = Path(result.tensorboard_dir) if result.tensorboard_dir else output / "tensorboard"

@@ -46,6 +46,8 @@ def plot_curves(metrics: dict[str, list[float]], png_path, title: str = "trainin
         axis.plot(epochs, metrics[name], marker="o", label=name if name == "learning_rate" else f"train {name}")
         if _has_values(metrics.get(f"val_{name}", [])):
             axis.plot(epochs, metrics[f"val_{name}"], marker="s", label=f"validation {name}")
+        if _has_values(metrics.get(f"val_ema_{name}", [])):   # the weights' moving average (torch's ema_decay)
+            axis.plot(epochs, metrics[f"val_ema_{name}"], marker="^", label=f"validation {name}, EMA")
         axis.set_xlabel("epoch")
         axis.set_ylabel(name)
         axis.grid(alpha=0.3)

@@ -34,6 +34,7 @@ class TrainResult:
         tensorboard_dir: The TensorBoard logs (TensorFlow).
         checkpoint_dir: Where backups were kept (None: none).
         weights_path: The final weights.
+        ema_weights_path: The final moving average of the weights (torch's ``ema_decay``; None: none kept).
         num_classes: Output classes.
         is_chief: This worker or rank wrote the run's files.
         input_shards: Each input's ``(index, count)`` shard this worker read (None: all of it).
@@ -60,6 +61,7 @@ class TrainResult:
     tensorboard_dir: str | None = None
     checkpoint_dir: str | None = None
     weights_path: str | None = None
+    ema_weights_path: str | None = None
     num_classes: int = 0
     is_chief: bool = True
     input_shards: list = field(default_factory=list)

@@ -30,6 +30,7 @@ LR_SCHEDULES = ("constant", "cosine", "step")
 STEP_DECAY_AT = (1 / 3, 2 / 3, 8 / 9)
 STEP_DECAY = 0.1
 RUNS_FOLDER = "runs"
+EMA_WEIGHTS_FILE = "final-ema.pt"   # a torch run's moving average of its weights (ema_decay), beside final.pt
 
 
 @dataclass(frozen=True)

@@ -46,8 +46,8 @@ from .fallback import error_line, fallback_warning, probe_failure, probe_outcome
 from .plots import plot_curves, read_metrics_csv
 from .results import TrainResult
 from .image_sizes import ImageSizes
-from .runs import (DEFAULTS as FIT, PRECISIONS, SGD_MOMENTUM, TOP_K, FitOptions, decays, default_output_dir,
-                   reports_top_k)
+from .runs import (DEFAULTS as FIT, EMA_WEIGHTS_FILE, PRECISIONS, SGD_MOMENTUM, TOP_K, FitOptions, decays,
+                   default_output_dir, reports_top_k)
 from .torch_models import build_torch_model
 from pinstorm.boards.safety import secrets
 from pinstorm.progress import progress_bar
@@ -258,7 +258,7 @@ def _save(obj, path: Path) -> None:
 
 
 def _backup(checkpoint_dir: Path, rank: int, distributed: bool, *, model, optim, epoch: int, step: int, world: int,
-            history: dict, model_name: str, loader, sums: list[float], accumulate: int = 1) -> None:
+            history: dict, model_name: str, loader, sums: list[float], accumulate: int = 1, ema=None) -> None:
     """A checkpoint at `step` of `epoch` (0: its start) with every rank's input position (gathered), the
     epoch's summed metrics so far and torch's random state; rank 0 writes it, the ranks wait until it is
     whole."""
@@ -272,17 +272,18 @@ def _backup(checkpoint_dir: Path, rank: int, distributed: bool, *, model, optim,
         _save({"format": CHECKPOINT_FORMAT, "epoch": epoch, "model": model.state_dict(),
                "optimizer": optim.state_dict(), "history": history, "model_name": model_name,
                "partial": {"step": step, "world": world, "accumulate": accumulate, "sums": [float(v) for v in sums],
-                           "positions": json.dumps(positions), "rng": torch.get_rng_state()}},
+                           "positions": json.dumps(positions), "rng": torch.get_rng_state()},
+               **({"ema": ema.state_dict()} if ema is not None else {})},
               checkpoint_dir / CHECKPOINT_FILE)
     if distributed:
         dist.barrier()
 
 
 def checkpoint_tensors(model) -> int:
-    """Tensors a checkpoint of `model` holds at most: its state, up to 4 optimizer slots per parameter
-    (Adam's step, moments, AMSGrad's max), the random state."""
+    """Tensors a checkpoint of `model` holds at most: its state, its moving average's (``ema_decay``), up to 4
+    optimizer slots per parameter (Adam's step, moments, AMSGrad's max), the random state."""
     parameters = sum(1 for _ in model.parameters())
-    return len(model.state_dict()) + 4 * parameters + 8
+    return 2 * (len(model.state_dict()) + 1) + 4 * parameters + 8
 
 
 def load_checkpoint(checkpoint_dir, *, tensors: int | None = None) -> dict | None:
@@ -381,19 +382,23 @@ def _metrics(sums: list[float]) -> dict[str, float]:
             **({"top5_accuracy": top[0] / count} if top else {})}
 
 
-def _evaluate(model, loader, device, distributed: bool, amp=None, layout=None, top_k: bool = False) -> dict[str, float]:
-    """Mean loss, accuracy (and top-5) over every row ``loader`` yields (summed over ranks when each read a shard)."""
-    model.eval()
-    sums = torch.zeros(4 if top_k else 3, dtype=torch.float64, device=device)
+def _evaluate(models, loader, device, distributed: bool, amp=None, layout=None,
+              top_k: bool = False) -> list[dict[str, float]]:
+    """Each model's mean loss, accuracy (and top-5) over every row ``loader`` yields (summed over ranks when each
+    read a shard): one decode of the data for all of them (the weights and their moving average)."""
+    sums = [torch.zeros(4 if top_k else 3, dtype=torch.float64, device=device) for _ in models]
+    for model in models:
+        model.eval()
     with torch.no_grad():
         for images, labels in loader:
             images = _to_device(images, device, layout)
             labels = labels.to(device, non_blocking=True)
-            with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
-                logits = model(images).float()
-            sums += _step_sums(torch.nn.functional.cross_entropy(logits, labels, reduction="sum"), logits, labels,
-                               top_k)
-    return _metrics(_sum_across(sums.tolist(), distributed))
+            for model, total in zip(models, sums):
+                with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
+                    logits = model(images).float()
+                total += _step_sums(torch.nn.functional.cross_entropy(logits, labels, reduction="sum"), logits,
+                                    labels, top_k)
+    return [_metrics(_sum_across(total.tolist(), distributed)) for total in sums]
 
 
 # --------------------------------------------------------------------------- the entry point
@@ -433,6 +438,7 @@ def train_torch(
     weight_decay: float = FIT.weight_decay,
     label_smoothing: float = FIT.label_smoothing,
     accumulate_batches: int = 1,
+    ema_decay: float | None = None,
 ) -> TrainResult:
     """Train ``model_name`` (``alexnet``, ``resnet_small``) with PyTorch on the Parquet dataset ``data``.
 
@@ -473,6 +479,12 @@ def train_torch(
     ``backup_every`` and the learning-rate schedule count optimizer steps; ``on_batch`` gets a step's
     samples from all N batches.
 
+    ``ema_decay=d`` (``--ema-decay``) also keeps an exponential moving average of the weights (and batch-norm
+    statistics), updated after every optimizer step (``torch.optim.swa_utils.AveragedModel``; 0.9998 a step
+    is common for ImageNet): validated each epoch beside the weights, from the same decoded batches
+    (``val_ema_*`` in the history; ``ema_*`` in ``val_metrics``), kept in the checkpoints so a resumed run
+    goes on with it, and written as ``final-ema.pt`` (``ema_weights_path``, pinned with ``pin=``).
+
     The options every fit shares (``epochs``, ``batch_size``, ``image_size``, ``num_classes``,
     ``learning_rate``, ``optimizer``, ``model_kwargs``, ``steps_per_epoch``, ``seed``, ``output_dir``,
     ``checkpoint_dir``, ``input_options``, ``pin``, ``lineage``, ``lr_schedule``, ``warmup_epochs``,
@@ -498,6 +510,7 @@ def train_torch(
         channels_last: Store images and weights NHWC (None: on CUDA).
         compile: Run the model through ``torch.compile``.
         accumulate_batches: Batches (a rank's) whose gradients make one optimizer step.
+        ema_decay: Keep a moving average of the weights with this decay a step (None: none).
 
     Returns:
         A `TrainResult` (its ``model`` the trained ``torch.nn.Module``).
@@ -510,6 +523,9 @@ def train_torch(
     sizes = ImageSizes(image_size, epochs)   # an int, or progressive resizing [(epoch, size), ...]
     if precision not in PRECISIONS:
         raise InvalidTrainingInput(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if ema_decay is not None and (isinstance(ema_decay, bool) or not isinstance(ema_decay, (int, float))
+                                  or not 0 < ema_decay < 1):
+        raise InvalidTrainingInput(f"ema_decay must be a decay a step between 0 and 1 (e.g. 0.9998), got {ema_decay!r}")
     if isinstance(accumulate_batches, bool) or not isinstance(accumulate_batches, int) or accumulate_batches < 1:
         raise InvalidTrainingInput(f"accumulate_batches must be a positive number of batches, got "
                                    f"{accumulate_batches!r}")
@@ -531,7 +547,7 @@ def train_torch(
                       steps_per_epoch=steps_per_epoch, threads=threads, callbacks=list(callbacks or []),
                       backup_every=int(backup_every) if backup_every else None, on_batch=on_batch,
                       precision=precision, channels_last=channels_last, compiled=compile, recipe=recipe,
-                      accumulate=accumulate_batches)
+                      accumulate=accumulate_batches, ema_decay=ema_decay)
     finally:
         if own_group and dist.is_initialized():
             dist.destroy_process_group()
@@ -545,7 +561,7 @@ def train_torch(
                 "image_size": sizes.as_list() if sizes.progressive else sizes.final,
                 "learning_rate": learning_rate, "optimizer": optimizer,
                 "lr_schedule": lr_schedule, "warmup_epochs": warmup_epochs, "weight_decay": weight_decay,
-                "label_smoothing": label_smoothing, "accumulate_batches": accumulate_batches,
+                "label_smoothing": label_smoothing, "accumulate_batches": accumulate_batches, "ema_decay": ema_decay,
                 "steps_per_epoch": steps_per_epoch, "seed": seed,
                 "num_workers": num_workers, "backend": backend,
                 "input_options": dict(input_options or {}), "output_dir": result.output_dir,
@@ -557,7 +573,7 @@ def train_torch(
 def _train(model_name, url, validation_data, *, choice, epochs, batch_size, sizes: ImageSizes, num_classes,
            model_kwargs, seed, output_dir, checkpoint_dir, input_options, num_workers, steps_per_epoch, threads,
            callbacks, backup_every, on_batch, recipe: FitOptions, precision="fp32", channels_last=None,
-           compiled=False, accumulate: int = 1) -> TrainResult:
+           compiled=False, accumulate: int = 1, ema_decay: float | None = None) -> TrainResult:
     distributed = choice is not None
     rank, world = (choice.rank, choice.world_size) if distributed else (0, 1)
     device = _device_for(choice.backend) if distributed else torch.device("cuda" if torch.cuda.is_available()
@@ -613,6 +629,13 @@ def _train(model_name, url, validation_data, *, choice, epochs, batch_size, size
         partial = state.get("partial")   # backup_every's: where in the epoch, and what it had summed
         log.info("resuming from %s at epoch %d%s", checkpoint_dir / CHECKPOINT_FILE, initial_epoch,
                  f", step {partial['step']}" if partial and partial["step"] else "")
+    ema = None
+    if ema_decay is not None:   # from the (restored) weights, or the average a backup kept
+        from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+        ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(ema_decay), use_buffers=True)
+        if state is not None and "ema" in state:
+            ema.load_state_dict(state["ema"])
     trained = model
     if distributed:   # DDP broadcasts rank 0's parameters: every rank starts from the same weights
         trained = torch.nn.parallel.DistributedDataParallel(
@@ -738,12 +761,14 @@ def _train(model_name, url, validation_data, *, choice, epochs, batch_size, size
                     scaler.update()
                 else:
                     optim.step()
+                if ema is not None:
+                    ema.update_parameters(model)
                 if on_batch is not None:
                     on_batch(epoch, step, step_ids[0] if accumulate == 1 else torch.cat(step_ids))
                 if backup_every and (step + 1) % backup_every == 0 and step + 1 < steps:
                     _backup(checkpoint_dir, rank, distributed, model=model, optim=optim, epoch=epoch, step=step + 1,
                             world=world, history=history, model_name=model_name, loader=loader,
-                            sums=_sum_across(sums.tolist(), distributed), accumulate=accumulate)
+                            sums=_sum_across(sums.tolist(), distributed), accumulate=accumulate, ema=ema)
                 advance(1)
             shown.close()
             epoch_seconds.append(time.perf_counter() - epoch_started)
@@ -751,20 +776,22 @@ def _train(model_name, url, validation_data, *, choice, epochs, batch_size, size
             if recipe.scheduled:   # the rate of the epoch's last step, as TensorFlow's fit logs it
                 logs["learning_rate"] = recipe.learning_rate_at((epoch + 1) * steps - 1, steps)
             if val_loader is not None:
-                logs.update({f"val_{k}": v for k, v in
-                             _evaluate(model, val_loader, device, distributed and val_sharded, amp, layout,
-                                       top_k).items()})
+                evaluated = _evaluate([model] + ([ema.module] if ema is not None else []), val_loader, device,
+                                      distributed and val_sharded, amp, layout, top_k)
+                for prefix, metrics in zip(("val_", "val_ema_"), evaluated):
+                    logs.update({f"{prefix}{k}": v for k, v in metrics.items()})
             for name, value in logs.items():
                 history.setdefault(name, []).append(float(value))
             _write_csv(metrics_csv, history)
             if backup_every:   # with the input position: the next epoch goes on where the stream is
                 _backup(checkpoint_dir, rank, distributed, model=model, optim=optim, epoch=epoch + 1, step=0,
                         world=world, history=history, model_name=model_name, loader=loader,
-                        sums=[0.0] * len(sums), accumulate=accumulate)
+                        sums=[0.0] * len(sums), accumulate=accumulate, ema=ema)
             elif checkpoint_dir is not None and rank == 0:
                 checkpoint_dir.mkdir(parents=True, exist_ok=True)
                 _save({"format": CHECKPOINT_FORMAT, "epoch": epoch + 1, "model": model.state_dict(),
-                       "optimizer": optim.state_dict(), "history": history, "model_name": model_name},
+                       "optimizer": optim.state_dict(), "history": history, "model_name": model_name,
+                       **({"ema": ema.state_dict()} if ema is not None else {})},
                       checkpoint_dir / CHECKPOINT_FILE)
             if distributed:
                 dist.barrier()   # no rank starts the next epoch (or a relaunch) before the checkpoint is whole
@@ -778,11 +805,19 @@ def _train(model_name, url, validation_data, *, choice, epochs, batch_size, size
     fit_seconds = time.perf_counter() - started
 
     val_metrics = {}
-    if val_loader is not None:
-        val_metrics = ({name[len("val_"):]: values[-1] for name, values in history.items() if name.startswith("val_")}
-                       if ran else _evaluate(model, val_loader, device, distributed and val_sharded, top_k=top_k))
+    if val_loader is not None and ran:   # the last epoch's: `ema_*` for the moving average's
+        val_metrics = {name[len("val_"):]: values[-1] for name, values in history.items() if name.startswith("val_")}
+    elif val_loader is not None:   # nothing left to train (a finished run resumed): evaluated now
+        evaluated = _evaluate([model] + ([ema.module] if ema is not None else []), val_loader, device,
+                              distributed and val_sharded, amp, layout, top_k)
+        val_metrics = {f"{prefix}{k}": v for prefix, metrics in zip(("", "ema_"), evaluated)
+                       for k, v in metrics.items()}
     weights_path = write_dir / WEIGHTS_FILE
     _save(model.state_dict(), weights_path)
+    ema_weights_path = None
+    if ema is not None:
+        ema_weights_path = write_dir / EMA_WEIGHTS_FILE
+        _save(ema.module.state_dict(), ema_weights_path)
     plot_png = None
     if metrics_csv.exists():
         plot_png = plot_curves(read_metrics_csv(metrics_csv), write_dir / "curves.png",
@@ -806,6 +841,7 @@ def _train(model_name, url, validation_data, *, choice, epochs, batch_size, size
                   **({"cpu_share": loader.dataset.cpu_share} if loader.dataset.cpu_share else {})},
         output_dir=str(write_dir), metrics_csv=str(metrics_csv), plot_png=str(plot_png) if plot_png else None,
         checkpoint_dir=str(checkpoint_dir) if checkpoint_dir else None, weights_path=str(weights_path),
+        ema_weights_path=str(ema_weights_path) if ema_weights_path else None,
         num_classes=num_classes, is_chief=rank == 0, input_shards=[list(shard) if shard else None],
         framework="torch", input_stall=min(input_seconds / train_seconds, 1.0) if train_seconds else None,
     )
