@@ -68,6 +68,8 @@ def test_the_cli_pins_a_torch_run_and_it_loads_back(digits_parquet, board, tmp_p
     assert isinstance(model, torch.nn.Module) and not model.training
     assert all(torch.equal(model.state_dict()[k], v) for k, v in trained.items())
     assert model(torch.zeros(2, 3, 32, 32)).shape == (2, 10)
+    with pytest.raises(ExperimentError, match=r"has no final-ema.pt \(it was trained without ema_decay\)"):
+        load_experiment(f"{board}/digits-torch", ema=True)
     bad = CliRunner().invoke(cli, ["train", "alexnet", digits_parquet["train"], "--framework", "torch",
                                    "-o", str(tmp_path / "run2"), "--pin", "no-such-board/x"])
     assert bad.exit_code == 1 and not (tmp_path / "run2" / "final.pt").exists()   # refused before the fit
@@ -88,6 +90,9 @@ def test_train_torch_pins_as_train_does(digits_parquet, board, tmp_path):
     assert lineage["data"]["rows"] == digits_parquet["rows"]
     assert all(torch.equal(load_experiment(f"{board}/py-torch").state_dict()[k], v)
                for k, v in result.model.state_dict().items())
+    average = torch.load(result.ema_weights_path, weights_only=True)
+    assert all(torch.equal(load_experiment(f"{board}/py-torch", ema=True).state_dict()[k], v)
+               for k, v in average.items())
     with pytest.raises(boards.BoardError, match="no-such-board"):
         train_torch("alexnet", digits_parquet["train"], epochs=1, batch_size=8, image_size=32,
                     output_dir=tmp_path / "run2", pin="no-such-board/x")

@@ -556,7 +556,8 @@ def experiment_lineage(target: str, board=None, version: str | None = None) -> d
     return _checked_lineage(files[LINEAGE_FILE], name)
 
 
-def load_experiment(target: str, board=None, version: str | None = None, *, max_parameters: int = MAX_PARAMETERS):
+def load_experiment(target: str, board=None, version: str | None = None, *, max_parameters: int = MAX_PARAMETERS,
+                    ema: bool = False):
     """Rebuild a pinned run's model and load its final weights: ``load_experiment("board/name")``.
 
     Returns an uncompiled Keras model (compile it to evaluate or to train further), or for a PyTorch
@@ -571,6 +572,8 @@ def load_experiment(target: str, board=None, version: str | None = None, *, max_
         board: A registered board's name or a `Board` (None: the default board).
         version: A full version name or a unique prefix (None: the latest).
         max_parameters: A model with more parameters is refused before it is built.
+        ema: Load the moving average of the weights (``final-ema.pt``, a PyTorch run's ``ema_decay``)
+            instead of the final weights.
 
     Returns:
         The model with its final weights: a Keras model, or a ``torch.nn.Module`` in eval mode.
@@ -580,7 +583,9 @@ def load_experiment(target: str, board=None, version: str | None = None, *, max_
     files, name, _ = _pinned_files(target, board, version)
     lineage = _checked_lineage(files[LINEAGE_FILE], name)
     if lineage["model"].get("framework") == "torch":
-        return _load_torch(files, lineage, name, max_parameters)
+        return _load_torch(files, lineage, name, max_parameters, EMA_WEIGHTS_FILE if ema else TORCH_WEIGHTS_FILE)
+    if ema:
+        raise ExperimentError(f"experiment {name!r} is a TensorFlow run, which keeps no moving average of its weights")
     if WEIGHTS_FILE not in files:
         raise ExperimentError(f"experiment {name!r} has no {WEIGHTS_FILE}")
     model = _build_checked(lineage, name, max_parameters)
@@ -596,18 +601,20 @@ def load_experiment(target: str, board=None, version: str | None = None, *, max_
     return model
 
 
-def _load_torch(files: dict, lineage: dict, name: str, max_parameters: int):
+def _load_torch(files: dict, lineage: dict, name: str, max_parameters: int, weights: str = TORCH_WEIGHTS_FILE):
     """A PyTorch run's module with its weights. Counted on torch's meta device before it is built, and the
     weights file (a zip of stored tensors) checked against the module's tensors before torch reads a byte
     of it, its pickle scanned within bounds set by their number (``torch_checkpoint``: a file-size check
-    does not bound what unpickling allocates); read with ``weights_only=True``, nothing in it can run."""
+    does not bound what unpickling allocates); read with ``weights_only=True``, nothing in it can run.
+    `weights`: the file read (``final.pt``, or the moving average's ``final-ema.pt``)."""
     from pinstorm.extras import require
 
     torch = require("torch", "torch", "load_experiment of a PyTorch run")
     from .torch_models import build_torch_model
 
-    if TORCH_WEIGHTS_FILE not in files:
-        raise ExperimentError(f"experiment {name!r} has no {TORCH_WEIGHTS_FILE}")
+    if weights not in files:
+        kept = " (it was trained without ema_decay)" if weights == EMA_WEIGHTS_FILE else ""
+        raise ExperimentError(f"experiment {name!r} has no {weights}{kept}")
     spec = lineage["model"]
     args, kwargs = (str(spec["name"]), int(spec["num_classes"]), int(spec["image_size"])), dict(spec.get("kwargs") or {})
     try:
@@ -622,7 +629,7 @@ def _load_torch(files: dict, lineage: dict, name: str, max_parameters: int):
     except (PinstormError, ValueError, TypeError) as error:   # TorchModelError; a kwarg the builder refuses
         raise ExperimentError(f"experiment {name!r}: cannot build {args[0]} from its lineage: {error}") from error
     expected = model.state_dict()
-    path = files[TORCH_WEIGHTS_FILE]
+    path = files[weights]
     _check_torch_file(path, expected, name)
     from .torch_checkpoint import UnsafeCheckpoint, load_checked
 
