@@ -104,7 +104,7 @@ def test_torch_label_smoothing_is_torchs_own():
                                                                        torch.from_numpy(labels)).item(), rel=1e-3)
 
 
-def test_train_torch_follows_the_schedule_and_logs_its_rates(digits_parquet, monkeypatch):
+def test_train_torch_follows_the_schedule_and_logs_its_rates(digits_parquet, monkeypatch, tmp_path):
     torch = pytest.importorskip("torch")
     from pinstorm.training.torch_fit import train_torch
 
@@ -118,7 +118,8 @@ def test_train_torch_follows_the_schedule_and_logs_its_rates(digits_parquet, mon
     recipe = dict(epochs=3, learning_rate=0.05, optimizer="sgd", lr_schedule="cosine", warmup_epochs=1,
                   weight_decay=1e-4, label_smoothing=0.1)
     result = train_torch("resnet_small", digits_parquet["train"], batch_size=8, image_size=32, steps_per_epoch=3,
-                         seed=0, input_options={"flip": False}, model_kwargs={"width": 0.25}, **recipe)
+                         seed=0, input_options={"flip": False}, model_kwargs={"width": 0.25},
+                         output_dir=tmp_path / "run", **recipe)
 
     expected = FitOptions(**recipe)
     assert seen == pytest.approx(rates(expected, 3))

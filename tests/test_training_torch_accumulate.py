@@ -47,7 +47,9 @@ def test_an_epoch_counts_steps_of_the_accumulated_batches(digits_parquet, tmp_pa
         with pytest.raises(TrainingError, match="accumulate_batches must be a positive number of batches"):
             train_torch("alexnet", digits_parquet["train"], accumulate_batches=bad)
     with pytest.raises(TrainingError, match="fewer than one step of 40 batches of 8"):
-        train_torch("alexnet", digits_parquet["train"], batch_size=8, accumulate_batches=40)
+        train_torch("alexnet", digits_parquet["train"], batch_size=8, accumulate_batches=40,
+                    output_dir=str(tmp_path / "refused"))
+    assert not (tmp_path / "refused").exists()   # refused before it made its folder
 
 
 def test_a_run_killed_mid_epoch_resumes_at_the_step_after_its_backup(digits_parquet, tmp_path):

@@ -586,7 +586,6 @@ def _train(model_name, url, validation_data, *, choice, epochs, batch_size, size
         torch.set_num_threads(int(threads))
     output_dir = Path(output_dir) if output_dir else default_output_dir(model_name)
     write_dir = output_dir if rank == 0 else output_dir / "workers" / f"rank{rank}"
-    write_dir.mkdir(parents=True, exist_ok=True)
     checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
 
     info = pipeline.dataset_info(url, storage_options=input_options.get("storage_options"))
@@ -605,6 +604,7 @@ def _train(model_name, url, validation_data, *, choice, epochs, batch_size, size
         one_step = (f"one batch of {batch_size}; lower batch_size" if accumulate == 1 else
                     f"one step of {accumulate} batches of {batch_size}; lower batch_size or accumulate_batches")
         raise InvalidTrainingInput(f"{url}: the smallest shard has {min(rows)} rows, fewer than {one_step}")
+    write_dir.mkdir(parents=True, exist_ok=True)   # once the run is possible: a refused one leaves no folder
 
     if seed is not None:
         random.seed(seed)
