@@ -170,3 +170,4 @@ def test_train_needs_the_steps_of_an_epoch_for_a_schedule(tmp_path):
     with pytest.raises(TrainingError, match="needs the steps of an epoch"):
         train("mobilenet_v2", data, epochs=1, num_classes=3, lr_schedule="cosine", output_dir=tmp_path / "unknown",
               strategy=tf.distribute.OneDeviceStrategy("/cpu:0"), verbose=0)
+    assert not (tmp_path / "unknown").exists()   # refused before it made its folder

@@ -223,7 +223,6 @@ def train(
         check_target(pin)
     output_dir = Path(output_dir) if output_dir else default_output_dir(model_name)
     write_dir = multiworker.worker_output_dir(output_dir, config)
-    write_dir.mkdir(parents=True, exist_ok=True)
     cache_dir = Path(cache_dir) if cache_dir else write_dir / "data"
     checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
 
@@ -267,6 +266,7 @@ def train(
     if recipe.scheduled and not steps:
         raise InvalidTrainingInput(f"lr_schedule={lr_schedule!r} with warmup_epochs={warmup_epochs} needs the steps "
                                    "of an epoch: give steps_per_epoch with a tf.data.Dataset")
+    write_dir.mkdir(parents=True, exist_ok=True)   # once the run is possible: a refused one leaves no folder
     if seed is not None:
         _seed_python_and_numpy(seed)
 
