@@ -48,40 +48,6 @@ def test_spark_train_torch_runs_two_ddp_ranks(spark, digits_parquet, tmp_path, l
     assert all(torch.equal(first[k], second[k]) for k in first)
 
 
-def _dies_once_then_trains(data: str, output: str, checkpoint: str, marker: str):
-    """A torch train function whose rank 1 process dies after the first epoch of the first attempt."""
-
-    def train(rank, num_workers):
-        import os
-
-        from pinstorm.training.torch_fit import train_torch
-
-        def die_once(epoch, logs):
-            if rank == 1 and not os.path.exists(marker):
-                open(marker, "w").close()
-                os._exit(1)                       # the process is gone, as when a node is lost
-
-        return train_torch("alexnet", data, epochs=3, batch_size=8, image_size=32, seed=0, output_dir=output,
-                           checkpoint_dir=checkpoint, model_kwargs={"width": 0.125, "normalization": None,
-                                                                    "dropout": 0.0},
-                           callbacks=[die_once]).summary()
-
-    return train
-
-
-@pytest.mark.slow
-def test_spark_train_torch_relaunches_and_resumes_from_the_checkpoint(spark, digits_parquet, tmp_path):
-    from pinstorm.training.spark import spark_train
-
-    train = _dies_once_then_trains(digits_parquet["train"], str(tmp_path / "run"), str(tmp_path / "ckpt"),
-                                   str(tmp_path / "died"))
-    result = spark_train(train, 2, spark, framework="torch", max_restarts=1)
-    assert (tmp_path / "died").exists() and result.restarts == 1 and result.attempts[0].error
-    assert result.resumed_from_epoch == 1 and result[0].result["epochs"] == [1, 2]
-    rows = (tmp_path / "run" / "metrics.csv").read_text().splitlines()
-    assert [row.split(",")[0] for row in rows[1:]] == ["0", "1", "2"]
-
-
 def _dies_mid_epoch_once(data: str, output: str, checkpoint: str | None, marker: str, die_at_step: int):
     """A torch train function (2 ranks, backups every 3 steps) whose rank 1 process dies in the middle of a
     training step, once: ``die_at_step`` counts the model's training forwards on that rank."""
@@ -116,8 +82,9 @@ def _dies_mid_epoch_once(data: str, output: str, checkpoint: str | None, marker:
 
 @pytest.mark.slow
 def test_spark_train_torch_relaunched_mid_epoch_ends_as_if_never_killed(spark, digits_parquet, tmp_path):
-    """A rank lost mid-epoch: the relaunch resumes at the last backup (every rank's input position, the
-    random state) and both ranks end with the weights of a run that lost nothing."""
+    """A rank lost mid-epoch: Spark relaunches the stage, which resumes at the last backup (every rank's input
+    position, the random state), appends to the run's metrics, and both ranks end with the weights of a run
+    that lost nothing."""
     from pinstorm.training.spark import spark_train
 
     (tmp_path / "never").touch()
@@ -128,6 +95,9 @@ def test_spark_train_torch_relaunched_mid_epoch_ends_as_if_never_killed(spark, d
                                               str(tmp_path / "died"), steps + 5), 2, spark, framework="torch",
                          max_restarts=1)
     assert (tmp_path / "died").exists() and result.restarts == 1 and result[0].result["initial_epoch"] == 1
+    assert result.attempts[0].error and result.resumed_from_epoch == 1 and result[0].result["epochs"] == [1]
+    rows = (tmp_path / "run" / "metrics.csv").read_text().splitlines()
+    assert [row.split(",")[0] for row in rows[1:]] == ["0", "1"]   # the first attempt's epoch, then the relaunch's
     expected = torch.load(whole[0].result["weights_path"], weights_only=True)
     for worker in result:
         weights = torch.load(worker.result["weights_path"], weights_only=True)
