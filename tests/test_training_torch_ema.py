@@ -47,3 +47,19 @@ def test_without_a_decay_there_is_no_average_and_bad_decays_are_refused(digits_p
     for bad in (0, 1, 1.5, -0.1, True, "0.99"):
         with pytest.raises(TrainingError, match="ema_decay must be a decay a step between 0 and 1"):
             train_torch("resnet_small", digits_parquet["train"], ema_decay=bad)
+
+
+def test_a_checkpoint_whose_average_does_not_fit_is_a_training_error_naming_it(digits_parquet, tmp_path):
+    """A checkpoint is checked before torch reads it (tensors only, bounded); one whose parts do not fit the
+    model (here a moving average of another shape, as a foreign or damaged backup may hold) is refused by
+    name, not with torch's RuntimeError from deep inside the run."""
+    args = dict(ARGS, epochs=1, steps_per_epoch=2, output_dir=str(tmp_path / "run"),
+                checkpoint_dir=str(tmp_path / "ckpt"), backup_every=1)
+    with pytest.raises(Killed):
+        train_torch("resnet_small", digits_parquet["train"], on_batch=batch_recorder([], kill_at=(0, 1)), **args)
+    path = tmp_path / "ckpt" / "checkpoint.pt"
+    saved = torch.load(path, weights_only=True)
+    saved["ema"] = {"n_averaged": torch.tensor(1), "module.classifier.2.weight": torch.zeros(3, 3)}
+    torch.save(saved, path)
+    with pytest.raises(TrainingError, match=r"checkpoint.pt does not fit this run of resnet_small: RuntimeError"):
+        train_torch("resnet_small", digits_parquet["train"], **args)

@@ -622,20 +622,31 @@ def _train(model_name, url, validation_data, *, choice, epochs, batch_size, size
     optim = _optimizer(recipe, model)
     state = load_checkpoint(checkpoint_dir, tensors=checkpoint_tensors(model)) if checkpoint_dir else None
     initial_epoch, history, partial = 0, {}, None
-    if state is not None:
-        model.load_state_dict(state["model"])
-        optim.load_state_dict(state["optimizer"])
-        initial_epoch, history = int(state["epoch"]), {k: list(v) for k, v in state["history"].items()}
-        partial = state.get("partial")   # backup_every's: where in the epoch, and what it had summed
-        log.info("resuming from %s at epoch %d%s", checkpoint_dir / CHECKPOINT_FILE, initial_epoch,
-                 f", step {partial['step']}" if partial and partial["step"] else "")
     ema = None
-    if ema_decay is not None:   # from the (restored) weights, or the average a backup kept
+    if ema_decay is not None:
         from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
         ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(ema_decay), use_buffers=True)
-        if state is not None and "ema" in state:
-            ema.load_state_dict(state["ema"])
+    if state is not None:
+        # a checkpoint's tensors are checked (load_checkpoint); its structure is checked here, as it is applied
+        try:
+            model.load_state_dict(state["model"])
+            optim.load_state_dict(state["optimizer"])
+            initial_epoch, history = int(state["epoch"]), {k: list(v) for k, v in state["history"].items()}
+            partial = state.get("partial")   # backup_every's: where in the epoch, and what it had summed
+            if partial:
+                partial.update(step=int(partial["step"]), world=int(partial["world"]),
+                               accumulate=int(partial.get("accumulate", 1)))
+            if ema is not None:   # the average a backup kept; without one, it starts from the restored weights
+                if "ema" in state:
+                    ema.load_state_dict(state["ema"])
+                else:
+                    ema.module.load_state_dict(model.state_dict())
+        except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as error:
+            raise InvalidTrainingInput(f"{checkpoint_dir / CHECKPOINT_FILE} does not fit this run of {model_name}: "
+                                       f"{type(error).__name__}: {str(error)[:300]}") from None
+        log.info("resuming from %s at epoch %d%s", checkpoint_dir / CHECKPOINT_FILE, initial_epoch,
+                 f", step {partial['step']}" if partial and partial["step"] else "")
     trained = model
     if distributed:   # DDP broadcasts rank 0's parameters: every rank starts from the same weights
         trained = torch.nn.parallel.DistributedDataParallel(
@@ -668,15 +679,15 @@ def _train(model_name, url, validation_data, *, choice, epochs, batch_size, size
     if partial:   # the samples every rank had received, so the epoch goes on with exactly the rest
         positions = json.loads(partial["positions"])
         if distributed and shard is None:    # each rank reads a dataset of its own: only its position applies
-            if int(partial["world"]) != world:
+            if partial["world"] != world:
                 raise InvalidTrainingInput(f"{checkpoint_dir / CHECKPOINT_FILE} was backed up by {partial['world']} "
                                            "ranks each reading a dataset of its own: resume it on "
                                            f"{partial['world']} ranks, not {world}")
             positions = positions[rank]
         loader.load_state_dict(positions)
-        # in images a rank had trained (the world or the accumulation may differ from the backed-up run's)
-        first_step = max(0, min(steps, int(partial["step"]) * int(partial["world"]) * int(partial.get("accumulate", 1))
-                                // (world * accumulate)))
+        # counted in the batches all ranks had trained: the world or the accumulation may differ from the backup's
+        trained_batches = partial["step"] * partial["world"] * partial["accumulate"]
+        first_step = max(0, min(steps, trained_batches // (world * accumulate)))
     val_loader, val_sharded, validation_loader = None, False, None
     if validation_data is not None:
         val_info = pipeline.dataset_info(os.fspath(validation_data), storage_options=options.get("storage_options"))
