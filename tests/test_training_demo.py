@@ -101,7 +101,7 @@ def test_train_command_trains_pins_and_prints_json(two_cpu_devices, digits_parqu
         "train", "alexnet", digits_parquet["train"], "--val", digits_parquet["val"], "--strategy", "mirrored",
         "--devices", "2", "--cross-device-ops", "hierarchical", "--epochs", "1", "--batch-size", "8",
         "--image-size", "32", "--width", "0.125", "--no-flip", "--json", "--output-dir", str(tmp_path / "out"),
-        "--pin", "runs/cli-run"], catch_exceptions=False)
+        "--ema-decay", "0.9", "--pin", "runs/cli-run"], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     # the summary is stdout's one line (CliRunner's output also holds stderr, where other threads may write)
     summary = json.loads(next(line for line in reversed(result.output.splitlines()) if line.startswith("{")))
@@ -114,6 +114,9 @@ def test_train_command_trains_pins_and_prints_json(two_cpu_devices, digits_parqu
                                    if p.endswith("lineage.json"))).read_text())
     assert lineage["data"]["url"] == digits_parquet["train"] and lineage["validation_data"]["url"] == digits_parquet["val"]
     assert lineage["strategy"]["cross_device_ops"] == "HierarchicalCopyAllReduce"
+    # the moving average of the weights, on two replicas: validated, written and pinned
+    assert summary["ema_weights_path"].endswith("final-ema.weights.h5") and "ema_accuracy" in summary["val_metrics"]
+    assert lineage["arguments"]["ema_decay"] == 0.9 and "final-ema.weights.h5" in lineage["files"]
 
 
 def test_cli_does_not_load_tensorflow_until_a_training_command_runs():

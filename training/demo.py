@@ -21,6 +21,7 @@ from __future__ import annotations
 from . import keras_env  # noqa: F401  (must precede TensorFlow)
 from .errors import TrainingError
 from .plots import save_figure
+from .runs import FRAMEWORKS
 
 import json
 import os
@@ -75,9 +76,6 @@ class Stage:
 
 def _folder_bytes(paths) -> int:
     return sum(os.path.getsize(p) for p in paths if os.path.isfile(p))
-
-
-FRAMEWORKS = ("tensorflow", "torch")
 
 
 def run_demo(workdir=None, *, size: str = "full", epochs: int | None = None, parallel: int = 4,

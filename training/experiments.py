@@ -37,15 +37,12 @@ from pinstorm.boards.errors import InvalidPinName
 from pinstorm.boards.safety.names import check_pin_name
 
 from .errors import TrainingError
-from .runs import EMA_WEIGHTS_FILE
+from .runs import EMA_WEIGHTS_FILES, FRAMEWORKS, WEIGHTS_FILES
 
 log = secrets.logger("pinstorm.training")
 
 TAG = "pinstorm experiment"
 LINEAGE_FILE = "lineage.json"
-WEIGHTS_FILE = "final.weights.h5"
-TORCH_WEIGHTS_FILE = "final.pt"
-FRAMEWORKS = ("tensorflow", "torch")
 METRICS_FILE = "metrics.csv"
 CURVES_FILE = "curves.png"
 TENSORBOARD_ZIP = "tensorboard.zip"
@@ -271,9 +268,9 @@ def pin_run(result, target, lineage: dict) -> ExperimentRecord:
     with tempfile.TemporaryDirectory(prefix="pinstorm-experiment-") as tmp:
         staging = Path(tmp) / name
         staging.mkdir()
-        weights = TORCH_WEIGHTS_FILE if getattr(result, "framework", "tensorflow") == "torch" else WEIGHTS_FILE
-        for source, file in ((result.weights_path, weights), (result.metrics_csv, METRICS_FILE),
-                             (result.plot_png, CURVES_FILE), (result.ema_weights_path, EMA_WEIGHTS_FILE)):
+        framework = getattr(result, "framework", "tensorflow")
+        for source, file in ((result.weights_path, WEIGHTS_FILES[framework]), (result.metrics_csv, METRICS_FILE),
+                             (result.plot_png, CURVES_FILE), (result.ema_weights_path, EMA_WEIGHTS_FILES[framework])):
             if source and Path(source).is_file():
                 shutil.copyfile(source, staging / file)
         tensorboard = Path(result.tensorboard_dir) if result.tensorboard_dir else output / "tensorboard"
@@ -572,8 +569,8 @@ def load_experiment(target: str, board=None, version: str | None = None, *, max_
         board: A registered board's name or a `Board` (None: the default board).
         version: A full version name or a unique prefix (None: the latest).
         max_parameters: A model with more parameters is refused before it is built.
-        ema: Load the moving average of the weights (``final-ema.pt``, a PyTorch run's ``ema_decay``)
-            instead of the final weights.
+        ema: Load the moving average of the weights (``final-ema.weights.h5`` or ``final-ema.pt``, kept by a
+            run with ``ema_decay``) instead of the final weights.
 
     Returns:
         The model with its final weights: a Keras model, or a ``torch.nn.Module`` in eval mode.
@@ -583,25 +580,27 @@ def load_experiment(target: str, board=None, version: str | None = None, *, max_
     files, name, _ = _pinned_files(target, board, version)
     lineage = _checked_lineage(files[LINEAGE_FILE], name)
     if lineage["model"].get("framework") == "torch":
-        return _load_torch(files, lineage, name, max_parameters, EMA_WEIGHTS_FILE if ema else TORCH_WEIGHTS_FILE)
-    if ema:
-        raise ExperimentError(f"experiment {name!r} is a TensorFlow run, which keeps no moving average of its weights")
-    if WEIGHTS_FILE not in files:
-        raise ExperimentError(f"experiment {name!r} has no {WEIGHTS_FILE}")
+        return _load_torch(files, lineage, name, max_parameters, (EMA_WEIGHTS_FILES if ema else WEIGHTS_FILES)["torch"])
+    weights = (EMA_WEIGHTS_FILES if ema else WEIGHTS_FILES)["tensorflow"]
+    if weights not in files:
+        raise ExperimentError(f"experiment {name!r} has no {weights}{_WITHOUT_AVERAGE if ema else ''}")
     model = _build_checked(lineage, name, max_parameters)
     try:
-        check_weights_file(files[WEIGHTS_FILE], [tuple(v.shape) for v in model.weights])
+        check_weights_file(files[weights], [tuple(v.shape) for v in model.weights])
     except UnsafeWeights as error:
         raise ExperimentError(f"weights of experiment {name!r} refused: {error}") from error
     try:
-        model.load_weights(str(files[WEIGHTS_FILE]))
+        model.load_weights(str(files[weights]))
     except (ValueError, KeyError, OSError) as error:
         raise ExperimentError(f"weights of experiment {name!r} do not fit {lineage['model']['name']}: "
                               f"{error}") from error
     return model
 
 
-def _load_torch(files: dict, lineage: dict, name: str, max_parameters: int, weights: str = TORCH_WEIGHTS_FILE):
+_WITHOUT_AVERAGE = " (it was trained without ema_decay)"
+
+
+def _load_torch(files: dict, lineage: dict, name: str, max_parameters: int, weights: str = WEIGHTS_FILES["torch"]):
     """A PyTorch run's module with its weights. Counted on torch's meta device before it is built, and the
     weights file (a zip of stored tensors) checked against the module's tensors before torch reads a byte
     of it, its pickle scanned within bounds set by their number (``torch_checkpoint``: a file-size check
@@ -613,7 +612,7 @@ def _load_torch(files: dict, lineage: dict, name: str, max_parameters: int, weig
     from .torch_models import build_torch_model
 
     if weights not in files:
-        kept = " (it was trained without ema_decay)" if weights == EMA_WEIGHTS_FILE else ""
+        kept = _WITHOUT_AVERAGE if weights == EMA_WEIGHTS_FILES["torch"] else ""
         raise ExperimentError(f"experiment {name!r} has no {weights}{kept}")
     spec = lineage["model"]
     args, kwargs = (str(spec["name"]), int(spec["num_classes"]), int(spec["image_size"])), dict(spec.get("kwargs") or {})

@@ -16,6 +16,7 @@ from __future__ import annotations
 from .keras_env import tensorflow  # must precede TensorFlow
 
 import contextlib
+import functools
 import os
 import random
 import time
@@ -28,7 +29,7 @@ import tf_keras as keras
 from .errors import InvalidTrainingInput, TrainingError
 from . import keras_recipe, multiworker, resume
 from .results import TrainResult
-from .runs import DEFAULTS as FIT, FitOptions, default_output_dir
+from .runs import DEFAULTS as FIT, EMA_WEIGHTS_FILES, WEIGHTS_FILES, FitOptions, default_output_dir
 from .inputs import is_data_map, map_classes, resolve_input
 from .models import build_model
 from .plots import plot_curves, read_metrics_csv
@@ -156,6 +157,7 @@ def train(
     warmup_epochs: float = FIT.warmup_epochs,
     weight_decay: float = FIT.weight_decay,
     label_smoothing: float = FIT.label_smoothing,
+    ema_decay: float | None = FIT.ema_decay,
 ) -> TrainResult:
     """Fit ``model_name`` on ``data``; return the history and the final validation metrics.
 
@@ -187,7 +189,13 @@ def train(
     The options every fit shares (``epochs``, ``batch_size``, ``image_size``, ``num_classes``,
     ``learning_rate``, ``optimizer``, ``model_kwargs``, ``steps_per_epoch``, ``seed``, ``output_dir``,
     ``checkpoint_dir``, ``input_options``, ``pin``, ``lineage``, ``lr_schedule``, ``warmup_epochs``,
-    ``weight_decay``, ``label_smoothing``) are described once on [`FitOptions`][pinstorm.training.runs.FitOptions].
+    ``weight_decay``, ``label_smoothing``, ``ema_decay``) are described once on
+    [`FitOptions`][pinstorm.training.runs.FitOptions].
+
+    ``ema_decay=d`` keeps tf-keras's moving average of the trainable weights (``use_ema``, updated inside the
+    compiled step; batch-norm statistics stay the model's own), kept in the backups, validated after each
+    epoch (``val_ema_*``; ``ema_*`` in ``val_metrics``) and written as ``final-ema.weights.h5``
+    (``ema_weights_path``, pinned with ``pin=``).
 
     Args:
         model_name: The model to build: ``"alexnet"``, ``"resnet50"`` or ``"mobilenet_v2"`` (`build_model`).
@@ -254,7 +262,7 @@ def train(
     if train_input.num_classes and num_classes != train_input.num_classes:
         raise InvalidTrainingInput(f"num_classes={num_classes} but the training data has "
                                    f"{train_input.num_classes} classes")
-    val_input = None
+    val_input, validation_at = None, None
     if validation_data is not None:
         train_classes = train_input.classes or (map_classes(data) if is_data_map(data) else None)
         val_input = resolve_input(validation_data, role="val", num_classes=num_classes, classes=train_classes,
@@ -262,6 +270,14 @@ def train(
         if val_input.classes and train_input.classes and val_input.classes != train_input.classes:
             raise InvalidTrainingInput("training and validation data label different classes; convert both with the "
                                        "same `classes`")
+
+        @functools.cache
+        def validation_at(size):
+            """The validation data at `size` pixels (progressive resizing validates each phase at its own)."""
+            if size == image_size:
+                return val_input.dataset
+            return resolve_input(validation_data, role="val", num_classes=num_classes, classes=train_classes,
+                                 **{**common, "image_size": size}).dataset
     steps = steps_per_epoch or train_input.steps
     if recipe.scheduled and not steps:
         raise InvalidTrainingInput(f"lr_schedule={lr_schedule!r} with warmup_epochs={warmup_epochs} needs the steps "
@@ -297,6 +313,8 @@ def train(
         fit_callbacks.insert(0, _backup_callback(checkpoint_dir, backup_every, tracked, saved_input, rank))
     if recipe.scheduled:   # before the CSVLogger, which writes what the epoch's logs hold when it runs
         fit_callbacks.insert(0, keras_recipe.LearningRateLog(recipe, steps))
+    if recipe.ema_decay and validation_at:   # also before the CSVLogger
+        fit_callbacks.insert(0, keras_recipe.AverageValidation(validation_at))
     fit_callbacks += list(callbacks or [])
     progress = _EpochProgress()
     if chief:
@@ -317,9 +335,7 @@ def train(
 
             model, history = sizes.fit(
                 compiled_model, phase_data,
-                validation_data=(lambda n: resolve_input(validation_data, role="val", num_classes=num_classes,
-                                                         classes=train_classes, **{**common, "image_size": n}).dataset)
-                if val_input else None, epochs=epochs, steps_per_epoch=steps, callbacks=fit_callbacks,
+                validation_data=validation_at, epochs=epochs, steps_per_epoch=steps, callbacks=fit_callbacks,
                 checkpoint_dir=checkpoint_dir, verbose=verbose,
                 backup=lambda last: _backup_callback(checkpoint_dir, backup_every, tracked, saved_input, rank, last))
         else:
@@ -333,11 +349,14 @@ def train(
     if val_input is not None:
         val_metrics = {k: float(v) for k, v in model.evaluate(val_input.dataset, verbose=0, return_dict=True).items()}
 
-    weights_path = write_dir / "final.weights.h5"
-    temporary = write_dir / ".final-partial.weights.h5"   # a crash never leaves half a weights file; the
-    # ".weights.h5" ending selects the Keras weights format, the one load_weights expects of that name
-    model.save_weights(str(temporary))
-    os.replace(temporary, weights_path)
+    weights_path = _save_weights(model, write_dir / WEIGHTS_FILES["tensorflow"])
+    ema_weights_path = None
+    if recipe.ema_decay:
+        with keras_recipe.averaged_weights(model):
+            if val_input is not None:
+                val_metrics.update({f"ema_{name}": float(value) for name, value in
+                                    model.evaluate(val_input.dataset, verbose=0, return_dict=True).items()})
+            ema_weights_path = _save_weights(model, write_dir / EMA_WEIGHTS_FILES["tensorflow"])
     plot_png = None
     if metrics_csv.exists() and metrics_csv.stat().st_size:
         plot_png = plot_curves(read_metrics_csv(metrics_csv), write_dir / "curves.png",
@@ -355,6 +374,7 @@ def train(
         plot_png=str(plot_png) if plot_png else None, tensorboard_dir=str(write_dir / "tensorboard"),
         checkpoint_dir=str(checkpoint_dir) if checkpoint_dir else None, weights_path=str(weights_path),
         num_classes=num_classes, is_chief=chief, input_shards=list(train_input.shards),
+        ema_weights_path=str(ema_weights_path) if ema_weights_path else None,
     )
     if pin is not None and chief:
         from . import experiments
@@ -366,12 +386,21 @@ def train(
                        "image_size": sizes.as_list() if sizes.progressive else image_size,
                        "learning_rate": learning_rate, "optimizer": optimizer, "lr_schedule": lr_schedule,
                        "warmup_epochs": warmup_epochs, "weight_decay": weight_decay,
-                       "label_smoothing": label_smoothing, "steps_per_epoch": steps_per_epoch,
+                       "label_smoothing": label_smoothing, "ema_decay": ema_decay, "steps_per_epoch": steps_per_epoch,
                        "mixed_precision": mixed_precision, "seed": seed, "parallel": parallel,
                        "input_options": dict(input_options or {}), "output_dir": str(output_dir),
                        "checkpoint_dir": str(checkpoint_dir) if checkpoint_dir else None},
             strategy=strategy, started_at=started_at, wall_started=wall_started, lineage=lineage)
     return result
+
+
+def _save_weights(model, path: Path) -> Path:
+    """The model's weights at `path`, whole or not at all: written beside it, then renamed (a crash never
+    leaves half a weights file). The ".weights.h5" ending selects the Keras weights format."""
+    temporary = path.with_name(f".partial-{path.name}")
+    model.save_weights(str(temporary))
+    os.replace(temporary, path)
+    return path
 
 
 def _seed_python_and_numpy(seed: int) -> None:

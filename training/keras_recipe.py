@@ -5,6 +5,8 @@ smoothing and the metrics as `FitOptions` names them, so a TensorFlow run follow
 
 from __future__ import annotations
 
+import contextlib
+
 from .keras_env import tensorflow  # must precede TensorFlow
 
 tf = tensorflow()
@@ -57,17 +59,71 @@ class _SGDWithL2(keras.optimizers.SGD):
 
 
 def optimizer(recipe: FitOptions, steps_per_epoch: int, model: keras.Model) -> keras.optimizers.Optimizer:
-    """SGD with momentum (and L2) or Adam (AdamW with a decay), at a fixed rate or `LearningRates`."""
+    """SGD with momentum (and L2) or Adam (AdamW with a decay), at a fixed rate or `LearningRates`; with
+    ``ema_decay``, tf-keras's moving average of the weights inside the compiled step (`averaged_weights`)."""
     rate = LearningRates(recipe, steps_per_epoch) if recipe.scheduled else recipe.learning_rate
+    average = dict(use_ema=True, ema_momentum=float(recipe.ema_decay)) if recipe.ema_decay else {}
     if recipe.optimizer == "sgd":
         if recipe.weight_decay:
-            return _SGDWithL2(rate, momentum=SGD_MOMENTUM, l2=recipe.weight_decay)
-        return keras.optimizers.SGD(rate, momentum=SGD_MOMENTUM)
-    if not recipe.weight_decay:
-        return keras.optimizers.Adam(rate)
-    adamw = keras.optimizers.AdamW(rate, weight_decay=recipe.weight_decay)
-    adamw.exclude_from_weight_decay(var_list=[v for v in model.trainable_variables if not decays(v.shape)])
-    return adamw
+            made = _SGDWithL2(rate, momentum=SGD_MOMENTUM, l2=recipe.weight_decay, **average)
+        else:
+            made = keras.optimizers.SGD(rate, momentum=SGD_MOMENTUM, **average)
+    elif not recipe.weight_decay:
+        made = keras.optimizers.Adam(rate, **average)
+    else:
+        made = keras.optimizers.AdamW(rate, weight_decay=recipe.weight_decay, **average)
+        made.exclude_from_weight_decay(var_list=[v for v in model.trainable_variables if not decays(v.shape)])
+    if average:
+        # tf-keras ends every fit by overwriting the weights with their average: a run keeps both (the average
+        # is written to a file of its own), and a progressive run's next phase goes on from the weights
+        made.finalize_variable_values = _keep_the_weights
+    return made
+
+
+def _keep_the_weights(var_list) -> None:
+    """`finalize_variable_values` that leaves the model's weights as they were trained."""
+
+
+def _moving_averages(model: keras.Model) -> list:
+    """(weight, its moving average) for each trainable weight, from the optimiser `optimizer` made."""
+    inner = getattr(model.optimizer, "inner_optimizer", model.optimizer)   # under a LossScaleOptimizer
+    averages = getattr(inner, "_model_variables_moving_average", None)   # made when the optimiser is built
+    if not getattr(inner, "use_ema", False) or averages is None:
+        raise ValueError(f"{model.name}'s optimizer keeps no moving average of its weights (ema_decay)")
+    return [(weight, averages[inner._index_dict[inner._var_key(weight)]]) for weight in model.trainable_variables]
+
+
+@contextlib.contextmanager
+def averaged_weights(model: keras.Model):
+    """Inside the block the model's trainable weights hold their moving average (``ema_decay``), as tf-keras's
+    optimiser keeps it; the weights are back afterwards. Batch-norm statistics stay the model's own: tf-keras
+    averages trainable weights only (`train_torch` averages the statistics too)."""
+    pairs = _moving_averages(model)
+    trained = [weight.numpy() for weight, _ in pairs]
+    for weight, average in pairs:
+        weight.assign(average.read_value())
+    try:
+        yield model
+    finally:
+        for (weight, _), value in zip(pairs, trained):
+            weight.assign(value)
+
+
+class AverageValidation(keras.callbacks.Callback):
+    """Adds ``val_ema_*``: the moving average of the weights evaluated on the validation data after each epoch,
+    as `train_torch` does. `validation(size)`: the validation dataset at the model's image size (a
+    progressive run's phases differ)."""
+
+    def __init__(self, validation):
+        super().__init__()
+        self.validation = validation
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is None:
+            return
+        with averaged_weights(self.model):
+            scores = self.model.evaluate(self.validation(int(self.model.input_shape[1])), verbose=0, return_dict=True)
+        logs.update({f"val_ema_{name}": float(value) for name, value in scores.items()})
 
 
 class _SmoothedCrossentropy(keras.losses.Loss):
@@ -114,4 +170,4 @@ class LearningRateLog(keras.callbacks.Callback):
             logs["learning_rate"] = float(self.recipe.learning_rate_at(last, self.steps_per_epoch))
 
 
-__all__ = ["LearningRateLog", "LearningRates", "loss", "metrics", "optimizer"]
+__all__ = ["AverageValidation", "LearningRateLog", "LearningRates", "averaged_weights", "loss", "metrics", "optimizer"]

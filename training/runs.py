@@ -30,7 +30,10 @@ LR_SCHEDULES = ("constant", "cosine", "step")
 STEP_DECAY_AT = (1 / 3, 2 / 3, 8 / 9)
 STEP_DECAY = 0.1
 RUNS_FOLDER = "runs"
-EMA_WEIGHTS_FILE = "final-ema.pt"   # a torch run's moving average of its weights (ema_decay), beside final.pt
+FRAMEWORKS = ("tensorflow", "torch")
+# The files a run writes its final weights to, by framework, and the moving average of them (ema_decay) beside them
+WEIGHTS_FILES = {"tensorflow": "final.weights.h5", "torch": "final.pt"}
+EMA_WEIGHTS_FILES = {"tensorflow": "final-ema.weights.h5", "torch": "final-ema.pt"}
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,9 @@ class FitOptions:
             normalisation scales and shifts (`decays`). 0: none.
         label_smoothing: The share of each target spread evenly over all classes, in [0, 1) (0.1 is the
             common choice for ImageNet).
+        ema_decay: Also keep an exponential moving average of the weights with this decay a step, in (0, 1)
+            (e.g. 0.9998), validated each epoch (``val_ema_*``) and written beside the final weights
+            (`EMA_WEIGHTS_FILES`). None: none.
     """
 
     epochs: int = 10
@@ -96,6 +102,7 @@ class FitOptions:
     warmup_epochs: float = 0.0
     weight_decay: float = 0.0
     label_smoothing: float = 0.0
+    ema_decay: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size"):
@@ -120,6 +127,9 @@ class FitOptions:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (value >= 0 and fits(value)):
                 raise InvalidTrainingInput(f"{name} must be a number {bounds}, got {value!r}")
+        decay = self.ema_decay
+        if decay is not None and (isinstance(decay, bool) or not isinstance(decay, numbers.Real) or not 0 < decay < 1):
+            raise InvalidTrainingInput(f"ema_decay must be a decay a step between 0 and 1 (e.g. 0.9998), got {decay!r}")
 
     @property
     def scheduled(self) -> bool:

@@ -45,7 +45,7 @@ from .spark_session import (REQUIRED_MODULES, SparkTrainError, available_slots, 
                             session_settings, spark_error_message, spark_session, wait_for_slots)
 from pinstorm.boards.safety import secrets
 from pinstorm import boards, pipeline
-from .runs import FitOptions, default_output_dir
+from .runs import FRAMEWORKS, FitOptions, default_output_dir
 
 __all__ = ["Attempt", "SparkTrainError", "SparkTrainResult", "WorkerResult", "available_slots",
            "local_spark_session", "probe_executors", "session_settings", "spark_error_message", "spark_session",
@@ -55,7 +55,6 @@ log = secrets.logger("pinstorm.training")
 
 # spark_train(dict) keys that drive the partition flow rather than train()
 PARTITION_KEYS = ("partition_board", "partition_parallel", "partition_dir")
-FRAMEWORKS = ("tensorflow", "torch")
 TORCH_MODULES = ("pinstorm.training.multiworker", "torch", "pyspark.ml.torch.distributor")
 
 

@@ -46,8 +46,8 @@ from .fallback import error_line, fallback_warning, probe_failure, probe_outcome
 from .plots import plot_curves, read_metrics_csv
 from .results import TrainResult
 from .image_sizes import ImageSizes
-from .runs import (DEFAULTS as FIT, EMA_WEIGHTS_FILE, PRECISIONS, SGD_MOMENTUM, TOP_K, FitOptions, decays,
-                   default_output_dir, reports_top_k)
+from .runs import (DEFAULTS as FIT, EMA_WEIGHTS_FILES, PRECISIONS, SGD_MOMENTUM, TOP_K, WEIGHTS_FILES, FitOptions,
+                   decays, default_output_dir, reports_top_k)
 from .torch_models import build_torch_model
 from pinstorm.boards.safety import secrets
 from pinstorm.progress import progress_bar
@@ -64,7 +64,6 @@ log = secrets.logger("pinstorm.training")
 BACKENDS = ("auto", "nccl", "gloo")
 _GROUP: dict = {}   # the BackendChoice of the group init_distributed made, while that group lives
 CHECKPOINT_FILE = "checkpoint.pt"
-WEIGHTS_FILE = "final.pt"
 CHECKPOINT_FORMAT = 2   # 2: mid-epoch backups (step, partial sums, RNG, every rank's input position)
 CHECKPOINT_TENSORS = 2048             # load_checkpoint without a model: ResNet-50 with Adam's slots holds ~1,000
 CHECKPOINT_EXTRA_OPCODES = 1 << 15    # the metric history (a float per metric per epoch: 6,000 epochs of 5)
@@ -438,7 +437,7 @@ def train_torch(
     weight_decay: float = FIT.weight_decay,
     label_smoothing: float = FIT.label_smoothing,
     accumulate_batches: int = 1,
-    ema_decay: float | None = None,
+    ema_decay: float | None = FIT.ema_decay,
 ) -> TrainResult:
     """Train ``model_name`` (``alexnet``, ``resnet_small``) with PyTorch on the Parquet dataset ``data``.
 
@@ -480,15 +479,17 @@ def train_torch(
     samples from all N batches.
 
     ``ema_decay=d`` (``--ema-decay``) also keeps an exponential moving average of the weights (and batch-norm
-    statistics), updated after every optimizer step (``torch.optim.swa_utils.AveragedModel``; 0.9998 a step
-    is common for ImageNet): validated each epoch beside the weights, from the same decoded batches
+    statistics, which TensorFlow's `train` does not average), updated after every optimizer step
+    (``torch.optim.swa_utils.AveragedModel``; 0.9998 a step is common for ImageNet): validated each epoch
+    beside the weights, from the same decoded batches
     (``val_ema_*`` in the history; ``ema_*`` in ``val_metrics``), kept in the checkpoints so a resumed run
     goes on with it, and written as ``final-ema.pt`` (``ema_weights_path``, pinned with ``pin=``).
 
     The options every fit shares (``epochs``, ``batch_size``, ``image_size``, ``num_classes``,
     ``learning_rate``, ``optimizer``, ``model_kwargs``, ``steps_per_epoch``, ``seed``, ``output_dir``,
     ``checkpoint_dir``, ``input_options``, ``pin``, ``lineage``, ``lr_schedule``, ``warmup_epochs``,
-    ``weight_decay``, ``label_smoothing``) are described once on [`FitOptions`][pinstorm.training.runs.FitOptions].
+    ``weight_decay``, ``label_smoothing``, ``ema_decay``) are described once on
+    [`FitOptions`][pinstorm.training.runs.FitOptions].
 
     Args:
         model_name: The model to build: ``"alexnet"``, ``"resnet_small"`` or ``"resnet50"`` (`build_torch_model`).
@@ -510,7 +511,6 @@ def train_torch(
         channels_last: Store images and weights NHWC (None: on CUDA).
         compile: Run the model through ``torch.compile``.
         accumulate_batches: Batches (a rank's) whose gradients make one optimizer step.
-        ema_decay: Keep a moving average of the weights with this decay a step (None: none).
 
     Returns:
         A `TrainResult` (its ``model`` the trained ``torch.nn.Module``).
@@ -523,9 +523,6 @@ def train_torch(
     sizes = ImageSizes(image_size, epochs)   # an int, or progressive resizing [(epoch, size), ...]
     if precision not in PRECISIONS:
         raise InvalidTrainingInput(f"precision must be one of {PRECISIONS}, got {precision!r}")
-    if ema_decay is not None and (isinstance(ema_decay, bool) or not isinstance(ema_decay, (int, float))
-                                  or not 0 < ema_decay < 1):
-        raise InvalidTrainingInput(f"ema_decay must be a decay a step between 0 and 1 (e.g. 0.9998), got {ema_decay!r}")
     if isinstance(accumulate_batches, bool) or not isinstance(accumulate_batches, int) or accumulate_batches < 1:
         raise InvalidTrainingInput(f"accumulate_batches must be a positive number of batches, got "
                                    f"{accumulate_batches!r}")
@@ -823,11 +820,11 @@ def _train(model_name, url, validation_data, *, choice, epochs, batch_size, size
                               distributed and val_sharded, amp, layout, top_k)
         val_metrics = {f"{prefix}{k}": v for prefix, metrics in zip(("", "ema_"), evaluated)
                        for k, v in metrics.items()}
-    weights_path = write_dir / WEIGHTS_FILE
+    weights_path = write_dir / WEIGHTS_FILES["torch"]
     _save(model.state_dict(), weights_path)
     ema_weights_path = None
     if ema is not None:
-        ema_weights_path = write_dir / EMA_WEIGHTS_FILE
+        ema_weights_path = write_dir / EMA_WEIGHTS_FILES["torch"]
         _save(ema.module.state_dict(), ema_weights_path)
     plot_png = None
     if metrics_csv.exists():

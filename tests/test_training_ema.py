@@ -1,0 +1,103 @@
+"""train(ema_decay=d) with TensorFlow: tf-keras's moving average of the weights, validated each epoch, kept in the
+backups, written beside the final weights and pinned with them, while the weights stay those trained (tf-keras
+would overwrite them with the average at the end of every fit, and so at every progressive-resizing phase)."""
+
+from __future__ import annotations
+
+import csv
+
+import numpy as np
+import pytest
+
+pytest_plugins = ["conftest_training"]
+tf = pytest.importorskip("tensorflow")
+
+import tf_keras as keras  # noqa: E402
+
+from pinstorm.training import keras_recipe  # noqa: E402
+from pinstorm.training.runs import FitOptions  # noqa: E402
+
+
+def _averages(model) -> list:
+    with keras_recipe.averaged_weights(model):
+        return [w.numpy().copy() for w in model.trainable_variables]
+
+
+@pytest.mark.slow
+def test_the_average_is_validated_kept_in_the_backup_written_and_pinned(digits_parquet, board, tmp_path):
+    from pinstorm.training import train
+    from pinstorm.training.experiments import experiment_lineage, load_experiment
+
+    seen = {}
+
+    class KilledAfterTheFirstEpoch(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):   # after the backup of the epoch (listed first) was written
+            seen["killed"] = _averages(self.model)
+            raise KeyboardInterrupt("killed")
+
+    class Restored(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):   # after the backup was restored
+            seen["restored"] = _averages(self.model)
+
+    args = dict(epochs=2, batch_size=8, image_size=32, steps_per_epoch=3, seed=5, ema_decay=0.8,
+                model_kwargs={"width": 0.1}, input_options={"flip": False}, verbose=0,
+                strategy=tf.distribute.MirroredStrategy(["/cpu:0"]), output_dir=tmp_path / "run",
+                checkpoint_dir=tmp_path / "backup")
+    with pytest.raises(KeyboardInterrupt):
+        train("alexnet", digits_parquet["train"], digits_parquet["val"], callbacks=[KilledAfterTheFirstEpoch()],
+              **args)
+    result = train("alexnet", digits_parquet["train"], digits_parquet["val"], callbacks=[Restored()],
+                   pin=f"{board}/ema-run", **args)
+    assert result.epochs == [1]
+    for restored, killed in zip(seen["restored"], seen["killed"]):
+        np.testing.assert_array_equal(restored, killed)   # the backup kept the average, not only the weights
+
+    assert {"val_ema_loss", "val_ema_accuracy", "val_ema_top5_accuracy"} <= set(result.history)
+    assert {"ema_loss", "ema_accuracy", "ema_top5_accuracy"} <= set(result.val_metrics)
+    with open(result.metrics_csv, newline="") as handle:   # one row an epoch, across the kill
+        rows = list(csv.DictReader(handle))
+    assert [row["epoch"] for row in rows] == ["0", "1"] and all(row["val_ema_accuracy"] for row in rows)
+
+    # the model and final.weights.h5 hold the weights trained; final-ema.weights.h5 their average
+    trained, averaged = [w.numpy() for w in result.model.trainable_variables], _averages(result.model)
+    assert not all(np.array_equal(a, b) for a, b in zip(trained, averaged))
+    assert result.ema_weights_path.endswith("final-ema.weights.h5")
+    assert "final-ema.weights.h5" in result.experiment["files"]
+    assert experiment_lineage(f"{board}/ema-run")["arguments"]["ema_decay"] == 0.8
+    for loaded, expected in ((load_experiment(f"{board}/ema-run"), trained),
+                             (load_experiment(f"{board}/ema-run", ema=True), averaged)):
+        for got, want in zip(loaded.trainable_variables, expected):
+            np.testing.assert_array_equal(got.numpy(), want)
+
+
+def test_a_progressive_runs_next_phase_goes_on_from_the_weights_not_their_average():
+    from pinstorm.training.schedule import ImageSizeSchedule
+
+    rng = np.random.default_rng(0)
+    images, labels = rng.random((32, 24, 24, 3), np.float32), rng.integers(0, 3, 32).astype(np.int32)
+    ends, starts = [], []
+
+    class Weights(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            starts.append([w.numpy().copy() for w in self.model.trainable_variables])
+
+        def on_epoch_end(self, epoch, logs=None):   # the weights trained, before the end of the fit
+            ends.append([w.numpy().copy() for w in self.model.trainable_variables])
+
+    def make_model(size):
+        inputs = keras.Input((size, size, 3))
+        x = keras.layers.GlobalAveragePooling2D()(keras.layers.Conv2D(4, 3, activation="relu")(inputs))
+        model = keras.Model(inputs, keras.layers.Dense(3, activation="softmax")(x))
+        recipe = FitOptions(learning_rate=1e-2, ema_decay=0.5)
+        model.compile(keras_recipe.optimizer(recipe, 4, model), "sparse_categorical_crossentropy")
+        return model
+
+    def make_data(size, step=None):
+        return tf.data.Dataset.from_tensor_slices((images, labels)).map(
+            lambda x, y: (tf.image.resize(x, (size, size)), y)).batch(8)
+
+    model, _ = ImageSizeSchedule([(0, 16), (1, 24)], 2).fit(make_model, make_data, epochs=2, steps_per_epoch=4,
+                                                           callbacks=[Weights()], verbose=0)
+    for started, ended in zip(starts[1], ends[0]):
+        np.testing.assert_array_equal(started, ended)
+    assert not all(np.array_equal(a, b) for a, b in zip(ends[1], _averages(model)))
