@@ -39,7 +39,8 @@ def test_the_average_is_validated_kept_in_the_backup_written_and_pinned(digits_p
         def on_train_begin(self, logs=None):   # after the backup was restored
             seen["restored"] = _averages(self.model)
 
-    args = dict(epochs=2, batch_size=8, image_size=32, steps_per_epoch=3, seed=5, ema_decay=0.8,
+    # with two accumulated batches of 4 a step: the average moves once an optimizer step, across the kill too
+    args = dict(epochs=2, batch_size=4, accumulate_batches=2, image_size=32, steps_per_epoch=3, seed=5, ema_decay=0.8,
                 model_kwargs={"width": 0.1}, input_options={"flip": False}, verbose=0,
                 strategy=tf.distribute.MirroredStrategy(["/cpu:0"]), output_dir=tmp_path / "run",
                 checkpoint_dir=tmp_path / "backup")
@@ -48,7 +49,7 @@ def test_the_average_is_validated_kept_in_the_backup_written_and_pinned(digits_p
               **args)
     result = train("alexnet", digits_parquet["train"], digits_parquet["val"], callbacks=[Restored()],
                    pin=f"{board}/ema-run", **args)
-    assert result.epochs == [1]
+    assert result.epochs == [1] and result.global_batch_size == 8
     for restored, killed in zip(seen["restored"], seen["killed"]):
         np.testing.assert_array_equal(restored, killed)   # the backup kept the average, not only the weights
 

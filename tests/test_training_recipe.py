@@ -48,6 +48,8 @@ def test_warmup_rises_linearly_then_the_schedule_runs():
     ("weight_decay", "1e-4", "weight_decay"),
     ("label_smoothing", 1.0, r"label_smoothing must be a number in \[0, 1\), got 1.0"),
     ("label_smoothing", True, "label_smoothing"),
+    ("accumulate_batches", 0, "accumulate_batches must be a positive number of batches, got 0"),
+    ("accumulate_batches", 2.0, "accumulate_batches"),
     ("ema_decay", 1, r"ema_decay must be a decay a step between 0 and 1 \(e.g. 0.9998\), got 1"),
     ("ema_decay", 0.0, "ema_decay"),
     ("ema_decay", True, "ema_decay"),
@@ -64,7 +66,8 @@ def test_the_command_line_offers_the_recipe_on_both_training_commands():
     runner = CliRunner()
     for command in ("train", "spark-train"):
         shown = runner.invoke(cli, [command, "--help"]).output
-        for flag in ("--lr-schedule", "--warmup-epochs", "--weight-decay", "--label-smoothing", "--ema-decay"):
+        for flag in ("--lr-schedule", "--warmup-epochs", "--weight-decay", "--label-smoothing", "--accumulate-batches",
+                     "--ema-decay"):
             assert flag in shown, (command, flag)
     refused = runner.invoke(cli, ["train", "alexnet", "data", "--label-smoothing", "1"])
     assert refused.exit_code == 2 and "--label-smoothing" in refused.output

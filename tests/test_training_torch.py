@@ -267,7 +267,6 @@ def test_train_command_takes_the_gpu_flags_and_says_what_ran(digits_parquet, tmp
     (["resnet_small"], "add --framework torch"),
     (["alexnet", "--precision", "bf16", "--decode", "gpu"], "--precision, --decode: PyTorch's flags; add --framework torch"),
     (["alexnet", "--compile"], "--compile: PyTorch's flags; add --framework torch"),
-    (["alexnet", "--accumulate-batches", "4"], "--accumulate-batches: PyTorch's flags; add --framework torch"),
     (["alexnet", "--framework", "torch", "--accumulate-batches", "0"], "not in the range x>=1"),
     (["alexnet", "--framework", "torch", "--ema-decay", "1"], "not in the range 0<x<1"),
     (["alexnet", "--framework", "torch", "--decode", "nvjpeg"], "'nvjpeg' is not one of 'cpu', 'gpu'"),

@@ -70,6 +70,9 @@ def fit_options(command):
                           "or normalisation."),
         click.option("--label-smoothing", type=click.FloatRange(0, 1, max_open=True), default=FIT.label_smoothing,
                      show_default=True, help="Share of each target spread over all classes (0.1 for ImageNet)."),
+        click.option("--accumulate-batches", type=POSITIVE, default=FIT.accumulate_batches, metavar="N",
+                     show_default=True, help="Each optimizer step sums the gradients of N batches (global batch: "
+                                             "batch size x replicas or ranks x N)."),
         click.option("--ema-decay", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=None,
                      metavar="D", help="Also keep a moving average of the weights with this decay a step (e.g. "
                                        "0.9998), validated each epoch and saved beside the final weights."),
@@ -103,20 +106,17 @@ def torch_options(command):
         click.option("--cpu-share", type=click.FloatRange(0, 1), default=None,
                      help="PyTorch, with --decode gpu: the share of the batches the loader's CPU workers decode "
                           "instead (both decode at once)."),
-        click.option("--accumulate-batches", type=POSITIVE, default=None, metavar="N",
-                     help="PyTorch: each optimizer step sums the gradients of N batches (global batch: "
-                          "batch size x ranks x N)."),
     ]
     for option in reversed(options):
         command = option(command)
     return command
 
 
-def torch_only(framework: str, precision, compile_model, decode, cpu_share=None, accumulate_batches=None) -> dict:
+def torch_only(framework: str, precision, compile_model, decode, cpu_share=None) -> dict:
     """The `train_torch` arguments the PyTorch flags ask for (only those given); with TensorFlow, a usage error
     that names them rather than a silent ignore."""
     given = {"--precision": precision, "--compile": compile_model or None, "--decode": decode,
-             "--cpu-share": cpu_share, "--accumulate-batches": accumulate_batches}
+             "--cpu-share": cpu_share}
     named = [flag for flag, value in given.items() if value is not None]
     if framework != "torch":
         if named:
@@ -127,8 +127,6 @@ def torch_only(framework: str, precision, compile_model, decode, cpu_share=None,
         options["precision"] = precision
     if compile_model:
         options["compile"] = True
-    if accumulate_batches is not None:
-        options["accumulate_batches"] = accumulate_batches
     if cpu_share is not None and decode != "gpu":
         raise click.UsageError("--cpu-share splits the decode between the CPU and the GPU: add --decode gpu")
     if decode is not None:
@@ -240,13 +238,13 @@ def train(model, data, framework, validation, epochs, steps_per_epoch, batch_siz
             raise click.UsageError("--backup-every needs --checkpoint-dir (where the backups go)")
     elif model not in MODEL_NAMES:
         raise click.UsageError(f"{model} is a PyTorch model: add --framework torch")
-    torch_args = torch_only(framework, precision, compile_model, decode, cpu_share, accumulate_batches)
+    torch_args = torch_only(framework, precision, compile_model, decode, cpu_share)
     _refuse_finished(output_dir, f"**/{WEIGHTS_FILES[framework]}", overwrite)
     _log_to_console(verbose)
     input_options = {**reader_options(no_flip, crop_min, stream, cache_limit), **torch_args.pop("input_options", {})}
     recipe = dict(learning_rate=learning_rate, optimizer=optimizer, lr_schedule=lr_schedule,
                   warmup_epochs=warmup_epochs, weight_decay=weight_decay, label_smoothing=label_smoothing,
-                  ema_decay=ema_decay)
+                  accumulate_batches=accumulate_batches, ema_decay=ema_decay)
     if framework == "torch":
         _train_torch(model, data, validation, epochs=epochs, steps_per_epoch=steps_per_epoch,
                      batch_size=batch_size, image_size=image_size,
@@ -406,7 +404,7 @@ def spark_train_cmd(model, data, framework, master, workers, partition_board, va
         raise click.UsageError(f"{model} is a PyTorch model: add --framework torch")
     if backup_every is not None and checkpoint_dir is None:
         raise click.UsageError("--backup-every needs --checkpoint-dir (where the backups go)")
-    torch_args = torch_only(framework, precision, compile_model, decode, cpu_share, accumulate_batches)
+    torch_args = torch_only(framework, precision, compile_model, decode, cpu_share)
     _refuse_finished(output_dir, f"**/{WEIGHTS_FILES[framework]}", overwrite)
     _log_to_console(verbose)
     if (data is None) == (partition_board is None):
@@ -420,7 +418,7 @@ def spark_train_cmd(model, data, framework, master, workers, partition_board, va
                 image_size=image_size, checkpoint_dir=checkpoint_dir, output_dir=output_dir,
                 learning_rate=learning_rate, optimizer=optimizer, lr_schedule=lr_schedule,
                 warmup_epochs=warmup_epochs, weight_decay=weight_decay, label_smoothing=label_smoothing,
-                ema_decay=ema_decay, seed=seed, input_options=input_options,
+                accumulate_batches=accumulate_batches, ema_decay=ema_decay, seed=seed, input_options=input_options,
                 model_kwargs={"width": width} if model in ("alexnet", "resnet_small") else {})
     if with_torch:
         args.update(num_workers=parallel or 0, backup_every=backup_every, **torch_args)

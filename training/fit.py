@@ -157,6 +157,7 @@ def train(
     warmup_epochs: float = FIT.warmup_epochs,
     weight_decay: float = FIT.weight_decay,
     label_smoothing: float = FIT.label_smoothing,
+    accumulate_batches: int = FIT.accumulate_batches,
     ema_decay: float | None = FIT.ema_decay,
 ) -> TrainResult:
     """Fit ``model_name`` on ``data``; return the history and the final validation metrics.
@@ -189,8 +190,12 @@ def train(
     The options every fit shares (``epochs``, ``batch_size``, ``image_size``, ``num_classes``,
     ``learning_rate``, ``optimizer``, ``model_kwargs``, ``steps_per_epoch``, ``seed``, ``output_dir``,
     ``checkpoint_dir``, ``input_options``, ``pin``, ``lineage``, ``lr_schedule``, ``warmup_epochs``,
-    ``weight_decay``, ``label_smoothing``, ``ema_decay``) are described once on
+    ``weight_decay``, ``label_smoothing``, ``accumulate_batches``, ``ema_decay``) are described once on
     [`FitOptions`][pinstorm.training.runs.FitOptions].
+
+    ``accumulate_batches=N``: a Parquet input is read in batches of ``batch_size * N`` a replica, each cut in
+    N slices whose gradients are summed before one update (`keras_recipe.accumulate`); a ``tf.data.Dataset``'s
+    own batches are cut in N, so each must divide by N. Validation runs at ``batch_size``.
 
     ``ema_decay=d`` keeps tf-keras's moving average of the trainable weights (``use_ema``, updated inside the
     compiled step; batch-norm statistics stay the model's own), kept in the backups, validated after each
@@ -235,9 +240,10 @@ def train(
     checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
 
     replicas = strategy.num_replicas_in_sync
-    global_batch = batch_size * replicas
-    common = dict(strategy=strategy, global_batch=global_batch, image_size=image_size, parallel=parallel,
+    global_batch = batch_size * replicas * accumulate_batches   # an optimizer step's; memory holds batch_size a replica
+    common = dict(strategy=strategy, global_batch=batch_size * replicas, image_size=image_size, parallel=parallel,
                   seed=seed, cache_dir=cache_dir, input_options=dict(input_options or {}))
+    training = {**common, "global_batch": global_batch}   # validation reads batch_size a replica
     rank = multiworker.task_rank(config)
     # a Parquet stream's position is kept for a backup to resume at, and for the phases of a schedule to go on
     keeps_position = ((checkpoint_dir is not None or sizes.progressive) and not isinstance(data, tf.data.Dataset)
@@ -253,9 +259,9 @@ def train(
         if saved_input is not None:
             train_options["state"] = saved_input["input"][0]
         train_input = resolve_input(data, role="train", num_classes=num_classes, classes=None,
-                                    **{**common, "input_options": train_options})
+                                    **{**training, "input_options": train_options})
     else:
-        train_input = resolve_input(data, role="train", num_classes=num_classes, classes=None, **common)
+        train_input = resolve_input(data, role="train", num_classes=num_classes, classes=None, **training)
     num_classes = num_classes or train_input.num_classes
     if not num_classes:
         raise InvalidTrainingInput("num_classes is required when training on a tf.data.Dataset")
@@ -299,6 +305,7 @@ def train(
                 keras.mixed_precision.set_global_policy(previous_policy)
             model.compile(optimizer=keras_recipe.optimizer(recipe, steps, model),
                           loss=keras_recipe.loss(recipe, num_classes), metrics=keras_recipe.metrics(num_classes))
+            keras_recipe.accumulate(model, recipe.accumulate_batches)
             _make_step_variables(model)
         return model
     model = compiled_model(image_size)
@@ -331,7 +338,7 @@ def train(
                     origin = saved_input["steps"] if saved_input else 0
                     options = {**train_options, "state": position.state((step - origin) * local)}
                 return resolve_input(data, role="train", num_classes=num_classes, classes=None,
-                                     **{**common, "image_size": size, "input_options": options}).dataset
+                                     **{**training, "image_size": size, "input_options": options}).dataset
 
             model, history = sizes.fit(
                 compiled_model, phase_data,
@@ -386,7 +393,8 @@ def train(
                        "image_size": sizes.as_list() if sizes.progressive else image_size,
                        "learning_rate": learning_rate, "optimizer": optimizer, "lr_schedule": lr_schedule,
                        "warmup_epochs": warmup_epochs, "weight_decay": weight_decay,
-                       "label_smoothing": label_smoothing, "ema_decay": ema_decay, "steps_per_epoch": steps_per_epoch,
+                       "label_smoothing": label_smoothing, "accumulate_batches": accumulate_batches,
+                       "ema_decay": ema_decay, "steps_per_epoch": steps_per_epoch,
                        "mixed_precision": mixed_precision, "seed": seed, "parallel": parallel,
                        "input_options": dict(input_options or {}), "output_dir": str(output_dir),
                        "checkpoint_dir": str(checkpoint_dir) if checkpoint_dir else None},

@@ -1,6 +1,7 @@
 """The training recipe of a Keras fit (`train`): optimiser, learning-rate schedule, weight decay, label
-smoothing and the metrics as `FitOptions` names them, so a TensorFlow run follows the rules `train_torch` follows
-(training/runs.py holds them; this module only says them in tf-keras's terms).
+smoothing, gradient accumulation, the moving average of the weights and the metrics as `FitOptions` names
+them, so a TensorFlow run follows the rules `train_torch` follows (training/runs.py holds them; this module
+only says them in tf-keras's terms).
 """
 
 from __future__ import annotations
@@ -109,6 +110,49 @@ def averaged_weights(model: keras.Model):
             weight.assign(value)
 
 
+def accumulate(model: keras.Model, batches: int) -> keras.Model:
+    """Make each training step of the compiled `model` cut its batch in `batches` slices and sum their gradients
+    before one optimizer update (``accumulate_batches``): a slice's forward pass waits for the previous slice's
+    gradients, so the slices do not run side by side, each holding its activations. Under a `tf.distribute`
+    strategy the replicas all-reduce once a step, the summed gradients, as DDP does under ``no_sync``. The
+    optimiser's step counter, the learning-rate schedule, weight decay and the moving average count optimizer
+    steps. Batch-norm statistics are those of each slice, as with a smaller batch. A batch must divide into
+    `batches` slices."""
+    if batches == 1:
+        return model
+    scaled = isinstance(model.optimizer, keras.mixed_precision.LossScaleOptimizer)
+
+    def train_step(data):
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        divides = tf.debugging.assert_equal(tf.shape(x)[0] % batches, 0, message=(
+            f"accumulate_batches={batches}: a batch does not cut into {batches} equal slices (its size must be a "
+            f"multiple of {batches})"))
+        variables = model.trainable_variables
+        with tf.control_dependencies([divides] if divides is not None else []):   # checked before the cut
+            slices = [tf.split(part, batches) if part is not None else [None] * batches
+                      for part in (x, y, sample_weight)]
+        sums, previous = [tf.zeros_like(v) for v in variables], []
+        for xs, ys, weights in zip(*slices):
+            with tf.control_dependencies(previous):   # this slice starts once the previous one's gradients exist
+                xs = tf.identity(xs)
+            with tf.GradientTape() as tape:
+                predicted = model(xs, training=True)
+                loss = model.compute_loss(xs, ys, predicted, weights) / batches   # the step's mean over its slices
+                if scaled:
+                    loss = model.optimizer.get_scaled_loss(loss)
+            gradients = tape.gradient(loss, variables)
+            if scaled:
+                gradients = model.optimizer.get_unscaled_gradients(gradients)
+            sums = [total if g is None else total + g for total, g in zip(sums, gradients)]
+            previous = [g for g in gradients if g is not None]
+            model.compute_metrics(xs, ys, predicted, weights)
+        model.optimizer.apply_gradients(zip(sums, variables))
+        return model.get_metrics_result()
+
+    model.train_step = train_step
+    return model
+
+
 class AverageValidation(keras.callbacks.Callback):
     """Adds ``val_ema_*``: the moving average of the weights evaluated on the validation data after each epoch,
     as `train_torch` does. `validation(size)`: the validation dataset at the model's image size (a
@@ -170,4 +214,5 @@ class LearningRateLog(keras.callbacks.Callback):
             logs["learning_rate"] = float(self.recipe.learning_rate_at(last, self.steps_per_epoch))
 
 
-__all__ = ["AverageValidation", "LearningRateLog", "LearningRates", "averaged_weights", "loss", "metrics", "optimizer"]
+__all__ = ["AverageValidation", "LearningRateLog", "LearningRates", "accumulate", "averaged_weights", "loss", "metrics",
+           "optimizer"]

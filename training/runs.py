@@ -79,6 +79,9 @@ class FitOptions:
             normalisation scales and shifts (`decays`). 0: none.
         label_smoothing: The share of each target spread evenly over all classes, in [0, 1) (0.1 is the
             common choice for ImageNet).
+        accumulate_batches: Batches (a replica's or rank's) whose gradients make one optimizer step: the
+            global batch is ``batch_size`` x replicas x this, where memory holds ``batch_size`` images at once.
+            Steps (``steps_per_epoch``, backups, the learning-rate schedule) count optimizer steps.
         ema_decay: Also keep an exponential moving average of the weights with this decay a step, in (0, 1)
             (e.g. 0.9998), validated each epoch (``val_ema_*``) and written beside the final weights
             (`EMA_WEIGHTS_FILES`). None: none.
@@ -102,6 +105,7 @@ class FitOptions:
     warmup_epochs: float = 0.0
     weight_decay: float = 0.0
     label_smoothing: float = 0.0
+    accumulate_batches: int = 1
     ema_decay: float | None = None
 
     def __post_init__(self) -> None:
@@ -127,6 +131,9 @@ class FitOptions:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (value >= 0 and fits(value)):
                 raise InvalidTrainingInput(f"{name} must be a number {bounds}, got {value!r}")
+        if not _is_int(self.accumulate_batches) or self.accumulate_batches < 1:
+            raise InvalidTrainingInput(f"accumulate_batches must be a positive number of batches, got "
+                                       f"{self.accumulate_batches!r}")
         decay = self.ema_decay
         if decay is not None and (isinstance(decay, bool) or not isinstance(decay, numbers.Real) or not 0 < decay < 1):
             raise InvalidTrainingInput(f"ema_decay must be a decay a step between 0 and 1 (e.g. 0.9998), got {decay!r}")

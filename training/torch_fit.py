@@ -436,7 +436,7 @@ def train_torch(
     warmup_epochs: float = FIT.warmup_epochs,
     weight_decay: float = FIT.weight_decay,
     label_smoothing: float = FIT.label_smoothing,
-    accumulate_batches: int = 1,
+    accumulate_batches: int = FIT.accumulate_batches,
     ema_decay: float | None = FIT.ema_decay,
 ) -> TrainResult:
     """Train ``model_name`` (``alexnet``, ``resnet_small``) with PyTorch on the Parquet dataset ``data``.
@@ -488,7 +488,7 @@ def train_torch(
     The options every fit shares (``epochs``, ``batch_size``, ``image_size``, ``num_classes``,
     ``learning_rate``, ``optimizer``, ``model_kwargs``, ``steps_per_epoch``, ``seed``, ``output_dir``,
     ``checkpoint_dir``, ``input_options``, ``pin``, ``lineage``, ``lr_schedule``, ``warmup_epochs``,
-    ``weight_decay``, ``label_smoothing``, ``ema_decay``) are described once on
+    ``weight_decay``, ``label_smoothing``, ``accumulate_batches``, ``ema_decay``) are described once on
     [`FitOptions`][pinstorm.training.runs.FitOptions].
 
     Args:
@@ -510,7 +510,6 @@ def train_torch(
             ``"fp16"`` (with a gradient scaler) or ``"fp32"``.
         channels_last: Store images and weights NHWC (None: on CUDA).
         compile: Run the model through ``torch.compile``.
-        accumulate_batches: Batches (a rank's) whose gradients make one optimizer step.
 
     Returns:
         A `TrainResult` (its ``model`` the trained ``torch.nn.Module``).
@@ -523,9 +522,6 @@ def train_torch(
     sizes = ImageSizes(image_size, epochs)   # an int, or progressive resizing [(epoch, size), ...]
     if precision not in PRECISIONS:
         raise InvalidTrainingInput(f"precision must be one of {PRECISIONS}, got {precision!r}")
-    if isinstance(accumulate_batches, bool) or not isinstance(accumulate_batches, int) or accumulate_batches < 1:
-        raise InvalidTrainingInput(f"accumulate_batches must be a positive number of batches, got "
-                                   f"{accumulate_batches!r}")
     if pin is not None:   # a bad target fails now, not after the fit
         from .experiments import check_target
         check_target(pin)
