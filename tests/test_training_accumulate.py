@@ -70,6 +70,7 @@ def test_the_moving_average_is_updated_once_a_step():
 
 
 @pytest.mark.slow
+@pytest.mark.once
 def test_train_reads_n_batches_a_step_on_two_replicas_and_ends_as_one_batch_would(two_cpu_devices, digits_parquet,
                                                                                    tmp_path):
     from pinstorm.training import train
@@ -91,5 +92,5 @@ def test_a_batch_that_does_not_cut_into_n_slices_is_named():
     model.compile(keras_recipe.optimizer(recipe, 1, model), keras_recipe.loss(recipe, 2))
     keras_recipe.accumulate(model, 3)
     data = tf.data.Dataset.from_tensor_slices((np.zeros((8, 4), np.float32), np.zeros(8, np.int32))).batch(4)
-    with pytest.raises(tf.errors.InvalidArgumentError, match=r"accumulate_batches=3: a batch does not cut into 3 equal slices"):
+    with pytest.raises(tf.errors.InvalidArgumentError, match="accumulate_batches=3: a batch does not cut into 3 equal"):
         model.fit(data, epochs=1, verbose=0)

@@ -24,6 +24,7 @@ def _averages(model) -> list:
 
 
 @pytest.mark.slow
+@pytest.mark.once
 def test_the_average_is_validated_kept_in_the_backup_written_and_pinned(digits_parquet, board, tmp_path):
     from pinstorm.training import train
     from pinstorm.training.experiments import experiment_lineage, load_experiment
