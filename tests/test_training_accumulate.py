@@ -1,6 +1,6 @@
 """train(accumulate_batches=N) with TensorFlow: each step cuts its batch in N slices, runs them one after another
 and applies their summed gradients once, so N slices of 4 end where one batch of 8 does (up to float rounding);
-the optimizer's step counter, the schedule and the moving average count optimizer steps."""
+the optimizer's step counter, the schedule and the moving average count optimizer steps. One replica only."""
 
 from __future__ import annotations
 
@@ -71,19 +71,24 @@ def test_the_moving_average_is_updated_once_a_step():
 
 @pytest.mark.slow
 @pytest.mark.once
-def test_train_reads_n_batches_a_step_on_two_replicas_and_ends_as_one_batch_would(two_cpu_devices, digits_parquet,
-                                                                                   tmp_path):
-    from pinstorm.training import train
+def test_train_reads_n_batches_a_step_and_ends_as_one_batch_would(two_cpu_devices, digits_parquet, tmp_path):
+    from pinstorm.training import TrainingError, train
 
     args = dict(epochs=1, image_size=32, seed=3, steps_per_epoch=3, optimizer="sgd", learning_rate=0.05,
                 model_kwargs={"width": 0.1, "dropout": 0.0}, input_options={"flip": False}, verbose=0)
     runs = [train("alexnet", digits_parquet["train"], digits_parquet["val"], batch_size=size, accumulate_batches=n,
-                  strategy=tf.distribute.MirroredStrategy(two_cpu_devices), output_dir=tmp_path / f"n{n}", **args)
-            for size, n in ((4, 1), (2, 2))]
+                  strategy=tf.distribute.MirroredStrategy(two_cpu_devices[:1]), output_dir=tmp_path / f"n{n}", **args)
+            for size, n in ((8, 1), (4, 2))]
     assert [r.global_batch_size for r in runs] == [8, 8] and [r.steps_per_epoch for r in runs] == [3, 3]
     for a, b in zip(runs[1].model.get_weights(), runs[0].model.get_weights()):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
     assert runs[1].val_metrics["accuracy"] == pytest.approx(runs[0].val_metrics["accuracy"])
+    # more replicas are refused, before any work (docs/training.md says why)
+    with pytest.raises(TrainingError, match="accumulate_batches=2 with TensorFlow trains on one replica; this "
+                                            "strategy has 2"):
+        train("alexnet", digits_parquet["train"], batch_size=4, accumulate_batches=2, output_dir=tmp_path / "two",
+              strategy=tf.distribute.MirroredStrategy(two_cpu_devices), **args)
+    assert not (tmp_path / "two").exists()
 
 
 def test_a_batch_that_does_not_cut_into_n_slices_is_named():

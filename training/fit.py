@@ -195,7 +195,8 @@ def train(
 
     ``accumulate_batches=N``: a Parquet input is read in batches of ``batch_size * N`` a replica, each cut in
     N slices whose gradients are summed before one update (`keras_recipe.accumulate`); a ``tf.data.Dataset``'s
-    own batches are cut in N, so each must divide by N. Validation runs at ``batch_size``.
+    own batches are cut in N, so each must divide by N. Validation runs at ``batch_size``. One replica only (a
+    strategy of more is refused; see docs/training.md).
 
     ``ema_decay=d`` keeps tf-keras's moving average of the trainable weights (``use_ema``, updated inside the
     compiled step; batch-norm statistics stay the model's own), kept in the backups, validated after each
@@ -240,6 +241,11 @@ def train(
     checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
 
     replicas = strategy.num_replicas_in_sync
+    if accumulate_batches > 1 and replicas > 1:
+        raise InvalidTrainingInput(
+            f"accumulate_batches={accumulate_batches} with TensorFlow trains on one replica; this strategy has "
+            f"{replicas}: use a one-device strategy, or the replicas' own larger global batch, or train_torch "
+            "(which accumulates under DDP)")
     global_batch = batch_size * replicas * accumulate_batches   # an optimizer step's; memory holds batch_size a replica
     common = dict(strategy=strategy, global_batch=batch_size * replicas, image_size=image_size, parallel=parallel,
                   seed=seed, cache_dir=cache_dir, input_options=dict(input_options or {}))
