@@ -114,9 +114,9 @@ def accumulate(model: keras.Model, batches: int) -> keras.Model:
     """Make each training step of the compiled `model` cut its batch in `batches` slices and sum their gradients
     before one optimizer update (``accumulate_batches``): a slice's forward pass waits for the previous slice's
     gradients, so the slices do not run side by side, each holding its activations. `train` uses it on one
-    replica only (docs/training.md says why). The optimiser's step counter, the learning-rate schedule, weight decay and the moving average count optimizer
-    steps. Batch-norm statistics are those of each slice, as with a smaller batch. A batch must divide into
-    `batches` slices."""
+    replica only (docs/training.md says why). The optimiser's step counter, the learning-rate schedule, weight
+    decay and the moving average count optimizer steps. Batch-norm statistics are those of each slice, as with a
+    smaller batch. A batch must divide into `batches` slices."""
     if batches == 1:
         return model
     scaled = isinstance(model.optimizer, keras.mixed_precision.LossScaleOptimizer)
