@@ -2,9 +2,10 @@
 
 AlexNet mirrors ``training.models.alexnet`` layer for layer: the same ``width`` multiplier, the same
 gentler stem below 128 px (so the demo's 32 px digits fit), LRN after the first two convolutions,
-overlapping 3x3/2 pooling, two dropout-regularised dense layers. Weights start as Keras starts them
-(Glorot-uniform, zero biases), so the two frameworks train the same network from the same kind of
-start. Models return logits ([B, classes]); the loss applies the softmax. Inputs are [B, 3, H, W].
+overlapping 3x3/2 pooling, two dropout-regularised dense layers. Weights start as ``models.alexnet``'s
+(He-uniform before each ReLU, Glorot-uniform in the last layer, zero biases), so the two frameworks train
+the same network from the same kind of start. Models return logits ([B, classes]); the loss applies the
+softmax. Inputs are [B, 3, H, W].
 
 ``resnet50`` is torchvision's ResNet-50 where torchvision is installed, else `ResNet50` of the same shape.
 ``resnet_small`` is a CIFAR-style ResNet (He et al. 2016, section 4.2): a 3x3 stem, three stages of
@@ -81,12 +82,17 @@ def _normalize(kind: str | None, channels: int) -> nn.Module:
     raise TorchModelError(f"unknown normalization {kind!r}: use 'lrn' (as published), 'batch' or None")
 
 
-def _keras_init(module: nn.Module) -> None:
-    """Glorot-uniform weights and zero biases, as Keras's Conv2D and Dense start."""
-    if isinstance(module, (nn.Conv2d, nn.Linear)):
-        nn.init.xavier_uniform_(module.weight)
-        if module.bias is not None:
-            nn.init.zeros_(module.bias)
+def _alexnet_init(model: nn.Module) -> None:
+    """``models.alexnet``'s start (see its ``RELU_INIT``): He-uniform before ReLUs (Keras's ``he_uniform``,
+    bound sqrt(6 / fan_in)), Glorot-uniform in the last layer, zero biases."""
+    layers = [m for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
+    for layer in layers:
+        if layer is layers[-1]:
+            nn.init.xavier_uniform_(layer.weight)
+        else:
+            nn.init.kaiming_uniform_(layer.weight, nonlinearity="relu")
+        if layer.bias is not None:
+            nn.init.zeros_(layer.bias)
 
 
 class AlexNet(nn.Module):
@@ -118,7 +124,7 @@ class AlexNet(nn.Module):
             nn.Flatten(), nn.Dropout(dropout), nn.Linear(flat, units), nn.ReLU(inplace=True),
             nn.Dropout(dropout), nn.Linear(units, units), nn.ReLU(inplace=True), nn.Linear(units, num_classes),
         )
-        self.apply(_keras_init)
+        _alexnet_init(self)
 
     def forward(self, images):
         return self.classifier(self.features(images))
