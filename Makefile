@@ -65,9 +65,11 @@ test: $(STAMP) test-servers  ## the whole test suite in the full environment (wh
 	$(BIN)/pytest -q -ra --durations=15 $(XDIST) tests
 
 # test-modern leaves out the tests marked `once` (pyproject's markers): the costliest end-to-end runs (a
-# mirrored fit, a progressive schedule and its resume, a killed multi-worker run, a Spark relaunch after a
-# death mid-epoch, a standalone cluster losing a worker: ~230 of its ~1,100 s in CI), whose outcome the
-# environment does not change; the reader, Spark, its barrier stages and the rest of training run in both.
+# mirrored fit, its crash and resume, a TF run killed mid-epoch, a progressive schedule and its resume, a
+# killed multi-worker run, Spark relaunches (TensorFlow, PyTorch) after a death mid-epoch, a standalone
+# cluster converting or losing a worker, a Spark driver's exit, an executor without TensorFlow), whose
+# outcome the environment does not change; the reader, Spark, its barrier stages and the rest of training
+# run in both.
 test-modern: $(MODERN_STAMP) test-servers  ## the suite on numpy 2 and a current pyarrow (petastorm tests skip)
 	$(call compile_own,$(MODERN))
 	$(MODERN)/bin/pytest -q -ra --durations=15 -m "not once" $(XDIST) tests

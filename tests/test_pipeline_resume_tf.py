@@ -118,6 +118,7 @@ def test_a_state_of_another_dataset_is_refused(digits_dataset, digits_val_datase
         _dataset(digits_val_dataset[0], state=state)
 
 
+@pytest.mark.once
 def test_train_killed_mid_epoch_continues_at_the_saved_input_position(digits_dataset, two_cpu_devices, tmp_path):
     """A mirrored run (2 replicas: 2 batches of 8 per step) killed at step 24 of 2 x 20 resumes with its input at
     the position of step 24, then at step 28 the saved position is the uninterrupted run's after 28 steps."""

@@ -171,6 +171,7 @@ print(converter.cache_dir_url)
 """
 
 
+@pytest.mark.once
 def test_interpreter_exit_removes_only_the_converters_folders(tmp_path):
     """A real exit (its own driver, a separate process): the converter's folder goes, a sibling stays."""
     (tmp_path / "cache").mkdir()
@@ -753,6 +754,7 @@ class _suppress:
         return kind is not None and issubclass(kind, ProcessLookupError)
 
 
+@pytest.mark.once
 @pytest.mark.skipif(shutil.which("java") is None, reason="a Spark standalone cluster needs Java")
 def test_cli_converts_on_the_standalone_cluster(spark, tree, tmp_path):
     """Last: stops the module's session (one SparkContext per process) for the CLI's own driver."""

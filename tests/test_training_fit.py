@@ -52,7 +52,7 @@ def test_short_mirrored_fit_learns_and_writes_its_outputs(two_cpu_devices, digit
     assert result.summary()["val_metrics"] == result.val_metrics and "model" not in result.summary()
 
 
-@pytest.mark.parametrize("kind", ["mirrored", "one-device"])
+@pytest.mark.parametrize("kind", [pytest.param("mirrored", marks=pytest.mark.once), "one-device"])
 def test_a_crashed_run_resumes_from_its_backup(two_cpu_devices, digits_arrays, tmp_path, kind):
     import tf_keras as keras
 

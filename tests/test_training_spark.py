@@ -36,6 +36,7 @@ def python_without_tensorflow() -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.once
 def test_cli_names_the_executor_python_that_lacks_tensorflow(python_without_tensorflow, digits_parquet, tmp_path):
     """First in the file: the command line makes (and stops) its own session before the module's one starts."""
     from click.testing import CliRunner

@@ -81,6 +81,7 @@ def _dies_mid_epoch_once(data: str, output: str, checkpoint: str | None, marker:
 
 
 @pytest.mark.slow
+@pytest.mark.once
 def test_spark_train_torch_relaunched_mid_epoch_ends_as_if_never_killed(spark, digits_parquet, tmp_path):
     """A rank lost mid-epoch: Spark relaunches the stage, which resumes at the last backup (every rank's input
     position, the random state), appends to the run's metrics, and both ranks end with the weights of a run
