@@ -64,18 +64,18 @@ test: $(STAMP) test-servers  ## the whole test suite in the full environment (wh
 	$(call compile_own,$(VENV))
 	$(BIN)/pytest -q -ra --durations=15 $(XDIST) tests
 
-# test-modern leaves out the tests marked `once` (pyproject's markers): the costliest end-to-end runs (a
-# mirrored fit, its crash and resume, a TF run killed mid-epoch, a progressive schedule and its resume, a
-# killed multi-worker run, Spark relaunches (TensorFlow, PyTorch) after a death mid-epoch, a standalone
-# cluster converting or losing a worker, a Spark driver's exit, an executor without TensorFlow), whose
-# outcome the environment does not change; the reader, Spark, its barrier stages and the rest of training
-# run in both.
+# test-modern and test-core leave out the tests marked `once` (pyproject's markers): the costliest end-to-end
+# runs (a mirrored fit, its crash and resume, a TF run killed mid-epoch, a progressive schedule and its
+# resume, a killed multi-worker run, Spark relaunches (TensorFlow, PyTorch) after a death mid-epoch, a
+# standalone cluster converting or losing a worker, a Spark driver's exit, an executor without TensorFlow)
+# and the races of 7-8 processes against the S3, GCS and Azure emulators, whose outcome the environment does
+# not change; the reader, Spark, its barrier stages, the rest of training and the local-folder races run in all.
 test-modern: $(MODERN_STAMP) test-servers  ## the suite on numpy 2 and a current pyarrow (petastorm tests skip)
 	$(call compile_own,$(MODERN))
 	$(MODERN)/bin/pytest -q -ra --durations=15 -m "not once" $(XDIST) tests
 
 test-core: test-servers  ## the boards core alone (no pipeline/training extras) on CORE_PY, in .venv-py<X.Y>
-	venv=$$(.ci/core-env $(CORE_PY)) && $(call compile_own,$$venv) && $$venv/bin/pytest -q -ra --durations=10 --ignore tests/test_interop_r.py tests
+	venv=$$(.ci/core-env $(CORE_PY)) && $(call compile_own,$$venv) && $$venv/bin/pytest -q -ra --durations=10 -m "not once" --ignore tests/test_interop_r.py tests
 
 # What the tests drive besides Python packages, installed once and only when missing: R with R pins
 # 0.4.5 / 1.1.0, and Azurite. Without them those tests skip (and fail under CI=true).

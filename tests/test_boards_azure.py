@@ -187,6 +187,7 @@ WRITER = textwrap.dedent("""
 
 
 @pytest.mark.slow
+@pytest.mark.once   # the local-folder race (test_boards_concurrency.py) runs in every environment
 def test_eight_concurrent_writer_processes_lose_no_index_entry(azurite_server, container, tmp_path, monkeypatch):
     monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", azurite_server.connection_string())
     options = {"kind": "azure", "container": container, "path": "team", "cache": str(tmp_path / "cache")}

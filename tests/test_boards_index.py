@@ -91,6 +91,7 @@ def _run(script: str, *args: str, check: bool = True) -> subprocess.CompletedPro
 
 
 @pytest.mark.slow
+@pytest.mark.once   # the local-folder race (test_boards_concurrency.py) runs in every environment
 def test_concurrent_writer_processes_lose_no_index_entry(cloud, tmp_path):
     options, board = cloud
     go = tmp_path / "go"

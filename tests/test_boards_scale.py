@@ -159,7 +159,8 @@ def _tree(root: Path, wnids: list[str]) -> Path:
 
 @pytest.mark.slow
 @needs("pipeline")
-@pytest.mark.parametrize("kind,writers,each", [("local", 4, 60), ("s3", 8, 6), ("gcs", 8, 6)])
+@pytest.mark.parametrize("kind,writers,each", [("local", 4, 60), pytest.param("s3", 8, 6, marks=pytest.mark.once),
+                                               pytest.param("gcs", 8, 6, marks=pytest.mark.once)])
 def test_processes_repartitioning_disjoint_slices_leave_every_category_listed_over_http(
         kind, writers, each, tmp_path, request, monkeypatch):
     """No livelock and no lost entry when many batch writers publish to one board at once, and the

@@ -96,7 +96,7 @@ def _seed_s3(fs, bucket: str, pin: str, sources, first_age: float) -> tuple[list
 
 
 @pytest.mark.slow  # 7 spawned processes for a few seconds (about 10 s; 30 s on a loaded machine)
-@pytest.mark.parametrize("where", ["local", "s3"])
+@pytest.mark.parametrize("where", ["local", pytest.param("s3", marks=pytest.mark.once)])
 def test_prune_against_writers_and_readers(where, tmp_path, request):
     sources = _seed_sources(tmp_path, FILES[where])
     old_age = 3600.0 + SEEDED * 100
