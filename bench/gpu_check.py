@@ -28,10 +28,12 @@ pinstorm from the checkout (with its small pure dependencies).
 from __future__ import annotations
 
 import argparse
+import atexit
 import io
 import json
 import os
 import platform
+import shutil
 import sys
 import tempfile
 import time
@@ -257,6 +259,8 @@ def run(settings) -> dict:
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     core_counts = [c for c in settings.cores if c <= cpus] or [cpus]
     work = Path(settings.workdir or tempfile.mkdtemp(prefix="pinstorm-gpu-check-"))
+    if not settings.workdir:   # a folder of its own goes when the check ends; a --workdir is the caller's
+        atexit.register(shutil.rmtree, work, True)
     say = print if not settings.quiet else (lambda *a, **k: None)
     out = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({platform.processor()})",
            "cuda": torch.version.cuda, "torch": torch.__version__, "cpus": cpus, "python": sys.version.split()[0],

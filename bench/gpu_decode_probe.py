@@ -18,7 +18,9 @@ batched (``loader_and_decode_*``) and per image (``loader_and_decode_per_image_*
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -141,6 +143,7 @@ def main(argv=None) -> int:
     target = (64, 64) if settings.smoke else (224, 224)
     workers_list = settings.workers or ([4] if settings.smoke else [4, 8])
     work = Path(tempfile.mkdtemp(prefix="pinstorm-probe-"))
+    atexit.register(shutil.rmtree, work, True)   # its generated images and Parquet go with it
     classes, per_class = (4, 8) if settings.smoke else (64, 32)
     gpu_check.make_tree(work / "tree", classes=classes, per_class=per_class, size=size,
                         workers=2 if settings.smoke else 8)

@@ -14,8 +14,10 @@ rounds: CPU decode alone (all cores), GPU decode alone, and both at a few shares
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -150,6 +152,7 @@ def main(argv=None) -> int:
     device = torch.device("cuda" if torch.cuda.is_available() and not settings.smoke else "cpu")
     cpus = len(os.sched_getaffinity(0))
     work = Path(tempfile.mkdtemp(prefix="pinstorm-hybrid-"))
+    atexit.register(shutil.rmtree, work, True)   # its generated images and Parquet go with it
     batch, size = (8, 64) if settings.smoke else (256, 224)
     classes, per_class, image = (4, 8, (120, 160)) if settings.smoke else (1000, 10, (375, 500))
     gpu_check.make_tree(work / "tree", classes=classes, per_class=per_class, size=image, workers=cpus)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -16,8 +17,9 @@ import pytest
 from extras_support import has_extra, needs
 
 
-def _run(code: str) -> str:
-    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=180)
+def _run(code: str, env: dict | None = None) -> str:
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=180,
+                          env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout.strip().splitlines()[-1]
 
@@ -75,7 +77,7 @@ def test_a_missing_extra_names_what_to_install(blocked, code, extra):
     assert out.startswith("MissingExtra:") and f"pinstorm[{extra}]" in out, out
 
 
-def test_cli_reports_a_missing_extra_instead_of_a_traceback():
+def test_cli_reports_a_missing_extra_instead_of_a_traceback(tmp_path):
     out = _run("""
         import sys
         sys.modules["tensorflow"] = None
@@ -84,11 +86,12 @@ def test_cli_reports_a_missing_extra_instead_of_a_traceback():
         helped = CliRunner().invoke(cli, ["--help"])
         ran = CliRunner().invoke(cli, ["demo"])
         print(repr((helped.exit_code, "pinstorm[training]" in helped.output, ran.exit_code, ran.output)))
-    """)
+    """, env={**os.environ, "TMPDIR": str(tmp_path)})
     help_code, named_in_help, run_code, run_output = eval(out)
     assert help_code == 0   # the training commands stay listed: `train --framework torch` needs no TensorFlow
     assert run_code == 1 and "MissingExtra" in run_output and "pinstorm[training]" in run_output
     assert "Traceback" not in run_output
+    assert not list(tmp_path.iterdir())   # the demo failed before making its temporary folder
 
 
 @needs("pipeline")

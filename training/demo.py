@@ -104,15 +104,15 @@ def run_demo(workdir=None, *, size: str = "full", epochs: int | None = None, par
     if epochs is not None:
         settings["epochs"] = int(epochs)
     say = echo or (lambda text: None)
-    workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="pinstorm-demo-"))
-    workdir.mkdir(parents=True, exist_ok=True)
-
     # Two logical CPU devices must exist before TensorFlow runs its first op (the pipeline's
-    # conversions do not run TF ops, but a caller may have); fail now rather than after the fetch.
+    # conversions do not run TF ops, but a caller may have); fail now rather than after the fetch, and
+    # before a temporary folder exists that a failure would leave behind (as without TensorFlow).
     if framework == "tensorflow":
         from .strategy import configure_cpu_devices
 
         configure_cpu_devices(2)
+    workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="pinstorm-demo-"))
+    workdir.mkdir(parents=True, exist_ok=True)
 
     stages: list[Stage] = []
     total = 7
