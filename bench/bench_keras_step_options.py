@@ -1,12 +1,14 @@
 """What `train`'s two step options cost a TensorFlow training step: tf-keras's moving average of the weights
-(``ema_decay``), updated inside the compiled step after every optimizer update, and gradient accumulation
+(``ema_decay``) and `keras_recipe.average_statistics`'s of batch norm's statistics, updated inside the compiled
+step after every optimizer update, and gradient accumulation
 (``accumulate_batches``, `keras_recipe.accumulate`).
 
 The average's cost grows with the model's trainable weights, not with the data, and must stay a small share of
 a step. Accumulation changes no work per image: a step of N slices of B should cost what N steps of B cost,
 less N - 1 optimizer updates, though its slices run one after another. Measured on the models `train` builds
 (AlexNet at 1/4 width and MobileNetV2 at alpha 0.35 on 32 px, ResNet-50 on 64 px), compiled training steps
-(``train_on_batch``, SGD with momentum): a step of batch 8 with the average against one without it, and one
+(``train_on_batch``, SGD with momentum): a step of batch 8 with the average against one without it and one that
+averages the weights only (what the statistics' average adds), and one
 step of 4 accumulated slices of 8 against 4 steps of 8 on the same images; interleaved rounds, the order
 flipped each round, medians. CPU, one intra-op thread. Writes bench/results/keras_step_options.json and .png.
 
@@ -45,17 +47,21 @@ def measure(name: str, side: int, kwargs: dict, steps: int) -> dict:
     images = rng.random((8, side, side, 3), np.float32)
     labels = rng.integers(0, 10, 8).astype(np.int32)
     models = {}
-    for kind, decay, batches in (("plain", None, 1), ("ema", 0.9998, 1), ("accumulated", None, 4)):
+    for kind, decay, batches in (("plain", None, 1), ("ema", 0.9998, 1), ("ema_weights_only", 0.9998, 1),
+                                 ("accumulated", None, 4)):
         random.seed(0)
         np.random.seed(0)
         model = build_model(name, (side, side, 3), 10, **kwargs)
         recipe = FitOptions(optimizer="sgd", learning_rate=0.01, ema_decay=decay, accumulate_batches=batches)
         model.compile(keras_recipe.optimizer(recipe, 100, model), keras_recipe.loss(recipe, 10))
         keras_recipe.accumulate(model, batches)
+        if kind != "ema_weights_only":   # as train() does: batch norm's statistics too, with ema_decay
+            keras_recipe.average_statistics(model)
         models[kind] = model
     wide = np.concatenate([images] * 4), np.concatenate([labels] * 4)   # one step of 4 slices of 8
     runs = {"plain": lambda: models["plain"].train_on_batch(images, labels),
             "ema": lambda: models["ema"].train_on_batch(images, labels),
+            "ema_weights_only": lambda: models["ema_weights_only"].train_on_batch(images, labels),
             "four_steps": lambda: [models["plain"].train_on_batch(images, labels) for _ in range(4)],
             "accumulated": lambda: models["accumulated"].train_on_batch(*wide)}
     for run in runs.values():
@@ -67,12 +73,14 @@ def measure(name: str, side: int, kwargs: dict, steps: int) -> dict:
             for _ in range(steps):
                 runs[kind]()
             timings[kind].append((time.perf_counter() - started) / steps)
-    plain, ema, four, accumulated = (statistics.median(timings[k]) for k in ("plain", "ema", "four_steps",
-                                                                             "accumulated"))
+    plain, ema, weights_only, four, accumulated = (statistics.median(timings[k]) for k in (
+        "plain", "ema", "ema_weights_only", "four_steps", "accumulated"))
     weights = sum(int(np.prod(v.shape)) for v in models["plain"].trainable_variables)
     return {"model": name, "image_size": side, "steps_a_round": steps, "trainable_parameters": weights,
             "step_ms": plain * 1e3,
-            "ema_step_ms": ema * 1e3, "ema_over_plain": ema / plain, "four_steps_ms": four * 1e3,
+            "ema_step_ms": ema * 1e3, "ema_over_plain": ema / plain,
+            "ema_weights_only_step_ms": weights_only * 1e3, "ema_over_ema_weights_only": ema / weights_only,
+            "four_steps_ms": four * 1e3,
             "accumulated_step_ms": accumulated * 1e3, "accumulated_over_four_steps": accumulated / four,
             "rounds_ms": {k: [round(t * 1e3, 3) for t in v] for k, v in timings.items()}}
 

@@ -14,7 +14,7 @@ from .columns_reader import ColumnBatches, ColumnError, TorchColumnsLoader, make
 from .contracts import DataMap, DatasetInfo
 from .convert import ConvertResult, DatasetExistsError, convert
 from .epochs import shard_row_groups
-from .errors import InvalidPipelineInput, PipelineError
+from .errors import InvalidPipelineInput, PipelineError, WorkerHandoverError
 from .images import UndecodableImage, check_image
 from .info import dataset_info
 from .layout import EmptyClassesWarning, Layout, LayoutError, scan
@@ -34,7 +34,7 @@ __all__ = [
     "IncompleteEpochError", "UndecodableImage", "check_image", "digits_quirks", "imagenet_size_jpegs",
     "make_imagenet_size_tree", "EmptyClassesWarning", "CorruptPartError", "MissingPartError", "verify_dataset",
     "MalformedDatasetError", "UntrustedSchemaError", "ReaderOptions", "ReaderOptionError", "DECODES",
-    "PipelineError", "InvalidPipelineInput", "DatasetNotFound", "ResumeStateError",
+    "PipelineError", "InvalidPipelineInput", "DatasetNotFound", "ResumeStateError", "WorkerHandoverError",
     # for training and tools that read row groups themselves: locate a dataset, read its checked info,
     # open a part and read a row group with every check, cut an epoch into shards
     "Location", "locate", "read_info", "open_part", "read_row_group", "CHECKSUMMED", "shard_row_groups",

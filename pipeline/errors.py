@@ -14,3 +14,8 @@ class PipelineError(PinstormError):
 class InvalidPipelineInput(PipelineError, ValueError, TypeError):
     """An argument or a source the pipeline cannot use: a bad value, or a value of the wrong type (both
     built-in classes are kept, so `except ValueError` and `except TypeError` still catch what they did)."""
+
+
+class WorkerHandoverError(PipelineError, OSError):
+    """DataLoader workers could not hand batches over: the Unix socket through which a worker passes a batch's
+    shared memory cannot be made in multiprocessing's temporary folder (under ``TMPDIR``)."""

@@ -36,6 +36,7 @@ import math
 import os
 import queue
 import random
+import socket
 import sys
 import threading
 import warnings
@@ -47,7 +48,7 @@ from PIL import Image
 from pinstorm.extras import require
 
 from .columns_reader import refuse_tabular
-from .errors import InvalidPipelineInput
+from .errors import InvalidPipelineInput, WorkerHandoverError
 from .epochs import check_arguments, epoch_order, epoch_seed, open_epochs
 from .options import ASPECT_RANGE, CROP_ATTEMPTS, DEFAULTS as READER, ReaderOptionError
 from .device_decode import DeviceDecoder, JpegBatch, check_pixels, resolve as resolve_decode
@@ -367,6 +368,32 @@ def _ahead(make, depth: int, name: str = "pinstorm-batches"):
         thread.join()
 
 
+def check_worker_handover() -> None:
+    """Raise `WorkerHandoverError` unless DataLoader workers can hand batches over. A worker passes each batch's
+    shared memory (torch's ``file_descriptor`` strategy) through a Unix socket that multiprocessing makes in its
+    temporary folder under ``TMPDIR``; where that path is longer than a socket address holds (108 bytes on Linux,
+    104 on macOS: a deep ``TMPDIR`` of a batch system or a test runner), the worker drops the batch with a
+    traceback on stderr and the loader waits for it forever. Binding a socket of that name there says so first."""
+    if torch.multiprocessing.get_sharing_strategy() != "file_descriptor" or not hasattr(socket, "AF_UNIX"):
+        return
+    import multiprocessing.util
+
+    path = os.path.join(os.environ.get("TMPDIR", "?"), "pymp-...", "listener-...")
+    try:
+        folder = multiprocessing.util.get_temp_dir()   # where multiprocessing.resource_sharer listens
+        path = os.path.join(folder, f"listener-{os.getpid() % 10 ** 8:08d}")   # its names: "listener-" + 8 characters
+        with socket.socket(socket.AF_UNIX) as probe:
+            probe.bind(path)
+    except OSError as error:
+        raise WorkerHandoverError(
+            f"DataLoader workers cannot hand batches over: multiprocessing's socket {path!r} ({len(os.fsencode(path))} "
+            f"bytes) cannot be made ({error}); the loader would wait forever. Set TMPDIR to a shorter folder "
+            "(e.g. /tmp), or num_workers=0") from error
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
 class ParquetImages(torch.utils.data.IterableDataset):
     """Batches of (images float32 [B, 3, H, W], labels int64 [B], sample IDs int64 [B], position) from one
     shard, every epoch counted; `TorchLoader` strips the last two unless asked for the IDs.
@@ -535,6 +562,8 @@ class TorchLoader(torch.utils.data.DataLoader):
                                if device is not None else None)
 
     def __iter__(self):
+        if self.num_workers:
+            check_worker_handover()
         dataset = self.dataset
         start = dataset.start()
         dataset._pass = start   # what the workers (forked or pickled now) and the calling process start from

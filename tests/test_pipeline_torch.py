@@ -52,6 +52,28 @@ def stored_fingerprints(digits_dataset):
     return prints
 
 
+def test_workers_under_a_tmpdir_too_deep_for_their_socket_are_refused_not_left_waiting(digits_dataset, tmp_path):
+    """A worker hands each batch over through a Unix socket under TMPDIR; where its path is too long, torch's
+    DataLoader waited forever (a test runner's deep temporary folders did it). The loader says so instead."""
+    url, _ = digits_dataset
+    deep = tmp_path / ("d" * 60)
+    deep.mkdir()
+    script = textwrap.dedent(f"""
+        from pinstorm.pipeline import make_torch_loader
+        from pinstorm.pipeline import WorkerHandoverError
+        loader = make_torch_loader({str(url)!r}, batch_size=8, image_size=16, num_workers=1)
+        try:
+            next(iter(loader))
+        except WorkerHandoverError as error:
+            print("REFUSED", error)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "TMPDIR": str(deep)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "REFUSED" in done.stdout and "TMPDIR" in done.stdout and str(deep) in done.stdout, done.stdout
+    assert not list(deep.iterdir())   # the probe socket and multiprocessing's folder are gone
+
+
 def test_batches_shapes_dtypes_and_range(digits_dataset):
     url, result = digits_dataset
     batches = list(make_torch_loader(url, batch_size=32, image_size=(40, 56), seed=0))

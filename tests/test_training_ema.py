@@ -103,3 +103,54 @@ def test_a_progressive_runs_next_phase_goes_on_from_the_weights_not_their_averag
     for started, ended in zip(starts[1], ends[0]):
         np.testing.assert_array_equal(started, ended)
     assert not all(np.array_equal(a, b) for a, b in zip(ends[1], _averages(model)))
+
+
+def test_batch_norm_statistics_are_averaged_per_optimizer_step_across_replicas_and_checkpointed(two_cpu_devices,
+                                                                                                  tmp_path):
+    """The statistics' average moves as the weights' does, once an optimizer step, from what each replica's batch
+    norm kept (read, the replicas' mean); `averaged_weights` swaps it in with the weights and puts both back; it
+    is saved in the model's checkpoints (backups, a schedule's phases), as `train_torch`'s ``AveragedModel``."""
+    rng = np.random.default_rng(1)
+    images, labels = rng.normal(2.0, 3.0, (64, 6, 6, 3)).astype(np.float32), rng.integers(0, 3, 64).astype(np.int32)
+    decay, strategy = 0.6, tf.distribute.MirroredStrategy(two_cpu_devices)
+
+    def make_model():
+        with strategy.scope():
+            inputs = keras.Input((6, 6, 3))
+            x = keras.layers.BatchNormalization(momentum=0.5)(keras.layers.Conv2D(4, 3)(inputs))
+            model = keras.Model(inputs, keras.layers.Dense(3, activation="softmax")(keras.layers.Flatten()(x)))
+            model.compile(keras_recipe.optimizer(FitOptions(learning_rate=1e-2, ema_decay=decay), 4, model),
+                          "sparse_categorical_crossentropy")
+            model.optimizer.build(model.trainable_variables)   # as train() does before its fit
+            return keras_recipe.average_statistics(model)
+
+    model = make_model()
+    norm = next(layer for layer in model.layers if isinstance(layer, keras.layers.BatchNormalization))
+    statistics = [norm.moving_mean, norm.moving_variance]
+    seen = [[s.numpy().copy() for s in statistics]]
+
+    class Statistics(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):   # after each optimizer step: the replicas' mean
+            seen.append([s.numpy().copy() for s in statistics])
+
+    data = tf.data.Dataset.from_tensor_slices((images, labels)).batch(16)   # 8 a replica, different data each
+    model.fit(data, epochs=2, callbacks=[Statistics()], verbose=0)
+    assert len(seen) == 9
+    expected = seen[0]
+    for values in seen[1:]:
+        expected = [decay * e + (1 - decay) * v for e, v in zip(expected, values)]
+    trained = seen[-1]
+    assert not np.allclose(expected[0], trained[0], atol=1e-3)   # the test can tell the average from the last value
+    with keras_recipe.averaged_weights(model):
+        for statistic, want in zip(statistics, expected):
+            np.testing.assert_allclose(statistic.numpy(), want, rtol=1e-5, atol=1e-6)
+    for statistic, want in zip(statistics, trained):   # the statistics trained are back
+        np.testing.assert_allclose(statistic.numpy(), want, rtol=1e-6)
+
+    checkpoint = tf.train.Checkpoint(model=model).write(str(tmp_path / "checkpoint"))
+    restored = make_model()
+    tf.train.Checkpoint(model=restored).read(checkpoint).assert_existing_objects_matched()
+    restored_norm = next(layer for layer in restored.layers if isinstance(layer, keras.layers.BatchNormalization))
+    with keras_recipe.averaged_weights(restored):
+        for statistic, want in zip([restored_norm.moving_mean, restored_norm.moving_variance], expected):
+            np.testing.assert_allclose(statistic.numpy(), want, rtol=1e-5, atol=1e-6)

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -53,14 +55,17 @@ def test_resnet50_has_the_reference_shape():
 
 def _run_bench(script: str, *args: str, tmp_path) -> None:
     """Run a GPU script of bench/ at toy size; the images and Parquet it generates in a temporary folder of its
-    own are gone when it ends (at full size they are gigabytes)."""
-    scratch = tmp_path / "scratch"
-    scratch.mkdir()
-    done = subprocess.run([sys.executable, str(ROOT / "bench" / script), *args], capture_output=True, text=True,
-                          timeout=600, env={**os.environ, "TMPDIR": str(scratch)})
-    assert done.returncode == 0, done.stderr[-2000:]
-    left = sorted(p.name for p in scratch.iterdir() if not p.name.startswith("torchinductor_"))   # torch.compile's cache
-    assert not left, f"{script} left {left}"
+    own are gone when it ends (at full size they are gigabytes). That folder is a short one of the system's: under
+    tmp_path, DataLoader workers' sockets would not fit (`check_worker_handover`)."""
+    scratch = Path(tempfile.mkdtemp(prefix="bench-"))
+    try:
+        done = subprocess.run([sys.executable, str(ROOT / "bench" / script), *args], capture_output=True, text=True,
+                              timeout=600, env={**os.environ, "TMPDIR": str(scratch)})
+        assert done.returncode == 0, done.stderr[-2000:]
+        left = sorted(p.name for p in scratch.iterdir() if not p.name.startswith("torchinductor_"))   # torch.compile's
+        assert not left, f"{script} left {left}"
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def test_the_prepared_gpu_check_runs_its_code_paths_at_toy_size(tmp_path):

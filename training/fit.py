@@ -199,7 +199,8 @@ def train(
     strategy of more is refused; see docs/training.md).
 
     ``ema_decay=d`` keeps tf-keras's moving average of the trainable weights (``use_ema``, updated inside the
-    compiled step; batch-norm statistics stay the model's own), kept in the backups, validated after each
+    compiled step) and one of the batch-norm statistics (`keras_recipe.average_statistics`), kept in the
+    backups, validated after each
     epoch (``val_ema_*``; ``ema_*`` in ``val_metrics``) and written as ``final-ema.weights.h5``
     (``ema_weights_path``, pinned with ``pin=``).
 
@@ -312,6 +313,7 @@ def train(
             model.compile(optimizer=keras_recipe.optimizer(recipe, steps, model),
                           loss=keras_recipe.loss(recipe, num_classes), metrics=keras_recipe.metrics(num_classes))
             keras_recipe.accumulate(model, recipe.accumulate_batches)
+            keras_recipe.average_statistics(model)
             _make_step_variables(model)
         return model
     model = compiled_model(image_size)

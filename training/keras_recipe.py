@@ -85,20 +85,65 @@ def _keep_the_weights(var_list) -> None:
     """`finalize_variable_values` that leaves the model's weights as they were trained."""
 
 
+# The optimiser's attribute holding `average_statistics`'s averages: tracked with the optimiser's own state, they
+# are in every checkpoint of the model (backups, the hand-over between a schedule's phases).
+STATISTICS_AVERAGES = "statistics_moving_average"
+
+
+def _inner_optimizer(model: keras.Model):
+    return getattr(model.optimizer, "inner_optimizer", model.optimizer)   # under a LossScaleOptimizer
+
+
 def _moving_averages(model: keras.Model) -> list:
-    """(weight, its moving average) for each trainable weight, from the optimiser `optimizer` made."""
-    inner = getattr(model.optimizer, "inner_optimizer", model.optimizer)   # under a LossScaleOptimizer
+    """(weight, its moving average) for each trainable weight, from the optimiser `optimizer` made, and for
+    each statistic `average_statistics` averages."""
+    inner = _inner_optimizer(model)
     averages = getattr(inner, "_model_variables_moving_average", None)   # made when the optimiser is built
     if not getattr(inner, "use_ema", False) or averages is None:
         raise ValueError(f"{model.name}'s optimizer keeps no moving average of its weights (ema_decay)")
-    return [(weight, averages[inner._index_dict[inner._var_key(weight)]]) for weight in model.trainable_variables]
+    pairs = [(weight, averages[inner._index_dict[inner._var_key(weight)]]) for weight in model.trainable_variables]
+    return pairs + list(zip(_statistics(model), getattr(inner, STATISTICS_AVERAGES, [])))
+
+
+def _statistics(model: keras.Model) -> list:
+    """The statistics a model keeps besides its weights: its non-trainable floats (batch norm's moving mean and
+    variance), as torch's buffers."""
+    return [weight for weight in model.non_trainable_weights if weight.dtype.is_floating]
+
+
+def average_statistics(model: keras.Model) -> keras.Model:
+    """With ``ema_decay``, also keep a moving average of the compiled `model`'s batch-norm statistics, at the
+    weights' rate, after each optimizer step inside the compiled step, as `train_torch`'s
+    ``AveragedModel(use_buffers=True)`` does: tf-keras averages trainable weights only, and the averaged weights
+    of a network with batch norm do not fit the statistics of the weights trained. Each replica averages its own
+    statistics (synchronised on read, as batch norm keeps them: no extra all-reduce a step); read, they are the
+    replicas' mean. Call it inside the strategy's scope, after `accumulate`."""
+    inner = _inner_optimizer(model)
+    statistics = _statistics(model)
+    if not getattr(inner, "use_ema", False) or not statistics:
+        return model
+    momentum = float(inner.ema_momentum)
+    averages = [tf.Variable(statistic.read_value(), trainable=False, name=statistic.name.split(":")[0] + "/average",
+                            synchronization=statistic.synchronization, aggregation=statistic.aggregation)
+                for statistic in statistics]
+    setattr(inner, STATISTICS_AVERAGES, averages)
+    step = model.train_step
+
+    def train_step(data):
+        logs = step(data)   # its forward passes update the statistics; ops on a variable run in program order
+        for average, statistic in zip(averages, statistics):
+            average.assign(momentum * average + (1.0 - momentum) * statistic)
+        return logs
+
+    model.train_step = train_step
+    return model
 
 
 @contextlib.contextmanager
 def averaged_weights(model: keras.Model):
     """Inside the block the model's trainable weights hold their moving average (``ema_decay``), as tf-keras's
-    optimiser keeps it; the weights are back afterwards. Batch-norm statistics stay the model's own: tf-keras
-    averages trainable weights only (`train_torch` averages the statistics too)."""
+    optimiser keeps it, and its batch-norm statistics theirs where `average_statistics` keeps them; the weights
+    and statistics are back afterwards."""
     pairs = _moving_averages(model)
     trained = [weight.numpy() for weight, _ in pairs]
     for weight, average in pairs:
@@ -213,5 +258,5 @@ class LearningRateLog(keras.callbacks.Callback):
             logs["learning_rate"] = float(self.recipe.learning_rate_at(last, self.steps_per_epoch))
 
 
-__all__ = ["AverageValidation", "LearningRateLog", "LearningRates", "accumulate", "averaged_weights", "loss", "metrics",
-           "optimizer"]
+__all__ = ["AverageValidation", "LearningRateLog", "LearningRates", "accumulate", "average_statistics", "averaged_weights",
+           "loss", "metrics", "optimizer"]

@@ -479,7 +479,7 @@ def train_torch(
     samples from all N batches.
 
     ``ema_decay=d`` (``--ema-decay``) also keeps an exponential moving average of the weights (and batch-norm
-    statistics, which TensorFlow's `train` does not average), updated after every optimizer step
+    statistics, as TensorFlow's `train` does), updated after every optimizer step
     (``torch.optim.swa_utils.AveragedModel``; 0.9998 a step is common for ImageNet): validated each epoch
     beside the weights, from the same decoded batches
     (``val_ema_*`` in the history; ``ema_*`` in ``val_metrics``), kept in the checkpoints so a resumed run
