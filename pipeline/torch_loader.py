@@ -378,7 +378,7 @@ def check_worker_handover() -> None:
         return
     import multiprocessing.util
 
-    path = os.path.join(os.environ.get("TMPDIR", "?"), "pymp-...", "listener-...")
+    path = os.path.join(os.environ.get("TMPDIR", "/tmp"), "pymp-...", "listener-...")   # named if the folder fails
     try:
         folder = multiprocessing.util.get_temp_dir()   # where multiprocessing.resource_sharer listens
         path = os.path.join(folder, f"listener-{os.getpid() % 10 ** 8:08d}")   # its names: "listener-" + 8 characters

@@ -112,7 +112,10 @@ def test_batch_norm_statistics_are_averaged_per_optimizer_step_across_replicas_a
     is saved in the model's checkpoints (backups, a schedule's phases), as `train_torch`'s ``AveragedModel``."""
     rng = np.random.default_rng(1)
     images, labels = rng.normal(2.0, 3.0, (64, 6, 6, 3)).astype(np.float32), rng.integers(0, 3, 64).astype(np.int32)
-    decay, strategy = 0.6, tf.distribute.MirroredStrategy(two_cpu_devices)
+    # all-reduce as make_strategy does on CPUs: the default collective ops number their instances afresh for each
+    # strategy in a process, and one of an earlier test's strategies in this process collided with this one's (CI)
+    decay = 0.6
+    strategy = tf.distribute.MirroredStrategy(two_cpu_devices, cross_device_ops=tf.distribute.ReductionToOneDevice())
 
     def make_model():
         with strategy.scope():
