@@ -53,10 +53,10 @@ def test_resnet50_has_the_reference_shape():
     assert model(torch.zeros(1, 3, 64, 64)).shape == (1, 1000)
 
 
-def _run_bench(script: str, *args: str, tmp_path) -> None:
+def _run_bench(script: str, *args: str) -> None:
     """Run a GPU script of bench/ at toy size; the images and Parquet it generates in a temporary folder of its
     own are gone when it ends (at full size they are gigabytes). That folder is a short one of the system's: under
-    tmp_path, DataLoader workers' sockets would not fit (`check_worker_handover`)."""
+    pytest's tmp_path, DataLoader workers' sockets would not fit (`check_worker_handover`)."""
     scratch = Path(tempfile.mkdtemp(prefix="bench-"))
     try:
         done = subprocess.run([sys.executable, str(ROOT / "bench" / script), *args], capture_output=True, text=True,
@@ -69,7 +69,7 @@ def _run_bench(script: str, *args: str, tmp_path) -> None:
 
 
 def test_the_prepared_gpu_check_runs_its_code_paths_at_toy_size(tmp_path):
-    _run_bench("gpu_check.py", "--smoke", "--out", str(tmp_path), "--quiet", tmp_path=tmp_path)
+    _run_bench("gpu_check.py", "--smoke", "--out", str(tmp_path), "--quiet")
     data = json.loads((tmp_path / "gpu_check_smoke.json").read_text())
     measures = {(r["model"], r["measure"]) for r in data["runs"]}
     assert {("resnet50", "synthetic"), ("resnet50", "fed, cpu decode"), ("resnet50", "fed, gpu decode"),
@@ -81,7 +81,7 @@ def test_the_prepared_gpu_check_runs_its_code_paths_at_toy_size(tmp_path):
 
 
 def test_the_gpu_decode_probe_times_each_part_at_toy_size(tmp_path):
-    _run_bench("gpu_decode_probe.py", "--smoke", "--seconds", "0.2", "--out", str(tmp_path), tmp_path=tmp_path)
+    _run_bench("gpu_decode_probe.py", "--smoke", "--seconds", "0.2", "--out", str(tmp_path))
     data = json.loads((tmp_path / "gpu_decode_probe.json").read_text())
     parts = {"postprocess_alone", "loader_alone_4_workers", "loader_and_decode_4_workers"}
     assert parts <= set(data) and all(data[p]["images_per_second"] > 0 for p in parts)
@@ -90,8 +90,7 @@ def test_the_gpu_decode_probe_times_each_part_at_toy_size(tmp_path):
 def test_the_hybrid_decode_probe_measures_each_feed_and_where_the_time_goes_at_toy_size(tmp_path):
     """The probe a lent GPU runs next (CPU and GPU decode at once, `cpu_share`): its code paths, and its
     diagnosis with and without a share (each thread's core share; on a CPU no GPU busy share, said so)."""
-    _run_bench("gpu_hybrid_probe.py", "--smoke", "--rounds", "1", "--seconds", "1", "--out", str(tmp_path),
-               tmp_path=tmp_path)
+    _run_bench("gpu_hybrid_probe.py", "--smoke", "--rounds", "1", "--seconds", "1", "--out", str(tmp_path))
     data = json.loads((tmp_path / "gpu_hybrid_probe.json").read_text())
     medians = data["medians_img_s"]
     assert set(medians) == {"synthetic", "cpu decode", "gpu decode", "gpu decode, cpu_share 0.5"}
